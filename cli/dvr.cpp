@@ -1,0 +1,330 @@
+// dvr — the Memory DVR command line. A thin layer over <dvr/dvr.hpp>.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli_util.hpp"
+#include "demo.hpp"
+#include "dvr/dvr.hpp"
+
+namespace {
+
+using namespace dvr;
+using namespace dvr::cli;
+
+const char* kUsage = R"(usage: dvr [--store DIR] COMMAND [ARGS]
+
+Memory DVR: named snapshots of application memory, restored in milliseconds.
+
+Commands:
+  demo [--size 1G] [--trials N] [--json]
+                      build a data set, snapshot it, run trials that mutate it
+                      and restore between them; print build vs restore times
+  ls [SESSION] [--json]
+                      list snapshots (all sessions, or one)
+  info SESSION/NAME [--json]
+                      show one snapshot: time, parent, label, sizes, regions
+  rm SESSION/NAME...  remove snapshots (their space is reclaimed by gc)
+  gc [--json]         reclaim the space of removed and interrupted snapshots
+  verify [--json]     re-hash every stored chunk; name each damaged snapshot
+                      (exit status 1 when anything is damaged)
+  stat [--json]       the store: path, medium, format, space used
+
+Options:
+  --store DIR         the store directory (default: $DVR_STORE, else
+                      /dev/shm/dvr-$UID)
+  --version           print the version
+  -h, --help          this help
+)";
+
+struct Args {
+  std::string store_path;
+  std::string command;
+  std::vector<std::string> rest;
+  bool json = false;
+
+  bool take_flag(const std::string& flag) {
+    for (auto it = rest.begin(); it != rest.end(); ++it)
+      if (*it == flag) {
+        rest.erase(it);
+        return true;
+      }
+    return false;
+  }
+  std::string take_option(const std::string& flag, const std::string& fallback) {
+    for (auto it = rest.begin(); it != rest.end(); ++it) {
+      if (*it == flag) {
+        if (it + 1 == rest.end()) throw Error(Errc::invalid_argument, flag + " needs a value");
+        std::string v = *(it + 1);
+        rest.erase(it, it + 2);
+        return v;
+      }
+      if (it->rfind(flag + "=", 0) == 0) {
+        std::string v = it->substr(flag.size() + 1);
+        rest.erase(it);
+        return v;
+      }
+    }
+    return fallback;
+  }
+  void no_more() const {
+    for (auto& r : rest)
+      throw Error(Errc::invalid_argument, "unexpected argument '" + r + "' for `dvr " + command + "`; see `dvr --help`");
+  }
+};
+
+Store open_store(const Args& a, bool create) {
+  StoreOptions o;
+  o.create = create;
+  return a.store_path.empty() ? Store::open_default(o) : Store::open(a.store_path, o);
+}
+
+std::pair<std::string, std::string> split_ref(const std::string& ref) {
+  auto slash = ref.find('/');
+  if (slash == std::string::npos || slash == 0 || slash + 1 == ref.size() || ref.find('/', slash + 1) != std::string::npos)
+    throw Error(Errc::invalid_argument, "'" + ref + "' is not a snapshot reference; write SESSION/NAME, e.g. sweep/loaded");
+  return {ref.substr(0, slash), ref.substr(slash + 1)};
+}
+
+std::string format_time(std::int64_t ns) {
+  std::time_t t = static_cast<std::time_t>(ns / 1000000000);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+std::string info_json(const SnapshotInfo& i) {
+  std::string s = "{\"session\":" + json_string(i.session) + ",\"name\":" + json_string(i.name);
+  if (i.damaged) return s + ",\"damaged\":true,\"damage\":" + json_string(i.damage) + "}";
+  s += ",\"parent\":" + json_string(i.parent) + ",\"label\":" + json_string(i.label) +
+       ",\"time_ns\":" + std::to_string(i.time_ns) + ",\"logical_bytes\":" + std::to_string(i.logical_bytes) +
+       ",\"stored_bytes\":" + std::to_string(i.stored_bytes) + ",\"chunks\":" + std::to_string(i.chunks) +
+       ",\"zero_chunks\":" + std::to_string(i.zero_chunks) + ",\"damaged\":false,\"regions\":[";
+  for (std::size_t k = 0; k < i.regions.size(); ++k)
+    s += (k ? "," : "") + std::string("{\"name\":") + json_string(i.regions[k].name) +
+         ",\"size\":" + std::to_string(i.regions[k].size) + ",\"sdk_owned\":" + (i.regions[k].sdk_owned ? "true" : "false") + "}";
+  return s + "]}";
+}
+
+int cmd_ls(Args& a) {
+  a.json = a.take_flag("--json");
+  std::string session = a.rest.empty() ? "" : a.rest.front();
+  if (!a.rest.empty()) a.rest.erase(a.rest.begin());
+  a.no_more();
+  Store store = open_store(a, false);
+  auto snaps = session.empty() ? store.list() : store.list(session);
+  if (a.json) {
+    std::cout << "[";
+    for (std::size_t k = 0; k < snaps.size(); ++k) std::cout << (k ? "," : "") << info_json(snaps[k]);
+    std::cout << "]\n";
+    return 0;
+  }
+  if (snaps.empty()) {
+    std::cout << (session.empty() ? "no snapshots in " + store.path() : "no snapshots in session '" + session + "'") << "\n";
+    return 0;
+  }
+  std::printf("%-32s %-19s %10s %10s  %s\n", "SNAPSHOT", "TIME", "SIZE", "ADDED", "LABEL");
+  for (auto& i : snaps) {
+    std::string ref = i.session + "/" + i.name;
+    if (i.damaged) {
+      std::printf("%-32s DAMAGED: %s\n", ref.c_str(), i.damage.c_str());
+      continue;
+    }
+    std::printf("%-32s %-19s %10s %10s  %s\n", ref.c_str(), format_time(i.time_ns).c_str(),
+                format_bytes(static_cast<double>(i.logical_bytes)).c_str(),
+                format_bytes(static_cast<double>(i.stored_bytes)).c_str(), i.label.c_str());
+  }
+  return 0;
+}
+
+int cmd_info(Args& a) {
+  a.json = a.take_flag("--json");
+  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr info SESSION/NAME [--json]");
+  auto [session, name] = split_ref(a.rest.front());
+  Store store = open_store(a, false);
+  SnapshotInfo i = store.info(session, name);
+  if (a.json) {
+    std::cout << info_json(i) << "\n";
+    return 0;
+  }
+  std::cout << "snapshot  " << i.session << "/" << i.name << "\n"
+            << "time      " << format_time(i.time_ns) << "\n"
+            << "parent    " << (i.parent.empty() ? "(none)" : i.parent) << "\n"
+            << "label     " << i.label << "\n"
+            << "size      " << format_bytes(static_cast<double>(i.logical_bytes)) << " (" << i.logical_bytes << " bytes)\n"
+            << "added     " << format_bytes(static_cast<double>(i.stored_bytes)) << " to the store when taken\n"
+            << "chunks    " << i.chunks << " (" << i.zero_chunks << " all-zero, not stored)\n"
+            << "regions   " << i.regions.size() << "\n";
+  for (auto& r : i.regions)
+    std::cout << "  " << r.name << "  " << format_bytes(static_cast<double>(r.size)) << " (" << r.size << " bytes)"
+              << (r.sdk_owned ? "  sdk-owned" : "  tracked") << "\n";
+  return 0;
+}
+
+int cmd_rm(Args& a) {
+  if (a.rest.empty()) throw Error(Errc::invalid_argument, "usage: dvr rm SESSION/NAME...");
+  Store store = open_store(a, false);
+  for (auto& ref : a.rest) split_ref(ref);  // validate all before removing any
+  for (auto& ref : a.rest) {
+    auto [session, name] = split_ref(ref);
+    store.remove(session, name);
+    std::cout << "removed " << ref << "\n";
+  }
+  std::cout << "run `dvr gc` to reclaim the space\n";
+  return 0;
+}
+
+int cmd_gc(Args& a) {
+  a.json = a.take_flag("--json");
+  a.no_more();
+  Store store = open_store(a, false);
+  GcReport r = store.gc();
+  double freed = static_cast<double>(r.bytes_before > r.bytes_after ? r.bytes_before - r.bytes_after : 0);
+  if (a.json) {
+    std::cout << "{\"bytes_before\":" << r.bytes_before << ",\"bytes_after\":" << r.bytes_after
+              << ",\"packs_removed\":" << r.packs_removed << ",\"temp_files_removed\":" << r.temp_files_removed << "}\n";
+    return 0;
+  }
+  std::cout << "gc: reclaimed " << format_bytes(freed) << " (" << format_bytes(static_cast<double>(r.bytes_before)) << " -> "
+            << format_bytes(static_cast<double>(r.bytes_after)) << "), " << r.packs_removed << " pack file(s) removed, "
+            << r.temp_files_removed << " leftover temporary file(s) removed\n";
+  return 0;
+}
+
+int cmd_verify(Args& a) {
+  a.json = a.take_flag("--json");
+  a.no_more();
+  Store store = open_store(a, false);
+  bool tty = ::isatty(STDERR_FILENO) && !a.json;
+  double last = 0;
+  VerifyReport r = store.verify([&](std::uint64_t done, std::uint64_t total) {
+    double now = seconds_now();
+    if (!tty || (now - last < 0.2 && done < total)) return;
+    last = now;
+    std::fprintf(stderr, "\rverify: %3.0f%% (%s of %s)", total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
+                 format_bytes(static_cast<double>(done)).c_str(), format_bytes(static_cast<double>(total)).c_str());
+  });
+  if (tty) std::fprintf(stderr, "\r\033[K");
+  if (a.json) {
+    std::cout << "{\"ok\":" << (r.ok() ? "true" : "false") << ",\"snapshots\":" << r.snapshots << ",\"chunks\":" << r.chunks
+              << ",\"bytes\":" << r.bytes << ",\"damaged\":[";
+    auto d = r.damaged_snapshots();
+    for (std::size_t k = 0; k < d.size(); ++k) std::cout << (k ? "," : "") << json_string(d[k]);
+    std::cout << "],\"problems\":[";
+    for (std::size_t k = 0; k < r.problems.size(); ++k)
+      std::cout << (k ? "," : "") << "{\"session\":" << json_string(r.problems[k].session)
+                << ",\"snapshot\":" << json_string(r.problems[k].snapshot) << ",\"what\":" << json_string(r.problems[k].what) << "}";
+    std::cout << "]}\n";
+    return r.ok() ? 0 : 1;
+  }
+  std::cout << "verified " << r.snapshots << " snapshot(s), " << r.chunks << " stored chunk(s), "
+            << format_bytes(static_cast<double>(r.bytes)) << "\n";
+  if (r.ok()) {
+    std::cout << "ok: no damage found\n";
+    return 0;
+  }
+  for (auto& p : r.problems)
+    std::cout << "DAMAGED " << (p.snapshot.empty() ? p.session : p.session + "/" + p.snapshot) << ": " << p.what << "\n";
+  std::cout << r.damaged_snapshots().size() << " damaged snapshot(s)\n";
+  return 1;
+}
+
+int cmd_stat(Args& a) {
+  a.json = a.take_flag("--json");
+  a.no_more();
+  Store store = open_store(a, false);
+  StoreStats s = store.stats();
+  if (a.json) {
+    std::cout << "{\"path\":" << json_string(s.path) << ",\"medium\":\"" << medium_name(s.medium)
+              << "\",\"format_version\":" << s.format_version << ",\"chunk_size\":" << s.chunk_size << ",\"sessions\":" << s.sessions
+              << ",\"snapshots\":" << s.snapshots << ",\"logical_bytes\":" << s.logical_bytes << ",\"pack_bytes\":" << s.pack_bytes
+              << ",\"pack_files\":" << s.pack_files << "}\n";
+    return 0;
+  }
+  std::cout << "store      " << s.path << "\n"
+            << "medium     " << medium_name(s.medium)
+            << (s.medium == Medium::dram ? "  (tmpfs: survives process crashes, NOT reboots)" : "") << "\n"
+            << "format     " << s.format_version << ", chunk size " << format_bytes(s.chunk_size) << "\n"
+            << "sessions   " << s.sessions << ", snapshots " << s.snapshots << "\n"
+            << "logical    " << format_bytes(static_cast<double>(s.logical_bytes)) << " in all snapshots\n"
+            << "stored     " << format_bytes(static_cast<double>(s.pack_bytes)) << " in " << s.pack_files << " pack file(s)\n";
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  Args a;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (std::size_t k = 0; k < args.size(); ++k) {
+    const std::string& s = args[k];
+    if (a.command.empty() && (s == "-h" || s == "--help" || s == "help")) {
+      std::cout << kUsage;
+      return 0;
+    }
+    if (a.command.empty() && s == "--version") {
+      std::cout << "dvr " << dvr::version() << "\n";
+      return 0;
+    }
+    if (s == "--store" || s.rfind("--store=", 0) == 0) {
+      if (s == "--store") {
+        if (k + 1 == args.size()) throw Error(Errc::invalid_argument, "--store needs a directory");
+        a.store_path = args[++k];
+      } else {
+        a.store_path = s.substr(8);
+      }
+      continue;
+    }
+    if (a.command.empty()) a.command = s;
+    else a.rest.push_back(s);
+  }
+  for (auto& r : a.rest)
+    if (r == "-h" || r == "--help") {
+      std::cout << kUsage;
+      return 0;
+    }
+  if (a.command.empty()) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  if (a.command == "ls") return cmd_ls(a);
+  if (a.command == "info") return cmd_info(a);
+  if (a.command == "rm") return cmd_rm(a);
+  if (a.command == "gc") return cmd_gc(a);
+  if (a.command == "verify") return cmd_verify(a);
+  if (a.command == "stat") return cmd_stat(a);
+  if (a.command == "demo") {
+    DemoOptions o;
+    o.size = parse_size(a.take_option("--size", "1G"));
+    o.trials = std::stoi(a.take_option("--trials", "5"));
+    o.json = a.take_flag("--json");
+    a.no_more();
+    if (o.trials < 1) throw Error(Errc::invalid_argument, "--trials must be at least 1");
+    StoreOptions so;
+    Store store = a.store_path.empty() ? Store::open_default(so) : Store::open(a.store_path, so);
+    return run_demo(store, o);
+  }
+  throw Error(Errc::invalid_argument, "unknown command '" + a.command + "'; see `dvr --help`");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const dvr::Error& e) {
+    std::cerr << "dvr: " << e.what() << "\n";
+    return e.code() == dvr::Errc::invalid_argument ? 2 : 1;
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "dvr: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "dvr: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,23 @@
+// Memory DVR — embeddable checkpoint/restore of application memory.
+//
+//   #include <dvr/dvr.hpp>
+//   auto store = dvr::Store::open_default();
+//   dvr::Session s(store, "sweep");
+//   s.track("data", data.data(), data.size() * sizeof(float));
+//   s.snapshot("loaded", {.label = "after load"});
+//   ...
+//   s.restore("loaded");
+//
+// store.hpp: the store (open, list, info, remove, gc, verify).
+// session.hpp: sessions, regions, snapshot and restore.
+// error.hpp: dvr::Error and its codes.
+#pragma once
+
+#include "dvr/error.hpp"
+#include "dvr/session.hpp"
+#include "dvr/store.hpp"
+
+namespace dvr {
+/// Library version, "MAJOR.MINOR.PATCH".
+const char* version() noexcept;
+}  // namespace dvr

@@ -1,0 +1,161 @@
+// Memory DVR — the store: a directory that holds every snapshot.
+//
+// A store lives on persistent memory (a DAX file system), on a DRAM tmpfs
+// (/dev/shm: survives process crashes, not reboots) or on any file system. It is
+// created on first open, private to its owner (mode 0700), and safe to open from
+// several processes at once: writers serialize on a lock file, readers never see
+// a half-written snapshot. The on-disk format is specified in docs/format.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dvr/error.hpp"
+
+namespace dvr {
+
+namespace detail {
+class StoreImpl;
+}
+
+/// What the store's directory is backed by, as found by asking libpmem2 for page
+/// granularity and reading back what the mapping got.
+enum class Medium {
+  pmem,  // CACHE_LINE or BYTE granularity: data survives power loss once persisted
+  dram,  // tmpfs/ramfs: survives process crashes, NOT reboots
+  disk,  // any other file system: persisted with msync/fsync
+};
+const char* medium_name(Medium medium) noexcept;
+
+struct StoreOptions {
+  /// Chunk size used when a new store is created (power of two, 4 KiB–16 MiB).
+  /// An existing store keeps the chunk size it was created with.
+  std::uint32_t chunk_size = 64 * 1024;
+  /// Create the store if the directory does not exist or is empty.
+  bool create = true;
+};
+
+struct RegionInfo {
+  std::string name;
+  std::uint64_t size = 0;
+  bool sdk_owned = false;  // alloc()ed by the SDK rather than track()ed
+};
+
+/// One snapshot as recorded in its manifest.
+struct SnapshotInfo {
+  std::string session;
+  std::string name;
+  std::string parent;              // snapshot this one was taken after ("" = none)
+  std::string label;               // free text given at snapshot time
+  std::int64_t time_ns = 0;        // wall-clock time of the commit (Unix epoch, ns)
+  std::uint64_t logical_bytes = 0; // sum of region sizes
+  std::uint64_t stored_bytes = 0;  // bytes this snapshot added to the store when taken
+  std::uint64_t chunks = 0;        // chunk references (including all-zero chunks)
+  std::uint64_t zero_chunks = 0;   // all-zero chunks (never stored)
+  std::vector<RegionInfo> regions;
+  /// Set when the manifest cannot be read or fails its checksum; `damage` says
+  /// why. Damaged snapshots are listed so that nothing disappears silently; they
+  /// cannot be restored. `dvr verify` also checks their chunk data.
+  bool damaged = false;
+  std::string damage;
+};
+
+/// One problem found by Store::verify().
+struct VerifyProblem {
+  std::string session;
+  std::string snapshot;  // "" for problems not tied to a snapshot
+  std::string what;      // what is wrong and what to do
+};
+
+struct VerifyReport {
+  std::uint64_t snapshots = 0;      // manifests examined
+  std::uint64_t chunks = 0;         // distinct stored chunks re-hashed
+  std::uint64_t bytes = 0;          // bytes re-hashed
+  std::vector<VerifyProblem> problems;
+  /// Names ("session/snapshot") of every damaged snapshot, sorted, once each.
+  std::vector<std::string> damaged_snapshots() const;
+  bool ok() const { return problems.empty(); }
+};
+
+struct GcReport {
+  std::uint64_t bytes_before = 0;   // space used by pack files before gc
+  std::uint64_t bytes_after = 0;    // ... and after
+  std::uint64_t packs_removed = 0;  // pack files deleted because nothing referenced them
+  std::uint64_t temp_files_removed = 0;  // leftovers of snapshots interrupted by a crash
+};
+
+struct StoreStats {
+  std::string path;
+  Medium medium = Medium::disk;
+  std::uint32_t format_version = 0;
+  std::uint32_t chunk_size = 0;
+  std::uint64_t sessions = 0;
+  std::uint64_t snapshots = 0;
+  std::uint64_t logical_bytes = 0;  // sum over snapshots of their logical size
+  std::uint64_t pack_bytes = 0;     // space actually used by pack files
+  std::uint64_t pack_files = 0;
+};
+
+/// Progress callback for long operations: `done` out of `total` units (bytes).
+using Progress = std::function<void(std::uint64_t done, std::uint64_t total)>;
+
+/// A handle to an open store. Cheap to copy; all copies share one open store.
+class Store {
+ public:
+  /// Opens (and, with options.create, creates) the store in `path`.
+  /// Throws not_found (no such directory and create=false), invalid_argument
+  /// (a non-empty directory that is not a store), unsupported (a store written
+  /// by a newer dvr), permission (a store owned by another user).
+  static Store open(const std::string& path, const StoreOptions& options = {});
+
+  /// Opens default_path().
+  static Store open_default(const StoreOptions& options = {});
+
+  /// $DVR_STORE if set, else /dev/shm/dvr-<uid> (a DRAM store), else
+  /// $HOME/.local/share/dvr.
+  static std::string default_path();
+
+  const std::string& path() const;
+  Medium medium() const;
+  std::uint32_t chunk_size() const;
+
+  /// Sessions that have at least one snapshot, sorted by name.
+  std::vector<std::string> sessions() const;
+
+  /// Snapshots of one session (oldest first). Damaged ones are included and
+  /// marked. An unknown session gives an empty list.
+  std::vector<SnapshotInfo> list(const std::string& session) const;
+
+  /// Snapshots of every session.
+  std::vector<SnapshotInfo> list() const;
+
+  /// One snapshot. Throws not_found or corrupt.
+  SnapshotInfo info(const std::string& session, const std::string& snapshot) const;
+
+  /// Deletes a snapshot. Data no other snapshot shares becomes free space:
+  /// later snapshots reuse it (its memory stays allocated, which keeps them
+  /// fast) and gc() returns it to the file system. Throws not_found.
+  void remove(const std::string& session, const std::string& snapshot);
+
+  /// Reclaims the space of data no snapshot references any more (removed
+  /// snapshots, snapshots interrupted by a crash). Crash-safe: it only ever frees
+  /// unreferenced data. Refuses (corrupt) while a manifest is unreadable, since
+  /// it cannot tell what that snapshot references: remove it first.
+  GcReport gc();
+
+  /// Re-reads every manifest and re-hashes every stored chunk. Never throws for
+  /// damage: each problem is reported with the snapshots it affects.
+  VerifyReport verify(const Progress& progress = {}) const;
+
+  StoreStats stats() const;
+
+ private:
+  explicit Store(std::shared_ptr<detail::StoreImpl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<detail::StoreImpl> impl_;
+  friend class Session;
+};
+
+}  // namespace dvr

@@ -1,0 +1,22 @@
+// Bulk memory operations for restore and the work split across cores.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+namespace dvr::detail {
+
+/// Copies with non-temporal (streaming) stores, so restoring gigabytes does not
+/// evict the application's working set from the caches.
+void copy_nt(void* dst, const void* src, std::size_t len) noexcept;
+
+/// Fills with zeros using non-temporal stores.
+void zero_nt(void* dst, std::size_t len) noexcept;
+
+/// Runs fn(begin, end) over [0, count) split into contiguous slices, one per
+/// hardware thread, when `work_bytes` is large enough to pay for the threads.
+/// Exceptions from fn are rethrown (the first one).
+void parallel_for(std::size_t count, std::size_t work_bytes,
+                  const std::function<void(std::size_t, std::size_t)>& fn);
+
+}  // namespace dvr::detail

@@ -1,0 +1,204 @@
+#include "os.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+namespace dvr::detail {
+
+void throw_errno(int err, const std::string& what) {
+  std::string msg = what + ": " + std::strerror(err);
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+      throw Error(Errc::no_space, msg + " — the store's file system is full; free space, remove snapshots and run `dvr gc`, or use a larger store");
+    case EFBIG:
+      throw Error(Errc::no_space, msg + " — the file-size limit (ulimit -f) or the file system's maximum file size was reached; raise the limit or use another store");
+    case ENOENT:
+      throw Error(Errc::not_found, msg);
+    case EACCES:
+    case EPERM:
+      throw Error(Errc::permission, msg + " — check the owner and mode of the store directory");
+    case EOPNOTSUPP:
+      throw Error(Errc::unsupported, msg);
+    default:
+      throw Error(Errc::io, msg);
+  }
+}
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Fd open_or_throw(const std::string& path, int flags, mode_t mode) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  if (fd < 0) throw_errno(errno, "cannot open " + path);
+  return Fd(fd);
+}
+
+void write_all(int fd, const void* data, std::size_t len, const std::string& path) {
+  FileSizeSignalGuard guard;
+  auto p = static_cast<const char*>(data);
+  while (len > 0) {
+    ssize_t n = ::write(fd, p, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(errno, "cannot write " + path);
+    }
+    p += n;
+    len -= static_cast<std::size_t>(n);
+  }
+}
+
+void fsync_or_throw(int fd, const std::string& path) {
+  if (::fsync(fd) != 0) throw_errno(errno, "cannot fsync " + path);
+}
+
+void fsync_dir(const std::string& dir) {
+  Fd fd = open_or_throw(dir, O_RDONLY | O_DIRECTORY);
+  fsync_or_throw(fd.get(), dir);
+}
+
+std::string read_file(const std::string& path) {
+  Fd fd = open_or_throw(path, O_RDONLY);
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(errno, "cannot read " + path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  return out;
+}
+
+std::uint64_t file_size(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_errno(errno, "cannot stat " + path);
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+std::uint64_t file_allocated(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  return static_cast<std::uint64_t>(st.st_blocks) * 512;
+}
+
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) {
+    if (errno == ENOENT) return names;
+    throw_errno(errno, "cannot list " + dir);
+  }
+  while (dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    names.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  return names;
+}
+
+void make_private_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw_errno(errno, "cannot create directory " + dir);
+}
+
+void write_file_atomic(const std::string& tmp_dir, const std::string& final_path,
+                       std::string_view data) {
+  std::string tmp = tmp_dir + "/" + random_hex() + ".tmp";
+  {
+    Fd fd = open_or_throw(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    try {
+      write_all(fd.get(), data.data(), data.size(), tmp);
+      fsync_or_throw(fd.get(), tmp);
+    } catch (...) {
+      ::unlink(tmp.c_str());
+      throw;
+    }
+  }
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw_errno(err, "cannot publish " + final_path);
+  }
+  fsync_dir(final_path.substr(0, final_path.find_last_of('/')));
+}
+
+FileSizeSignalGuard::FileSizeSignalGuard() {
+  sigset_t set, old;
+  sigemptyset(&set);
+  sigaddset(&set, SIGXFSZ);
+  // Only take over when the application has not blocked it itself and it is
+  // not already pending (then its own handling stays in charge).
+  if (pthread_sigmask(SIG_BLOCK, &set, &old) != 0) return;
+  sigset_t pending;
+  sigpending(&pending);
+  if (sigismember(&old, SIGXFSZ) || sigismember(&pending, SIGXFSZ)) {
+    if (!sigismember(&old, SIGXFSZ)) pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    return;
+  }
+  active_ = true;
+}
+
+FileSizeSignalGuard::~FileSizeSignalGuard() {
+  if (!active_) return;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGXFSZ);
+  timespec zero{0, 0};
+  while (sigtimedwait(&set, nullptr, &zero) == SIGXFSZ) {
+  }
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+std::string random_hex() {
+  unsigned char b[16];
+  std::size_t got = 0;
+  while (got < sizeof b) {
+    ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(errno, "getrandom");
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : b) {
+    s += hex[c >> 4];
+    s += hex[c & 15];
+  }
+  return s;
+}
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace dvr::detail

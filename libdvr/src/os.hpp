@@ -1,0 +1,82 @@
+// Thin wrappers over the POSIX calls the store uses. Every failure becomes a
+// dvr::Error that names the file and says what to do.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dvr/error.hpp"
+
+namespace dvr::detail {
+
+/// Throws the Error matching `err` (ENOSPC/EFBIG/EDQUOT → no_space, ENOENT →
+/// not_found, EACCES/EPERM → permission, else io). `what` names the operation
+/// and the file.
+[[noreturn]] void throw_errno(int err, const std::string& what);
+
+/// An owned file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd();
+  int get() const { return fd_; }
+  explicit operator bool() const { return fd_ >= 0; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+Fd open_or_throw(const std::string& path, int flags, mode_t mode = 0600);
+void write_all(int fd, const void* data, std::size_t len, const std::string& path);
+void fsync_or_throw(int fd, const std::string& path);
+void fsync_dir(const std::string& dir);
+std::string read_file(const std::string& path);
+std::uint64_t file_size(int fd, const std::string& path);
+/// Bytes of storage the file occupies (st_blocks * 512), 0 if it is gone.
+std::uint64_t file_allocated(const std::string& path);
+bool path_exists(const std::string& path);
+/// Names in `dir` (no "." or ".."); empty if `dir` does not exist.
+std::vector<std::string> list_dir(const std::string& dir);
+/// mkdir with mode 0700; fine if it exists already.
+void make_private_dir(const std::string& dir);
+
+/// Writes `data` to `final_path` atomically: a temporary file in `tmp_dir` is
+/// written, fsynced and renamed over `final_path`, then the directory is fsynced.
+/// A crash leaves either the old file (or none) or the complete new one.
+void write_file_atomic(const std::string& tmp_dir, const std::string& final_path,
+                       std::string_view data);
+
+/// While alive, a write beyond RLIMIT_FSIZE fails with EFBIG (reported as
+/// no_space) in this thread instead of killing the process with SIGXFSZ: the
+/// signal is blocked, and one raised meanwhile is consumed on destruction.
+class FileSizeSignalGuard {
+ public:
+  FileSizeSignalGuard();
+  ~FileSizeSignalGuard();
+  FileSizeSignalGuard(const FileSizeSignalGuard&) = delete;
+  FileSizeSignalGuard& operator=(const FileSizeSignalGuard&) = delete;
+
+ private:
+  bool active_ = false;
+};
+
+/// A random 128-bit value as 32 hex digits.
+std::string random_hex();
+
+std::int64_t now_ns();
+
+}  // namespace dvr::detail

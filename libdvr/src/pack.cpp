@@ -1,0 +1,290 @@
+#include "pack.hpp"
+
+#include <fcntl.h>
+#include <libpmem2.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <mutex>
+#include <cstring>
+
+#include "os.hpp"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
+#endif
+#ifndef RAMFS_MAGIC
+#define RAMFS_MAGIC 0x858458f6
+#endif
+
+namespace dvr::detail {
+namespace {
+
+constexpr char kPackMagic[8] = {'D', 'V', 'R', 'P', 'A', 'C', 'K', '1'};
+
+std::string pmem2_error(const std::string& what) { return what + ": libpmem2: " + pmem2_errormsg(); }
+
+// One libpmem2 mapping of a file range, released on scope exit.
+class Pmem2Map {
+ public:
+  Pmem2Map(int fd, std::uint64_t offset, std::uint64_t length, const std::string& path) {
+    bool ok = pmem2_config_new(&cfg_) == 0 && pmem2_source_from_fd(&src_, fd) == 0 &&
+              pmem2_config_set_required_store_granularity(cfg_, PMEM2_GRANULARITY_PAGE) == 0 &&
+              pmem2_config_set_offset(cfg_, offset) == 0 && pmem2_config_set_length(cfg_, length) == 0 &&
+              pmem2_map_new(&map_, cfg_, src_) == 0;
+    if (!ok) {
+      std::string msg = pmem2_error("cannot map " + path);
+      release();
+      throw Error(Errc::io, msg);
+    }
+  }
+  ~Pmem2Map() { release(); }
+  Pmem2Map(const Pmem2Map&) = delete;
+  Pmem2Map& operator=(const Pmem2Map&) = delete;
+  char* address() const { return static_cast<char*>(pmem2_map_get_address(map_)); }
+  pmem2_map* get() const { return map_; }
+
+ private:
+  void release() {
+    if (map_) pmem2_map_delete(&map_);
+    if (src_) pmem2_source_delete(&src_);
+    if (cfg_) pmem2_config_delete(&cfg_);
+  }
+  pmem2_config* cfg_ = nullptr;
+  pmem2_source* src_ = nullptr;
+  pmem2_map* map_ = nullptr;
+};
+
+}  // namespace
+
+struct Packs::WriteMap {
+  Fd fd;
+  std::string path;
+  std::uint64_t size = 0;
+  std::uint64_t ino = 0;
+  std::unique_ptr<Pmem2Map> map;
+  // Pages whose page-table entries this mapping has already populated, so a
+  // snapshot that reuses free space skips the populate call.
+  std::vector<std::uint64_t> populated;
+  std::mutex mu;
+};
+
+Packs::Packs(std::string dir, std::string store_uuid) : dir_(std::move(dir)), uuid_(std::move(store_uuid)) {}
+
+Packs::~Packs() {
+  for (auto& [id, m] : reads_) unmap(m);
+}
+
+std::string Packs::path_of(std::uint32_t pack) const {
+  char name[32];
+  std::snprintf(name, sizeof name, "/%08u.pack", pack);
+  return dir_ + name;
+}
+
+std::vector<std::uint32_t> Packs::ids() const {
+  std::vector<std::uint32_t> out;
+  for (auto& n : list_dir(dir_)) {
+    unsigned id = 0;
+    char tail[8] = {};
+    if (n.size() == 13 && std::sscanf(n.c_str(), "%8u.%4s", &id, tail) == 2 && std::strcmp(tail, "pack") == 0 && id > 0)
+      out.push_back(id);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::uint64_t Packs::size_of(std::uint32_t pack) const {
+  struct stat st {};
+  if (::stat(path_of(pack).c_str(), &st) != 0) return 0;
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+void Packs::create(std::uint32_t id, std::uint64_t size, std::uint64_t min_size) {
+  std::string path = path_of(id);
+  // Written under a temporary name and renamed, so a pack file either has a
+  // complete header or does not exist.
+  std::string tmp = path + ".new";
+  Fd fd = open_or_throw(tmp, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  char header[kPackHeaderSize] = {};
+  std::memcpy(header, kPackMagic, 8);
+  std::memcpy(header + 8, &kPackVersion, 4);
+  std::memcpy(header + 12, &id, 4);
+  std::memcpy(header + 16, uuid_.data(), std::min<std::size_t>(uuid_.size(), 32));
+  try {
+    write_all(fd.get(), header, sizeof header, tmp);
+    FileSizeSignalGuard guard;
+    if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0 &&
+        (errno != EFBIG || ::ftruncate(fd.get(), static_cast<off_t>(min_size)) != 0))
+      throw_errno(errno, "cannot size new pack " + tmp);
+    fsync_or_throw(fd.get(), tmp);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno(errno, "cannot publish " + path);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  fsync_dir(dir_);
+}
+
+void Packs::grow(std::uint32_t id, std::uint64_t size) {
+  std::string path = path_of(id);
+  Fd fd = open_or_throw(path, O_RDWR);
+  if (file_size(fd.get(), path) >= size) return;
+  FileSizeSignalGuard guard;
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) throw_errno(errno, "cannot grow " + path);
+  fsync_or_throw(fd.get(), path);
+}
+
+PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) {
+  std::string path = path_of(pack);
+  auto& slot = writes_[pack];
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw_errno(errno, "cannot open " + path);
+  if (!slot || slot->ino != static_cast<std::uint64_t>(st.st_ino) || slot->size != static_cast<std::uint64_t>(st.st_size)) {
+    // (Re)map the whole pack once; later snapshots that reuse its free space
+    // find their pages already mapped.
+    slot.reset();
+    auto w = std::make_unique<WriteMap>();
+    w->fd = open_or_throw(path, O_RDWR);
+    w->path = path;
+    w->size = file_size(w->fd.get(), path);
+    w->ino = static_cast<std::uint64_t>(st.st_ino);
+    w->map = std::make_unique<Pmem2Map>(w->fd.get(), 0, w->size, path);
+    w->populated.assign((w->size / kPageSize + 63) / 64, 0);
+    slot = std::move(w);
+  }
+  if (offset < kPackHeaderSize || offset + length > slot->size)
+    throw Error(Errc::io, "internal error: write of [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
+                              ") outside " + path);
+  return PackWriter(slot.get(), offset, length);
+}
+
+void Packs::forget_populated() {
+  for (auto& [id, w] : writes_)
+    if (w) std::fill(w->populated.begin(), w->populated.end(), 0);
+}
+
+PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length)
+    : map_(map), offset_(offset), length_(length) {
+  base_ = map_->map->address() + offset;
+  memcpy_ = reinterpret_cast<void*>(pmem2_get_memcpy_fn(map_->map->get()));
+}
+
+void PackWriter::reserve(std::uint64_t rel, std::uint64_t len) {
+  if (len == 0) return;
+  if (rel + len > length_) throw Error(Errc::io, "internal error: reservation outside the pack extent");
+  auto off = static_cast<off_t>(offset_ + rel);
+  // Reserve on the file system unless the range is allocated already (space of
+  // a removed snapshot): a store through a mapping into space the file system
+  // cannot provide would kill the process with SIGBUS instead of failing.
+  off_t hole = ::lseek(map_->fd.get(), off, SEEK_HOLE);
+  if (hole < 0 || static_cast<std::uint64_t>(hole) < offset_ + rel + len) {
+    FileSizeSignalGuard guard;
+    int err = ::posix_fallocate(map_->fd.get(), off, static_cast<off_t>(len));
+    if (err != 0) throw_errno(err, "cannot reserve " + std::to_string(len) + " bytes in " + map_->path);
+  }
+  // Populate the page tables in one call rather than one fault per page.
+  std::uint64_t first = (offset_ + rel) / kPageSize, last = (offset_ + rel + len - 1) / kPageSize;
+  bool all = true;
+  {
+    std::lock_guard<std::mutex> lock(map_->mu);
+    for (std::uint64_t p = first; p <= last && all; ++p) all = (map_->populated[p / 64] >> (p % 64)) & 1;
+  }
+  if (all) return;
+  ::madvise(base_ + rel, len, MADV_POPULATE_WRITE);
+  std::lock_guard<std::mutex> lock(map_->mu);
+  for (std::uint64_t p = first; p <= last; ++p) map_->populated[p / 64] |= 1ull << (p % 64);
+}
+
+void PackWriter::release(std::uint64_t rel, std::uint64_t len) {
+  if (len == 0) return;
+  // Best effort: the range is free space either way, and gc punches it too.
+  ::fallocate(map_->fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset_ + rel), static_cast<off_t>(len));
+  std::uint64_t first = (offset_ + rel) / kPageSize, last = (offset_ + rel + len - 1) / kPageSize;
+  std::lock_guard<std::mutex> lock(map_->mu);
+  for (std::uint64_t p = first; p <= last; ++p) map_->populated[p / 64] &= ~(1ull << (p % 64));
+}
+
+void PackWriter::copy(std::uint64_t rel, const void* src, std::size_t len) {
+  reinterpret_cast<pmem2_memcpy_fn>(memcpy_)(base_ + rel, src, len, PMEM2_F_MEM_NONTEMPORAL | PMEM2_F_MEM_NODRAIN);
+}
+
+void PackWriter::finish() { pmem2_get_drain_fn(map_->map->get())(); }
+
+void Packs::unmap(ReadMap& m) {
+  if (m.addr) ::munmap(const_cast<char*>(m.addr), m.size);
+  m = {};
+}
+
+void Packs::refresh_mappings() {
+  for (auto it = reads_.begin(); it != reads_.end();) {
+    struct stat st {};
+    bool same = ::stat(path_of(it->first).c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == it->second.ino &&
+                static_cast<std::uint64_t>(st.st_size) == it->second.size;
+    if (same) {
+      ++it;
+    } else {
+      unmap(it->second);
+      it = reads_.erase(it);
+    }
+  }
+  for (auto it = writes_.begin(); it != writes_.end();) {
+    struct stat st {};
+    bool same = it->second && ::stat(path_of(it->first).c_str(), &st) == 0 &&
+                static_cast<std::uint64_t>(st.st_ino) == it->second->ino &&
+                static_cast<std::uint64_t>(st.st_size) == it->second->size;
+    it = same ? std::next(it) : writes_.erase(it);
+  }
+}
+
+const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) {
+  auto it = reads_.find(pack);
+  if (it == reads_.end()) {
+    std::string path = path_of(pack);
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      throw Error(Errc::corrupt, "pack file " + path + " is missing (" + std::strerror(errno) +
+                                     "); snapshots stored in it cannot be restored — run `dvr verify` to list them");
+    Fd owner(fd);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throw_errno(errno, "cannot stat " + path);
+    auto size = static_cast<std::uint64_t>(st.st_size);
+    char header[48] = {};
+    if (size < kPackHeaderSize || ::pread(fd, header, sizeof header, 0) != sizeof header ||
+        std::memcmp(header, kPackMagic, 8) != 0)
+      throw Error(Errc::corrupt, "pack file " + path + " has no valid header; it is damaged or not a Memory DVR pack");
+    if (uuid_.size() == 32 && std::memcmp(header + 16, uuid_.data(), 32) != 0)
+      throw Error(Errc::corrupt, "pack file " + path + " belongs to another store (its store id differs); it was copied in by mistake");
+    void* addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) throw_errno(errno, "cannot map " + path);
+    it = reads_.emplace(pack, ReadMap{static_cast<const char*>(addr), size, static_cast<std::uint64_t>(st.st_ino)}).first;
+  }
+  if (offset < kPackHeaderSize || offset > it->second.size || length > it->second.size - offset)
+    throw Error(Errc::corrupt, "pack file " + path_of(pack) + " is truncated or the reference is bad: it ends at byte " +
+                                   std::to_string(it->second.size) + " but a chunk needs bytes [" + std::to_string(offset) +
+                                   ", " + std::to_string(offset + length) + ")");
+  return it->second.addr + offset;
+}
+
+Medium probe_medium(const std::string& probe_file) {
+  Fd fd = open_or_throw(probe_file, O_RDWR);
+  pmem2_granularity got = PMEM2_GRANULARITY_PAGE;
+  try {
+    Pmem2Map map(fd.get(), 0, kPageSize, probe_file);
+    got = pmem2_map_get_store_granularity(map.get());
+  } catch (const Error&) {
+    // libpmem2 refused the file: it is certainly not usable as PMem.
+  }
+  if (got == PMEM2_GRANULARITY_BYTE || got == PMEM2_GRANULARITY_CACHE_LINE) return Medium::pmem;
+  struct statfs fs {};
+  if (::fstatfs(fd.get(), &fs) == 0 &&
+      (static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC))
+    return Medium::dram;
+  return Medium::disk;
+}
+
+}  // namespace dvr::detail

@@ -1,0 +1,113 @@
+// Pack files: chunk data stored page-aligned and written through libpmem2
+// (non-temporal copies, then persisted). Layout: docs/format.md, "Pack files".
+//
+// A pack is a sparse file of fixed apparent size; chunk data occupies ranges of
+// it and everything else is free space. Which ranges are live is known only
+// from the manifests (StoreImpl tracks it), so a crash can never leave a pack
+// in a state that needs repair: space written by an interrupted snapshot is
+// simply free again.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dvr/store.hpp"
+
+namespace dvr::detail {
+
+inline constexpr std::uint64_t kPageSize = 4096;
+inline constexpr std::uint64_t kPackHeaderSize = 4096;
+inline constexpr std::uint32_t kPackVersion = 1;
+
+inline std::uint64_t round_up_page(std::uint64_t n) { return (n + kPageSize - 1) & ~(kPageSize - 1); }
+
+class PackWriter;
+
+class Packs {
+ public:
+  Packs(std::string dir, std::string store_uuid);
+  ~Packs();
+  Packs(const Packs&) = delete;
+  Packs& operator=(const Packs&) = delete;
+
+  /// Pack ids present, ascending.
+  std::vector<std::uint32_t> ids() const;
+  std::string path_of(std::uint32_t pack) const;
+  /// Apparent size of a pack file (0 if it does not exist).
+  std::uint64_t size_of(std::uint32_t pack) const;
+
+  /// Creates pack `id` with apparent size `size` (sparse), or `min_size` when a
+  /// file-size limit forbids `size`. Exclusive lock held.
+  void create(std::uint32_t id, std::uint64_t size, std::uint64_t min_size);
+  /// Grows pack `id` to `size` bytes (sparse). Exclusive lock held.
+  void grow(std::uint32_t id, std::uint64_t size);
+
+  /// A writer for [offset, offset+length) of pack `pack`, through a libpmem2
+  /// mapping of the pack that is kept for later writes. Exclusive lock held.
+  PackWriter writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t length);
+
+  /// Forgets which pages the write mappings have populated (after gc freed
+  /// space, whose page-table entries the kernel dropped).
+  void forget_populated();
+
+  /// Start of a read-only view of [offset, offset+length) of pack `pack`. Throws
+  /// corrupt when the pack is missing, foreign, or too short. Call
+  /// refresh_mappings() at the start of each operation (under the store lock).
+  const char* read(std::uint32_t pack, std::uint64_t offset, std::uint64_t length);
+
+  /// Forgets mappings of files that were deleted, replaced or resized.
+  void refresh_mappings();
+
+ private:
+  struct ReadMap {
+    const char* addr = nullptr;
+    std::uint64_t size = 0;
+    std::uint64_t ino = 0;
+  };
+  friend class PackWriter;
+
+ public:
+  struct WriteMap;  // opaque outside pack.cpp
+
+ private:
+  void unmap(ReadMap& m);
+
+  std::string dir_;
+  std::string uuid_;
+  std::map<std::uint32_t, ReadMap> reads_;
+  std::map<std::uint32_t, std::unique_ptr<WriteMap>> writes_;
+};
+
+/// Writes chunk data into one extent of a pack. reserve() and copy() may be
+/// called from several threads for disjoint ranges; finish() makes everything
+/// copied persistent. Offsets are relative to the extent.
+class PackWriter {
+ public:
+  /// Makes [rel, rel+len) writable: reserves it on the file system (throws
+  /// no_space, leaving it free space) and populates its page tables.
+  void reserve(std::uint64_t rel, std::uint64_t len);
+  /// Gives [rel, rel+len) back to the file system (it was reserved but not used).
+  void release(std::uint64_t rel, std::uint64_t len);
+  /// Copies with non-temporal stores (PMEM2_F_MEM_NONTEMPORAL) into a
+  /// reserved range; persistence is completed by finish().
+  void copy(std::uint64_t rel, const void* src, std::size_t len);
+  void finish();
+
+ private:
+  friend class Packs;
+  PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length);
+  Packs::WriteMap* map_;
+  std::uint64_t offset_, length_;
+  char* base_;
+  void* memcpy_;
+};
+
+/// Decides the store's medium by mapping `probe_file` (4096 bytes) through
+/// libpmem2 with PAGE granularity and reading back the granularity it got.
+Medium probe_medium(const std::string& probe_file);
+
+}  // namespace dvr::detail

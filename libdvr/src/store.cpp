@@ -1,0 +1,651 @@
+#include <fcntl.h>
+#include <pwd.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "dvr/dvr.hpp"
+#include "memops.hpp"
+#include "store_impl.hpp"
+
+namespace dvr {
+
+const char* version() noexcept { return "0.1.0"; }
+
+const char* errc_name(Errc code) noexcept {
+  switch (code) {
+    case Errc::not_found: return "not_found";
+    case Errc::already_exists: return "already_exists";
+    case Errc::corrupt: return "corrupt";
+    case Errc::no_space: return "no_space";
+    case Errc::invalid_argument: return "invalid_argument";
+    case Errc::io: return "io";
+    case Errc::unsupported: return "unsupported";
+    case Errc::permission: return "permission";
+  }
+  return "unknown";
+}
+
+const char* medium_name(Medium medium) noexcept {
+  switch (medium) {
+    case Medium::pmem: return "pmem";
+    case Medium::dram: return "dram";
+    case Medium::disk: return "disk";
+  }
+  return "unknown";
+}
+
+std::vector<std::string> VerifyReport::damaged_snapshots() const {
+  std::set<std::string> names;
+  for (auto& p : problems)
+    if (!p.snapshot.empty()) names.insert(p.session + "/" + p.snapshot);
+  return {names.begin(), names.end()};
+}
+
+namespace detail {
+namespace {
+
+constexpr const char* kSuperblockMagic = "memory-dvr-store";
+
+std::string superblock_text(const std::string& uuid, std::uint32_t chunk_size) {
+  std::ostringstream s;
+  s << kSuperblockMagic << "\n"
+    << "format " << kStoreFormatVersion << "\n"
+    << "chunk_size " << chunk_size << "\n"
+    << "uuid " << uuid << "\n"
+    << "created_ns " << now_ns() << "\n";
+  std::string text = s.str();
+  text.resize(kPageSize, '\0');  // one page: also the probe libpmem2 maps
+  return text;
+}
+
+void make_dirs(const std::string& path) {
+  // mkdir -p: parents with the default mode, the store itself private.
+  for (std::size_t pos = 1; (pos = path.find('/', pos)) != std::string::npos; ++pos) {
+    std::string parent = path.substr(0, pos);
+    if (::mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) throw_errno(errno, "cannot create directory " + parent);
+  }
+  make_private_dir(path);
+}
+
+}  // namespace
+
+bool valid_name(const std::string& name) {
+  if (name.empty() || name.size() > 128 || name[0] == '.') return false;
+  for (unsigned char c : name)
+    if (!(std::isalnum(c) || c == '.' || c == '_' || c == '-')) return false;
+  return true;
+}
+
+void check_name(const char* kind, const std::string& name) {
+  auto bad = [&](const std::string& why) {
+    throw Error(Errc::invalid_argument, std::string(kind) + " name '" + name + "' is not valid: " + why +
+                                            " (use 1–128 characters from A-Z a-z 0-9 . _ -, not starting with '.')");
+  };
+  if (name.empty()) bad("it is empty");
+  if (name.size() > 128) bad("it is longer than 128 characters");
+  if (name[0] == '.') bad("it starts with '.'");
+  for (unsigned char c : name)
+    if (!(std::isalnum(c) || c == '.' || c == '_' || c == '-')) bad("it contains '" + std::string(1, static_cast<char>(c)) + "'");
+}
+
+StoreImpl::StoreImpl(const std::string& dir, const StoreOptions& options) {
+  if (dir.empty()) throw Error(Errc::invalid_argument, "store path is empty; give a directory (or set $DVR_STORE)");
+  path = dir.size() > 1 && dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir;
+  create_or_check(options);
+  make_private_dir(sessions_dir());
+  make_private_dir(tmp_dir());
+  make_private_dir(path + "/packs");
+  medium = probe_medium(path + "/" + kSuperblockName);
+  packs = std::make_unique<Packs>(path + "/packs", uuid);
+}
+
+void StoreImpl::create_or_check(const StoreOptions& options) {
+  // Everything that can be refused is checked before anything is written, so
+  // pointing dvr at the wrong directory changes nothing there.
+  std::uint32_t cs = options.chunk_size;
+  if (cs < 4096 || cs > (16u << 20) || (cs & (cs - 1)) != 0)
+    throw Error(Errc::invalid_argument, "chunk size " + std::to_string(cs) + " is not a power of two between 4 KiB and 16 MiB");
+  std::string sb_path = path + "/" + kSuperblockName;
+  auto only_lock_or_empty = [&] {
+    auto entries = list_dir(path);
+    entries.erase(std::remove(entries.begin(), entries.end(), "lock"), entries.end());
+    return entries.empty();
+  };
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) throw_errno(errno, "cannot open store " + path);
+    if (!options.create)
+      throw Error(Errc::not_found, "no store at " + path + "; create one by taking a snapshot there, or pass the right --store");
+    make_dirs(path);
+    if (::stat(path.c_str(), &st) != 0) throw_errno(errno, "cannot open store " + path);
+  }
+  if (!S_ISDIR(st.st_mode)) throw Error(Errc::invalid_argument, path + " is not a directory; a store is a directory");
+  if (st.st_uid != ::geteuid())
+    throw Error(Errc::permission, "store " + path + " is owned by uid " + std::to_string(st.st_uid) + ", not by you (uid " +
+                                      std::to_string(::geteuid()) + "); use a store of your own (--store DIR or $DVR_STORE)");
+  if (!path_exists(sb_path)) {
+    if (!only_lock_or_empty())
+      throw Error(Errc::invalid_argument, path + " is not a Memory DVR store (it holds files but no " + kSuperblockName +
+                                              "); choose an empty or new directory for the store");
+    if (!options.create) throw Error(Errc::not_found, "no store at " + path + " (empty directory)");
+  }
+  if ((st.st_mode & 077) != 0 && ::chmod(path.c_str(), 0700) != 0)
+    throw_errno(errno, "cannot make store " + path + " private (mode 0700)");
+
+  // The lock file also guards creation, so two processes opening a new store
+  // at once agree on one superblock.
+  std::string lock_path = path + "/lock";
+  lock_fd_ = Fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!lock_fd_) {
+    if (errno == EACCES || errno == EPERM) throw_errno(errno, "cannot open store " + path);
+    throw_errno(errno, "cannot create lock file " + lock_path + " (is " + path + " a writable directory?)");
+  }
+  Lock lock(*this, true);
+  if (!path_exists(sb_path)) {
+    if (!only_lock_or_empty())  // someone else is creating it right now and failed midway
+      throw Error(Errc::invalid_argument, path + " is not a Memory DVR store (it holds files but no " + kSuperblockName +
+                                              "); choose an empty or new directory for the store");
+    write_file_atomic(path, sb_path, superblock_text(random_hex(), cs));
+  }
+
+  std::string text = read_file(sb_path);
+  std::istringstream in(text.substr(0, text.find('\0')));
+  std::string magic, key;
+  std::getline(in, magic);
+  if (magic != kSuperblockMagic)
+    throw Error(Errc::invalid_argument, sb_path + " is not a Memory DVR superblock; " + path + " is not a store");
+  std::map<std::string, std::string> kv;
+  std::string value;
+  while (in >> key >> value) kv[key] = value;
+  format_version = static_cast<std::uint32_t>(std::strtoul(kv["format"].c_str(), nullptr, 10));
+  if (format_version == 0) throw Error(Errc::corrupt, sb_path + " has no format version; the store's superblock is damaged");
+  if (format_version > kStoreFormatVersion)
+    throw Error(Errc::unsupported, "store " + path + " has format version " + std::to_string(format_version) +
+                                       ", newer than this dvr supports (" + std::to_string(kStoreFormatVersion) +
+                                       "); upgrade Memory DVR to open it");
+  chunk_size = static_cast<std::uint32_t>(std::strtoul(kv["chunk_size"].c_str(), nullptr, 10));
+  uuid = kv["uuid"];
+  if (chunk_size < 4096 || (chunk_size & (chunk_size - 1)) != 0 || uuid.size() != 32)
+    throw Error(Errc::corrupt, sb_path + " is damaged (bad chunk_size or uuid)");
+}
+
+StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive) : fd_(s.lock_fd_.get()) {
+  while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
+    if (errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
+  }
+}
+
+StoreImpl::Lock::~Lock() { ::flock(fd_, LOCK_UN); }
+
+Manifest StoreImpl::load_manifest(const std::string& session, const std::string& name) const {
+  check_name("session", session);
+  check_name("snapshot", name);
+  std::string file = manifest_path(session, name);
+  std::string bytes;
+  try {
+    bytes = read_file(file);
+  } catch (const Error& e) {
+    if (e.code() != Errc::not_found) throw;
+    if (!path_exists(session_dir(session)))
+      throw Error(Errc::not_found, "no session '" + session + "' in store " + path + "; `dvr ls` lists the sessions");
+    throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "' in store " + path +
+                                     "; `dvr ls " + session + "` lists its snapshots");
+  }
+  Manifest m = decode_manifest(bytes, ref(session, name) + " (" + file + ")");
+  if (m.session != session || m.name != name || m.chunk_size != chunk_size)
+    throw Error(Errc::corrupt, "manifest " + file + " records snapshot '" + ref(m.session, m.name) +
+                                   "' with chunk size " + std::to_string(m.chunk_size) +
+                                   "; it was moved or belongs to another store — remove it with `dvr rm`");
+  return m;
+}
+
+std::vector<std::string> StoreImpl::session_names() const {
+  std::vector<std::string> out;
+  for (auto& n : list_dir(sessions_dir()))
+    if (valid_name(n)) out.push_back(n);  // anything else was not made by dvr
+  return out;
+}
+
+std::vector<std::string> StoreImpl::snapshot_names(const std::string& session) const {
+  std::vector<std::string> out;
+  std::string suffix = kManifestSuffix;
+  for (auto& f : list_dir(session_dir(session)))
+    if (f.size() > suffix.size() && f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        valid_name(f.substr(0, f.size() - suffix.size())))
+      out.push_back(f.substr(0, f.size() - suffix.size()));
+  return out;
+}
+
+void StoreImpl::publish_manifest(const Manifest& m) {
+  make_private_dir(session_dir(m.session));
+  write_file_atomic(tmp_dir(), manifest_path(m.session, m.name), encode_manifest(m));
+}
+
+std::string StoreImpl::read_epoch() const {
+  try {
+    return read_file(path + "/epoch");
+  } catch (const Error& e) {
+    if (e.code() == Errc::not_found) return "";
+    throw;
+  }
+}
+
+void StoreImpl::bump_epoch() { write_file_atomic(tmp_dir(), path + "/epoch", random_hex()); }
+
+bool StoreImpl::key_of(const std::string& file, FileKey& key) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) return false;
+  key = {static_cast<std::uint64_t>(st.st_ino), static_cast<std::uint64_t>(st.st_size),
+         static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  return true;
+}
+
+std::vector<ChunkRef> StoreImpl::distinct_refs(const Manifest& m) {
+  std::vector<ChunkRef> refs;
+  std::set<std::pair<std::uint32_t, std::uint64_t>> seen;
+  for (auto& c : m.chunks)
+    if (!c.is_zero() && seen.emplace(c.pack, c.offset).second) refs.push_back(c);
+  return refs;
+}
+
+void StoreImpl::add_refs(const std::vector<ChunkRef>& refs) {
+  for (auto& c : refs) {
+    auto& l = live_[{c.pack, c.offset}];
+    if (l.refs++ == 0) {
+      l.length = c.length;
+      l.hash = c.hash;
+    }
+    index_.emplace(c.hash, c);
+  }
+}
+
+void StoreImpl::drop_refs(const std::vector<ChunkRef>& refs) {
+  for (auto& c : refs) {
+    auto it = live_.find({c.pack, c.offset});
+    if (it == live_.end() || --it->second.refs > 0) continue;
+    auto ix = index_.find(it->second.hash);
+    if (ix != index_.end() && ix->second.pack == c.pack && ix->second.offset == c.offset) index_.erase(ix);
+    live_.erase(it);
+  }
+}
+
+void StoreImpl::refresh_index() {
+  std::string epoch = read_epoch();
+  if (epoch != index_epoch_) {
+    index_.clear();
+    live_.clear();
+    indexed_.clear();
+    unreadable_.clear();
+    index_epoch_ = epoch;
+    packs->forget_populated();
+  }
+  packs->refresh_mappings();
+  // First forget every manifest that is gone or was replaced, then add the new
+  // ones: a location freed by one manifest and reused by another must never be
+  // credited to the old chunk.
+  std::map<std::string, FileKey> present;
+  for (auto& session : session_names())
+    for (auto& name : snapshot_names(session)) {
+      std::string file = manifest_path(session, name);
+      FileKey key;
+      if (key_of(file, key)) present.emplace(file, key);
+    }
+  for (auto it = indexed_.begin(); it != indexed_.end();) {
+    auto p = present.find(it->first);
+    if (p != present.end() && p->second == it->second.key) {
+      ++it;
+    } else {
+      drop_refs(it->second.refs);
+      it = indexed_.erase(it);
+    }
+  }
+  unreadable_.clear();
+  for (auto& [file, key] : present) {
+    if (indexed_.count(file)) continue;
+    try {
+      Manifest m = decode_manifest(read_file(file), file);
+      auto refs = distinct_refs(m);
+      add_refs(refs);
+      indexed_[file] = {key, std::move(refs)};
+    } catch (const Error&) {
+      // Contributes nothing to dedup; verify reports it. While it exists, its
+      // data cannot be told apart from free space, so allocate() reuses none.
+      unreadable_.insert(file);
+    }
+  }
+}
+
+const ChunkRef* StoreImpl::find_chunk(const Hash128& h, std::uint32_t length) const {
+  auto it = index_.find(h);
+  return it != index_.end() && it->second.length == length ? &it->second : nullptr;
+}
+
+void StoreImpl::index_published(const std::string& file, const Manifest& m) {
+  FileKey key;
+  if (!key_of(file, key)) return;  // refresh_index() will find it
+  auto it = indexed_.find(file);
+  if (it != indexed_.end()) {
+    drop_refs(it->second.refs);
+    indexed_.erase(it);
+  }
+  auto refs = distinct_refs(m);
+  add_refs(refs);
+  indexed_[file] = {key, std::move(refs)};
+}
+
+StoreImpl::Placement StoreImpl::allocate(std::uint64_t length) {
+  auto ids = packs->ids();
+  if (unreadable_.empty()) {
+    for (auto id : ids) {
+      std::uint64_t size = packs->size_of(id);
+      std::uint64_t cursor = kPackHeaderSize;
+      for (auto it = live_.lower_bound({id, 0}); it != live_.end() && it->first.first == id; ++it) {
+        if (it->first.second >= cursor + length) return {id, cursor};
+        cursor = std::max(cursor, it->first.second + round_up_page(it->second.length));
+      }
+      if (size >= cursor + length) return {id, cursor};
+      if (id == ids.back() && cursor + length <= kMaxPackSize) {
+        packs->grow(id, std::min(kMaxPackSize, std::max(cursor + length, 2 * size)));
+        return {id, cursor};
+      }
+    }
+  }
+  std::uint32_t id = ids.empty() ? 1 : ids.back() + 1;
+  packs->create(id, std::max(kInitialPackSize, kPackHeaderSize + length), kPackHeaderSize + length);
+  return {id, kPackHeaderSize};
+}
+
+SnapshotInfo info_from_manifest(const Manifest& m) {
+  SnapshotInfo i;
+  i.session = m.session;
+  i.name = m.name;
+  i.parent = m.parent;
+  i.label = m.label;
+  i.time_ns = m.time_ns;
+  i.logical_bytes = m.logical_bytes();
+  i.stored_bytes = m.stored_bytes;
+  i.chunks = m.chunks.size();
+  for (auto& c : m.chunks) i.zero_chunks += c.is_zero() ? 1 : 0;
+  for (auto& r : m.regions) i.regions.push_back({r.name, r.size, r.sdk_owned});
+  return i;
+}
+
+}  // namespace detail
+
+using detail::StoreImpl;
+
+Store Store::open(const std::string& path, const StoreOptions& options) {
+  return Store(std::make_shared<StoreImpl>(path, options));
+}
+
+std::string Store::default_path() {
+  if (const char* env = std::getenv("DVR_STORE"); env && *env) return env;
+  struct stat st {};
+  if (::stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode)) return "/dev/shm/dvr-" + std::to_string(::geteuid());
+  const char* home = std::getenv("HOME");
+  if (!home || !*home) {
+    passwd* pw = ::getpwuid(::geteuid());
+    home = pw ? pw->pw_dir : "/tmp";
+  }
+  return std::string(home) + "/.local/share/dvr";
+}
+
+Store Store::open_default(const StoreOptions& options) {
+  std::string path = default_path();
+  // The shared default location must not be a link planted by someone else.
+  struct stat st {};
+  if (std::getenv("DVR_STORE") == nullptr && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+    throw Error(Errc::permission, "default store " + path + " is a symbolic link; remove it or set $DVR_STORE");
+  return open(path, options);
+}
+
+const std::string& Store::path() const { return impl_->path; }
+Medium Store::medium() const { return impl_->medium; }
+std::uint32_t Store::chunk_size() const { return impl_->chunk_size; }
+
+std::vector<std::string> Store::sessions() const {
+  std::vector<std::string> out;
+  for (auto& s : impl_->session_names())
+    if (!impl_->snapshot_names(s).empty()) out.push_back(s);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<SnapshotInfo> Store::list(const std::string& session) const {
+  detail::check_name("session", session);
+  std::vector<SnapshotInfo> out;
+  for (auto& name : impl_->snapshot_names(session)) {
+    try {
+      out.push_back(detail::info_from_manifest(impl_->load_manifest(session, name)));
+    } catch (const Error& e) {
+      if (e.code() == Errc::not_found) continue;  // removed while listing
+      SnapshotInfo bad;
+      bad.session = session;
+      bad.name = name;
+      bad.damaged = true;
+      bad.damage = e.what();
+      out.push_back(std::move(bad));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const SnapshotInfo& a, const SnapshotInfo& b) {
+    return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.name < b.name;
+  });
+  return out;
+}
+
+std::vector<SnapshotInfo> Store::list() const {
+  std::vector<SnapshotInfo> out;
+  for (auto& s : sessions()) {
+    auto part = list(s);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+SnapshotInfo Store::info(const std::string& session, const std::string& snapshot) const {
+  return detail::info_from_manifest(impl_->load_manifest(session, snapshot));
+}
+
+void Store::remove(const std::string& session, const std::string& snapshot) {
+  detail::check_name("session", session);
+  detail::check_name("snapshot", snapshot);
+  std::lock_guard<std::mutex> guard(impl_->mu);
+  StoreImpl::Lock lock(*impl_, true);
+  std::string file = impl_->manifest_path(session, snapshot);
+  if (::unlink(file.c_str()) != 0) {
+    if (errno == ENOENT)
+      throw Error(Errc::not_found, "no snapshot '" + StoreImpl::ref(session, snapshot) + "' in store " + impl_->path +
+                                       "; `dvr ls` lists what exists");
+    detail::throw_errno(errno, "cannot remove " + file);
+  }
+  detail::fsync_dir(impl_->session_dir(session));
+  ::rmdir(impl_->session_dir(session).c_str());  // only succeeds when empty
+}
+
+GcReport Store::gc() {
+  using namespace detail;
+  std::lock_guard<std::mutex> guard(impl_->mu);
+  StoreImpl::Lock lock(*impl_, true);
+  GcReport report;
+
+  // Leftovers of interrupted commits: nobody else can be writing (we hold the lock).
+  for (auto& f : list_dir(impl_->tmp_dir()))
+    if (::unlink((impl_->tmp_dir() + "/" + f).c_str()) == 0) ++report.temp_files_removed;
+
+  // What is live: every byte range some manifest references.
+  std::map<std::uint32_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> live;
+  std::vector<std::string> damaged;
+  for (auto& session : impl_->session_names()) {
+    for (auto& name : impl_->snapshot_names(session)) {
+      try {
+        Manifest m = impl_->load_manifest(session, name);
+        for (auto& c : m.chunks)
+          if (!c.is_zero()) live[c.pack].emplace_back(c.offset, c.offset + round_up_page(c.length));
+      } catch (const Error& e) {
+        if (e.code() == Errc::not_found) continue;
+        damaged.push_back(StoreImpl::ref(session, name));
+      }
+    }
+  }
+  if (!damaged.empty()) {
+    std::string names;
+    for (auto& d : damaged) names += (names.empty() ? "" : ", ") + d;
+    throw Error(Errc::corrupt, "gc refused: the manifest of " + names +
+                                   " cannot be read, so gc cannot tell which data it needs; inspect with `dvr verify`, then remove it with `dvr rm` and run gc again");
+  }
+
+  auto pack_ids = impl_->packs->ids();
+  for (auto id : pack_ids) report.bytes_before += file_allocated(impl_->packs->path_of(id));
+
+  // Other processes' dedup indexes may point at the data about to be freed:
+  // announce first, so that a crash after this point is still safe.
+  impl_->bump_epoch();
+
+  for (auto id : pack_ids) {
+    std::string file = impl_->packs->path_of(id);
+    auto it = live.find(id);
+    if (it == live.end()) {
+      if (::unlink(file.c_str()) == 0) ++report.packs_removed;
+      continue;
+    }
+    auto& ranges = it->second;
+    std::sort(ranges.begin(), ranges.end());
+    Fd fd = open_or_throw(file, O_RDWR);
+    std::uint64_t size = file_size(fd.get(), file);
+    std::uint64_t cursor = kPackHeaderSize;
+    auto punch = [&](std::uint64_t from, std::uint64_t to) {
+      if (to <= from) return;
+      if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
+                      static_cast<off_t>(to - from)) != 0 &&
+          errno != EOPNOTSUPP)
+        throw_errno(errno, "cannot free space in " + file);
+    };
+    for (auto& [b, e] : ranges) {
+      punch(cursor, b);
+      cursor = std::max(cursor, e);
+    }
+    punch(cursor, size);
+  }
+  // Pack files half-created by a crash.
+  for (auto& f : list_dir(impl_->path + "/packs"))
+    if (f.size() > 4 && f.compare(f.size() - 4, 4, ".new") == 0 && ::unlink((impl_->path + "/packs/" + f).c_str()) == 0)
+      ++report.temp_files_removed;
+  fsync_dir(impl_->path + "/packs");
+  impl_->packs->refresh_mappings();
+  for (auto id : impl_->packs->ids()) report.bytes_after += file_allocated(impl_->packs->path_of(id));
+  return report;
+}
+
+VerifyReport Store::verify(const Progress& progress) const {
+  using namespace detail;
+  std::lock_guard<std::mutex> guard(impl_->mu);
+  StoreImpl::Lock lock(*impl_, false);
+  impl_->packs->refresh_mappings();
+  VerifyReport report;
+
+  struct Use {
+    std::string session, snapshot, region;
+    std::uint64_t region_offset;
+  };
+  struct Loc {
+    ChunkRef ref;
+    std::vector<Use> uses;
+    const char* data = nullptr;
+    std::string error;
+  };
+  std::map<std::tuple<std::uint32_t, std::uint64_t, std::uint32_t, std::uint64_t, std::uint64_t>, Loc> locs;
+  for (auto& session : impl_->session_names()) {
+    for (auto& name : impl_->snapshot_names(session)) {
+      ++report.snapshots;
+      Manifest m;
+      try {
+        m = impl_->load_manifest(session, name);
+      } catch (const Error& e) {
+        if (e.code() == Errc::not_found) continue;
+        report.problems.push_back({session, name, e.what()});
+        continue;
+      }
+      for (auto& r : m.regions)
+        for (std::uint64_t i = 0; i < r.chunk_count; ++i) {
+          auto& c = m.chunks[r.first_chunk + i];
+          if (c.is_zero()) continue;
+          auto& loc = locs[{c.pack, c.offset, c.length, c.hash.lo, c.hash.hi}];
+          loc.ref = c;
+          loc.uses.push_back({session, name, r.name, i * m.chunk_size});
+        }
+    }
+  }
+  std::vector<Loc*> work;
+  std::uint64_t total = 0;
+  for (auto& [key, loc] : locs) {
+    try {
+      loc.data = impl_->packs->read(loc.ref.pack, loc.ref.offset, loc.ref.length);
+      total += loc.ref.length;
+    } catch (const Error& e) {
+      loc.error = e.what();
+    }
+    work.push_back(&loc);
+  }
+  std::atomic<std::uint64_t> done{0};
+  std::mutex progress_mu;
+  parallel_for(work.size(), total, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) {
+      Loc& loc = *work[i];
+      if (!loc.data) continue;
+      if (!(hash128(loc.data, loc.ref.length) == loc.ref.hash))
+        loc.error = "checksum mismatch in " + impl_->packs->path_of(loc.ref.pack) + " at offset " + std::to_string(loc.ref.offset);
+      auto now = done.fetch_add(loc.ref.length) + loc.ref.length;
+      if (progress && (i % 256 == 0 || i + 1 == e)) {
+        std::lock_guard<std::mutex> g(progress_mu);
+        progress(now, total);
+      }
+    }
+  });
+  report.chunks = work.size();
+  report.bytes = total;
+
+  // One problem per damaged snapshot, naming the first few damaged ranges.
+  std::map<std::pair<std::string, std::string>, std::vector<std::string>> per_snapshot;
+  for (auto* loc : work) {
+    if (loc->error.empty()) continue;
+    for (auto& u : loc->uses)
+      per_snapshot[{u.session, u.snapshot}].push_back("region '" + u.region + "' bytes [" + std::to_string(u.region_offset) +
+                                                       ", " + std::to_string(u.region_offset + loc->ref.length) + "): " + loc->error);
+  }
+  for (auto& [key, items] : per_snapshot) {
+    std::string what = std::to_string(items.size()) + " damaged chunk(s): " + items[0];
+    for (std::size_t i = 1; i < std::min<std::size_t>(items.size(), 3); ++i) what += "; " + items[i];
+    if (items.size() > 3) what += "; ...";
+    what += " — this snapshot cannot be restored; remove it with `dvr rm " + key.first + "/" + key.second + "`";
+    report.problems.push_back({key.first, key.second, what});
+  }
+  return report;
+}
+
+StoreStats Store::stats() const {
+  StoreStats s;
+  s.path = impl_->path;
+  s.medium = impl_->medium;
+  s.format_version = impl_->format_version;
+  s.chunk_size = impl_->chunk_size;
+  auto snaps = list();
+  s.sessions = sessions().size();
+  s.snapshots = snaps.size();
+  for (auto& i : snaps) s.logical_bytes += i.logical_bytes;
+  for (auto id : impl_->packs->ids()) {
+    s.pack_bytes += detail::file_allocated(impl_->packs->path_of(id));
+    ++s.pack_files;
+  }
+  return s;
+}
+
+}  // namespace dvr

@@ -1,0 +1,134 @@
+// The shared state behind dvr::Store handles. Private to libdvr.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "dvr/store.hpp"
+#include "manifest.hpp"
+#include "os.hpp"
+#include "pack.hpp"
+
+namespace dvr::detail {
+
+inline constexpr std::uint32_t kStoreFormatVersion = 1;
+inline constexpr const char* kSuperblockName = "DVRSTORE";
+inline constexpr const char* kManifestSuffix = ".snap";
+inline constexpr std::uint64_t kInitialPackSize = 64ull << 20;  // packs start small...
+inline constexpr std::uint64_t kMaxPackSize = 4ull << 30;       // ...and double up to this
+
+/// Throws invalid_argument unless `name` is 1–128 characters of [A-Za-z0-9._-]
+/// not starting with '.', so it can never name anything outside its directory.
+void check_name(const char* kind, const std::string& name);
+bool valid_name(const std::string& name);
+
+class StoreImpl {
+ public:
+  StoreImpl(const std::string& path, const StoreOptions& options);
+
+  std::string path;
+  std::string uuid;
+  std::uint32_t chunk_size = 0;
+  std::uint32_t format_version = 0;
+  Medium medium = Medium::disk;
+
+  /// Serializes this process's use of the store (index, pack mappings).
+  std::mutex mu;
+  std::unique_ptr<Packs> packs;
+
+  std::string sessions_dir() const { return path + "/sessions"; }
+  std::string session_dir(const std::string& s) const { return sessions_dir() + "/" + s; }
+  std::string manifest_path(const std::string& s, const std::string& n) const {
+    return session_dir(s) + "/" + n + kManifestSuffix;
+  }
+  std::string tmp_dir() const { return path + "/tmp"; }
+
+  /// "session/name" for messages.
+  static std::string ref(const std::string& s, const std::string& n) { return s + "/" + n; }
+
+  /// Reads and checks a manifest. Throws not_found or corrupt.
+  Manifest load_manifest(const std::string& session, const std::string& name) const;
+
+  /// Session directories with valid names, unsorted.
+  std::vector<std::string> session_names() const;
+  /// Snapshot names of a session, unsorted (from the directory).
+  std::vector<std::string> snapshot_names(const std::string& session) const;
+
+  /// Publishes `m` atomically (replacing an existing one of that name).
+  void publish_manifest(const Manifest& m);
+
+  /// Brings the chunk index and the map of live pack space up to date with
+  /// every published manifest (new, replaced and removed ones). Call with the
+  /// exclusive lock held.
+  void refresh_index();
+  /// Location of a live stored chunk with this hash and length, or nullptr.
+  const ChunkRef* find_chunk(const Hash128& h, std::uint32_t length) const;
+  /// Registers a manifest just published as `file` (saves re-reading it).
+  void index_published(const std::string& file, const Manifest& m);
+
+  struct Placement {
+    std::uint32_t pack = 0;
+    std::uint64_t offset = 0;
+  };
+  /// Finds `length` contiguous bytes of free pack space (space no published
+  /// manifest references: removed snapshots, interrupted writes), growing the
+  /// newest pack or creating one when no free range is large enough. Call
+  /// after refresh_index() with the exclusive lock held.
+  Placement allocate(std::uint64_t length);
+
+  /// Marks that stored data was freed (gc): every process rebuilds its index.
+  void bump_epoch();
+
+  /// flock on the store's lock file; shared for readers, exclusive for writers.
+  class Lock {
+   public:
+    Lock(const StoreImpl& s, bool exclusive);
+    ~Lock();
+    Lock(const Lock&) = delete;
+    Lock& operator=(const Lock&) = delete;
+
+   private:
+    int fd_;
+  };
+
+ private:
+  void create_or_check(const StoreOptions& options);
+  std::string read_epoch() const;
+
+  // Identity of a manifest file's current version (a replaced manifest is a
+  // new file: another inode, size or modification time).
+  struct FileKey {
+    std::uint64_t ino = 0, size = 0;
+    std::int64_t mtime_ns = 0;
+    bool operator==(const FileKey&) const = default;
+  };
+  struct Indexed {
+    FileKey key;
+    std::vector<ChunkRef> refs;  // stored chunks, one per distinct location
+  };
+  struct Live {
+    std::uint64_t length = 0;
+    std::uint32_t refs = 0;  // manifests referencing this location
+    Hash128 hash;
+  };
+  void add_refs(const std::vector<ChunkRef>& refs);
+  void drop_refs(const std::vector<ChunkRef>& refs);
+  static std::vector<ChunkRef> distinct_refs(const Manifest& m);
+  static bool key_of(const std::string& file, FileKey& key);
+
+  Fd lock_fd_;
+  std::unordered_map<Hash128, ChunkRef, Hash128Hasher> index_;     // hash -> a live location
+  std::map<std::pair<std::uint32_t, std::uint64_t>, Live> live_;   // (pack, offset) -> use
+  std::map<std::string, Indexed> indexed_;                         // manifest path -> its chunks
+  std::set<std::string> unreadable_;                               // manifests that failed to decode
+  std::string index_epoch_;
+};
+
+SnapshotInfo info_from_manifest(const Manifest& m);
+
+}  // namespace dvr::detail

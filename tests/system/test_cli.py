@@ -1,0 +1,233 @@
+"""The `dvr` command as a user and a script see it: JSON output with the
+documented fields, exit codes, clear errors for unknown names, bad references and
+directories that are not stores, and space reclaimed by rm + gc."""
+
+import os
+import stat
+import time
+
+import pytest
+from conftest import DVR_ERROR, PACK_METADATA_SLACK, REGION_SIZES, SNAPSHOT_BYTES, describe, run, worker_error
+
+CHUNK = 64 * 1024
+SNAPSHOT_FIELDS = {"session", "name", "parent", "label", "time_ns", "logical_bytes", "stored_bytes", "chunks",
+                   "zero_chunks", "damaged", "regions"}
+STAT_FIELDS = {"path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes",
+               "pack_bytes", "pack_files"}
+
+
+def page_round(n):
+    return (n + 4095) // 4096 * 4096
+
+
+@pytest.fixture
+def populated(store):
+    store.snap("s", "a", "b")
+    store.snap("t", "a")
+    return store
+
+
+def test_ls_json_has_the_documented_fields_and_true_values(populated):
+    store = populated
+    started = time.time_ns()
+    snaps = store.ls()
+    assert [(s["session"], s["name"]) for s in snaps] == [("s", "a"), ("s", "b"), ("t", "a")]
+    for s in snaps:
+        assert set(s) == SNAPSHOT_FIELDS, s
+        assert s["damaged"] is False
+        assert s["logical_bytes"] == SNAPSHOT_BYTES
+        assert [(r["name"], r["size"], r["sdk_owned"]) for r in s["regions"]] == [
+            ("r0", REGION_SIZES["r0"], True), ("r1", REGION_SIZES["r1"], False), ("r2", REGION_SIZES["r2"], True)]
+        assert s["chunks"] == sum((n + CHUNK - 1) // CHUNK for n in REGION_SIZES.values())
+        assert s["zero_chunks"] == sum(1 for u in store.units(s["name"]) if u[2] == "zero") > 0
+        assert s["label"].startswith("dvr-test-worker pid ")
+        assert started - 600 * 10**9 < s["time_ns"] <= time.time_ns()
+    # The parent is the session's previous snapshot taken by the same process.
+    assert [s["parent"] for s in snaps] == ["", "a", ""]
+    assert snaps[0]["time_ns"] < snaps[1]["time_ns"]
+    # One session only, oldest first.
+    assert [s["name"] for s in store.ls("s")] == ["a", "b"]
+    assert store.ls("nosuch") == []
+
+
+def test_ls_text(populated):
+    out = populated.dvr("ls").stdout.splitlines()
+    assert out[0].split()[:2] == ["SNAPSHOT", "TIME"]
+    assert [l.split()[0] for l in out[1:]] == ["s/a", "s/b", "t/a"]
+    assert "6.3 MiB" in out[1]
+    assert "no snapshots in session 'nosuch'" in populated.dvr("ls", "nosuch").stdout
+
+
+def test_info_matches_ls(populated):
+    store = populated
+    listed = {(s["session"], s["name"]): s for s in store.ls()}
+    for (session, name), entry in listed.items():
+        assert store.dvr_json("info", f"{session}/{name}") == entry
+    text = store.dvr("info", "s/b").stdout
+    assert "snapshot  s/b" in text and "parent    a" in text and "regions   3" in text, text
+    assert f"r1  293.0 KiB ({REGION_SIZES['r1']} bytes)  tracked" in text, text
+
+
+def test_stored_bytes_count_exactly_the_chunks_new_to_the_store(store):
+    """Dedup across snapshots and sessions: each snapshot adds the chunks no
+    earlier snapshot stored (page-aligned), identical content adds nothing."""
+    order = [("s", "a"), ("s", "b"), ("t", "c"), ("t", "a"), ("s", "fill-x")]
+    seen = {}
+    for session, name in order:
+        store.snap(session, name)
+        keys = store.content_keys(name)
+        new = {k: n for k, n in keys.items() if k not in seen}
+        seen.update(new)
+        stored = store.dvr_json("info", f"{session}/{name}")["stored_bytes"]
+        assert sum(new.values()) <= stored <= sum(map(page_round, new.values())), (session, name, stored, len(new))
+    assert store.dvr_json("info", "t/a")["stored_bytes"] == 0  # same content as s/a
+    store.gc()  # gives back space reserved but left unused by the snapshots
+    stat_ = store.stat()
+    total = sum(map(page_round, seen.values()))
+    assert total <= stat_["pack_bytes"] <= total + stat_["pack_files"] * (4096 + PACK_METADATA_SLACK), stat_
+
+
+def test_stat_json(populated):
+    s = populated.stat()
+    assert set(s) == STAT_FIELDS, s
+    assert s["path"] == str(populated.path)
+    assert s["medium"] in ("disk", "dram", "pmem")
+    assert s["format_version"] == 1 and s["chunk_size"] == CHUNK
+    assert (s["sessions"], s["snapshots"]) == (2, 3)
+    assert s["logical_bytes"] == 3 * SNAPSHOT_BYTES
+    assert s["pack_files"] >= 1 and 0 < s["pack_bytes"] < s["logical_bytes"]
+    text = populated.dvr("stat").stdout
+    assert f"store      {populated.path}" in text and "sessions   2, snapshots 3" in text, text
+
+
+def test_verify_clean_store(populated):
+    proc = populated.dvr("verify")
+    assert "verified 3 snapshot(s)" in proc.stdout and "ok: no damage found" in proc.stdout, describe(proc)
+    report = populated.verify()
+    assert report["ok"] is True and report["damaged"] == [] and report["problems"] == []
+    assert report["snapshots"] == 3 and report["chunks"] > 0 and report["bytes"] > 0
+
+
+def test_rm_then_gc_reclaims_space(populated):
+    store = populated
+    before = store.stat()["pack_bytes"]
+    b_only = sum(n for k, n in store.content_keys("b").items() if k[0] == "fresh")
+    proc = store.dvr("rm", "s/b")
+    assert "removed s/b" in proc.stdout and "dvr gc" in proc.stdout, describe(proc)
+    assert store.names("s") == {"a"}
+    assert store.stat()["pack_bytes"] == before  # rm alone frees nothing
+    gc = store.gc()
+    assert set(gc) == {"bytes_before", "bytes_after", "packs_removed", "temp_files_removed"}
+    assert gc["bytes_before"] - gc["bytes_after"] >= b_only, gc
+    after = store.stat()["pack_bytes"]
+    assert before - after >= b_only, (before, after, b_only)
+    store.check("s", "a")
+    store.check("t", "a")
+    assert store.verify()["ok"]
+    # Removing the last snapshot of a session removes the session.
+    store.dvr("rm", "s/a")
+    assert store.stat()["sessions"] == 1
+    assert "gc: reclaimed" in store.dvr("gc").stdout
+
+
+def test_rm_of_an_unknown_snapshot_is_a_clear_error(populated):
+    store = populated
+    proc = store.dvr("rm", "s/zz", expect=None)
+    assert proc.returncode not in (0, 2) and proc.returncode > 0, describe(proc)
+    assert "no snapshot 's/zz'" in proc.stderr and "dvr ls" in proc.stderr, describe(proc)
+    proc = store.dvr("rm", "nosuch/a", expect=None)
+    assert proc.returncode == 1 and "nosuch/a" in proc.stderr, describe(proc)
+    assert len(store.ls()) == 3
+
+
+def test_rm_checks_every_reference_before_removing_any(populated):
+    proc = populated.dvr("rm", "s/a", "../x", expect=2)
+    assert "not valid" in proc.stderr, describe(proc)
+    assert populated.names("s") == {"a", "b"}, "`dvr rm s/a ../x` removed s/a before rejecting ../x:\n" + describe(proc)
+
+
+@pytest.mark.parametrize("args", [
+    ["info", "../x"], ["info", "x"], ["info", "s/b/c"], ["info", "/x"], ["info", "s/"], ["info", "s/.hidden"],
+    ["info", "s/.."], ["info", "s/a b"], ["rm", "../x"], ["rm", "s/../../x"], ["ls", ".."], ["ls", "../s"],
+    ["info", "s/" + "n" * 129],
+])
+def test_bad_references_are_rejected(populated, args):
+    outside = sorted(os.listdir(populated.path.parent))
+    proc = populated.dvr(*args, expect=2)
+    assert proc.stderr.startswith("dvr: ") and ("not valid" in proc.stderr or "not a snapshot reference" in proc.stderr), describe(proc)
+    assert proc.stdout == ""
+    assert sorted(os.listdir(populated.path.parent)) == outside
+    assert len(populated.ls()) == 3
+
+
+@pytest.mark.parametrize("command", ["dvr ls", "dvr gc", "dvr rm s/a", "worker snap"])
+def test_a_non_store_directory_is_refused_and_left_untouched(make_store, tmp_path, command):
+    """`dvr --store DIR ...` (or a program opening DIR as a store) on a directory
+    of someone's files must fail with a clear message and change nothing in it."""
+    precious = make_store("precious")
+    precious.path.mkdir()
+    (precious.path / "notes.txt").write_text("mine\n")
+    precious.path.chmod(0o755)
+    tool, *args = command.split()
+    if tool == "dvr":
+        proc = precious.dvr(*args, expect=2)
+    else:
+        proc = precious.snap("s", "a", expect=DVR_ERROR)
+        assert worker_error(proc).startswith("error invalid_argument:"), describe(proc)
+    assert "is not a Memory DVR store" in proc.stderr, describe(proc)
+    after = (sorted(os.listdir(precious.path)), oct(stat.S_IMODE(precious.path.stat().st_mode)))
+    assert after == (["notes.txt"], "0o755"), f"{command} changed a foreign directory (files, mode): {after}"
+
+
+def test_a_missing_store_is_reported_and_not_created(tmp_path, dvr_bin):
+    missing = tmp_path / "no" / "store"
+    for command in (["ls"], ["stat"], ["verify"], ["gc"], ["info", "s/a"]):
+        proc = run([dvr_bin, "--store", missing, *command], expect=1)
+        assert f"no store at {missing}" in proc.stderr, describe(proc)
+    assert not (tmp_path / "no").exists()
+
+
+def test_reading_commands_do_not_turn_an_empty_directory_into_a_store(tmp_path, dvr_bin):
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o755)
+    empty.chmod(0o755)
+    proc = run([dvr_bin, "--store", empty, "ls"], expect=1)
+    assert "no store at" in proc.stderr, describe(proc)
+    assert os.listdir(empty) == [] and stat.S_IMODE(empty.stat().st_mode) == 0o755, \
+        f"`dvr ls` changed an empty directory: {os.listdir(empty)}, mode {stat.S_IMODE(empty.stat().st_mode):o}"
+
+
+def test_usage_errors(store, dvr_bin):
+    assert "usage: dvr" in run([dvr_bin, "--help"], expect=0).stdout
+    assert run([dvr_bin, "--version"], expect=0).stdout.startswith("dvr ")
+    assert "usage: dvr" in run([dvr_bin], expect=2).stderr
+    proc = store.dvr("bogus", expect=2)
+    assert "unknown command 'bogus'" in proc.stderr, describe(proc)
+    proc = store.dvr("verify", "extra", expect=2)
+    assert "unexpected argument 'extra'" in proc.stderr, describe(proc)
+
+
+def test_worker_reports_library_errors_by_code(store):
+    store.snap("s", "a")
+    proc = store.snap("s", "a", expect=DVR_ERROR)
+    assert worker_error(proc).startswith("error already_exists:") and "s/a" in proc.stderr, describe(proc)
+    proc = store.snap("../x", "a", expect=DVR_ERROR)
+    assert worker_error(proc).startswith("error invalid_argument:"), describe(proc)
+    proc = store.check("s", "nosuch", expect=DVR_ERROR)
+    assert worker_error(proc).startswith("error not_found:") and "s/nosuch" in proc.stderr, describe(proc)
+    # Regions of another size: refused before live memory changes.
+    proc = store.worker("check", "s", "a", "--mib", "2", expect=DVR_ERROR)
+    assert worker_error(proc).startswith("error invalid_argument:") and "r0" in proc.stderr, describe(proc)
+    store.check("s", "a")
+
+
+@pytest.mark.parametrize("chunk_size", [4096, 1 << 20, 16 << 20])
+def test_stores_with_other_chunk_sizes(store, chunk_size):
+    store.snap("s", "a", "b", "--chunk-size", chunk_size)
+    assert store.stat()["chunk_size"] == chunk_size
+    info = store.dvr_json("info", "s/a")
+    assert info["chunks"] == sum((n + chunk_size - 1) // chunk_size for n in REGION_SIZES.values())
+    store.snap("s", "c", "--chunk-size", 8192)  # an existing store keeps its chunk size
+    assert store.stat()["chunk_size"] == chunk_size
+    store.check("s", "a", "b", "c")
+    assert store.verify()["ok"]

@@ -1,0 +1,151 @@
+"""A full store: snapshot() fails cleanly with no_space and a message that says
+what to do, nothing half-written becomes visible, every earlier snapshot stays
+intact, and following the advice (rm + gc) makes room again.
+
+Two ways to run out: a small tmpfs (needs root to mount) and RLIMIT_FSIZE on an
+ordinary directory (SIGXFSZ ignored, so the write fails with EFBIG instead of
+killing the process)."""
+
+import errno
+import os
+import resource
+import signal
+
+import pytest
+from conftest import DVR_ERROR, describe, run
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 24 MiB tmpfs mounted for this test only."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", mnt])
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        proc = run(["umount", mnt])
+        if proc.returncode != 0:
+            run(["umount", "-l", mnt], expect=0)
+
+
+def fill(store, *args, **kwargs):
+    """Runs `fill`; returns (names committed, error line, process). Asserts it ended with no_space."""
+    proc = store.worker("fill", "s", *args, expect=None, timeout=300, **kwargs)
+    assert proc.returncode == DVR_ERROR, "fill did not end with no_space:\n" + describe(proc)
+    lines = proc.stdout.splitlines()
+    committed = [l.split()[1] for l in lines if l.startswith("committed fill-")]
+    errors = [l for l in lines if l.startswith("error ")]
+    assert len(errors) == 1 and errors[0].startswith("error no_space:"), describe(proc)
+    assert f"committed before the error: {len(committed)}" in lines, describe(proc)
+    return committed, errors[0], proc
+
+
+def assert_clean_and_intact(store, committed):
+    report = store.verify()
+    assert report["ok"] and report["snapshots"] == len(committed), report
+    listing = store.ls("s")
+    assert [s["name"] for s in listing] == committed, "a half-written snapshot became visible"
+    assert not any(s["damaged"] for s in listing)
+    store.check("s", *committed)
+
+
+def assert_says_full_and_what_to_do(message):
+    assert "full" in message, message
+    assert "dvr gc" in message, message
+
+
+def test_full_tmpfs_gives_no_space_and_keeps_earlier_snapshots(tmpfs, make_store):
+    store = make_store(parent=tmpfs)
+    committed, error, _ = fill(store)
+    assert committed, "not one 6 MiB snapshot fit into a 24 MiB tmpfs"
+    assert_says_full_and_what_to_do(error)
+    assert str(store.path) in error or "pack" in error, error  # names the file involved
+    assert store.stat()["medium"] == "dram"
+    assert_clean_and_intact(store, committed)
+
+    # Follow the advice: remove snapshots, run gc, and there is room again.
+    store.dvr("rm", *[f"s/{n}" for n in committed[:2]])
+    store.gc()
+    more, _, _ = fill(store, "--start", "100")
+    assert more, "rm + gc freed no room for another snapshot"
+    assert_clean_and_intact(store, committed[2:] + more)
+
+
+def fill_up(path):
+    """Writes `path` until the file system has no byte left."""
+    with open(path, "wb", buffering=0) as f:
+        for size in (MIB, 4096, 1):
+            try:
+                while True:
+                    f.write(b"\xff" * size)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+
+
+def test_rm_and_gc_work_on_a_completely_full_file_system(tmpfs, make_store):
+    """Other files took the last free byte: reading commands, rm and gc (the
+    advice the no_space message gives) must still work."""
+    store = make_store(parent=tmpfs)
+    committed, _, _ = fill(store)
+    fill_up(tmpfs / "filler")
+    assert os.statvfs(tmpfs).f_bavail == 0
+    store.dvr("ls")
+    assert store.verify()["ok"]
+    store.check("s", *committed)
+    store.dvr("rm", f"s/{committed[0]}")
+    proc = store.dvr("gc", expect=None)
+    assert proc.returncode == 0, "gc cannot free space on a full file system:\n" + describe(proc)
+    assert os.statvfs(tmpfs).f_bavail > 0, "gc freed nothing"
+    assert_clean_and_intact(store, committed[1:])
+
+
+def limit_file_size(limit):
+    def preexec():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    return preexec
+
+
+def test_file_size_limit_gives_no_space_and_keeps_earlier_snapshots(store):
+    committed, error, _ = fill(store, preexec_fn=limit_file_size(24 * MIB))
+    # Names the cause (a limit, not a full disk) and what to do about it.
+    assert "limit" in error and ("raise" in error or "dvr gc" in error), error
+    assert committed, "not one 6 MiB snapshot fit under a 24 MiB file-size limit:\n" + error
+    assert_clean_and_intact(store, committed)
+    # Without the limit the store goes on.
+    store.snap("s", "after")
+    store.check("s", *committed, "after")
+    assert store.verify()["ok"]
+
+
+def test_a_snapshot_that_adds_little_fits_into_little_free_space(tmpfs, make_store):
+    """With 2 MiB free, a snapshot whose new data is a few hundred KiB must
+    succeed: the space a snapshot needs is what it adds, not its logical size."""
+    store = make_store(parent=tmpfs)
+    base = ["a", "b", "c"]
+    store.snap("s", *base)  # together they store (almost) all the shared base content
+    have = {}
+    for name in base:
+        have.update(store.content_keys(name))
+
+    def adds(name):
+        return sum(n for k, n in store.content_keys(name).items() if k not in have)
+
+    small = min((f"small-{i}" for i in range(30)), key=adds)
+    assert adds(small) < 512 * 1024, (small, adds(small))
+    filler = tmpfs / "filler"
+    fill_up(filler)
+    os.truncate(filler, filler.stat().st_size - 2 * MIB)
+    free = os.statvfs(tmpfs).f_bavail * os.statvfs(tmpfs).f_frsize
+    proc = store.snap("s", small, expect=None)
+    assert proc.returncode == 0, f"a snapshot adding {adds(small)} bytes failed with {free} bytes free:\n" + describe(proc)
+    store.check("s", *base, small)
+    assert store.verify()["ok"]

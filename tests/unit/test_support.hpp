@@ -1,0 +1,209 @@
+// Shared helpers for the unit tests: fresh temporary stores, deterministic test
+// data, byte comparisons and catching dvr::Error with its exact code.
+#pragma once
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "dvr/dvr.hpp"
+
+namespace Catch {
+template <>
+struct StringMaker<dvr::Errc> {
+  static std::string convert(dvr::Errc c) {
+    std::string n = dvr::errc_name(c);
+    return n == "unknown" ? std::string("<no dvr::Error thrown>") : "Errc::" + n;
+  }
+};
+}  // namespace Catch
+
+namespace dvrtest {
+
+namespace fs = std::filesystem;
+
+/// A fresh directory (under /dev/shm unless `base` says otherwise), removed with
+/// everything in it when the guard goes out of scope. `store()` is a path inside
+/// it that does not exist yet, so tests can check nothing appears next to it.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& base = "/dev/shm") {
+    std::string tmpl = base + "/dvr-unit-XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed in " + base);
+    path_ = buf.data();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    // A test may have made parts read-only or chowned them; we are the owner (or root).
+    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string store() const { return path_ + "/store"; }
+  std::string operator/(const std::string& rel) const { return path_ + "/" + rel; }
+
+ private:
+  std::string path_;
+};
+
+/// What a call threw: the dvr::Error code and message, or a sentinel code (printed
+/// as "<no dvr::Error thrown>") with a description of whatever else happened.
+struct Caught {
+  dvr::Errc code = static_cast<dvr::Errc>(-1);
+  std::string what;
+  bool threw_dvr() const { return std::string(dvr::errc_name(code)) != "unknown"; }
+};
+
+template <class F>
+Caught catch_error(F&& f) {
+  Caught c;
+  try {
+    f();
+    c.what = "(returned normally)";
+  } catch (const dvr::Error& e) {
+    c.code = e.code();
+    c.what = e.what();
+  } catch (const std::exception& e) {
+    c.what = std::string("(threw ") + typeid(e).name() + ": " + e.what() + ")";
+  } catch (...) {
+    c.what = "(threw a non-std exception)";
+  }
+  return c;
+}
+
+/// Deterministic pseudo-random bytes (splitmix64), different for every seed.
+inline void fill_random(void* dst, std::size_t len, std::uint64_t seed) {
+  auto* p = static_cast<unsigned char*>(dst);
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+  std::size_t i = 0;
+  while (i < len) {
+    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    for (int b = 0; b < 8 && i < len; ++b, ++i) p[i] = static_cast<unsigned char>(z >> (8 * b));
+  }
+}
+
+inline std::vector<unsigned char> random_bytes(std::size_t len, std::uint64_t seed) {
+  std::vector<unsigned char> v(len);
+  fill_random(v.data(), len, seed);
+  return v;
+}
+
+/// "" when the ranges are equal, else where they first differ (for CHECK output).
+inline std::string diff(const void* a, const void* b, std::size_t len) {
+  if (std::memcmp(a, b, len) == 0) return "";
+  auto* x = static_cast<const unsigned char*>(a);
+  auto* y = static_cast<const unsigned char*>(b);
+  std::size_t i = 0;
+  while (x[i] == y[i]) ++i;
+  return "differ first at byte " + std::to_string(i) + " of " + std::to_string(len) + " (" + std::to_string(x[i]) +
+         " vs " + std::to_string(y[i]) + ")";
+}
+
+/// diff() for two whole buffers, including their sizes.
+inline std::string diff(const std::vector<unsigned char>& a, const std::vector<unsigned char>& b) {
+  if (a.size() != b.size()) return "sizes differ: " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  return a.empty() ? std::string() : diff(a.data(), b.data(), a.size());
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline void write_file(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw std::runtime_error("cannot write " + path);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+/// Flips every bit of the byte at `offset` of an existing file, in place.
+inline void flip_byte(const std::string& path, std::uint64_t offset) {
+  int fd = ::open(path.c_str(), O_RDWR);
+  if (fd < 0) throw std::runtime_error("cannot open " + path);
+  unsigned char b = 0;
+  bool ok = ::pread(fd, &b, 1, static_cast<off_t>(offset)) == 1;
+  b ^= 0xFF;
+  ok = ok && ::pwrite(fd, &b, 1, static_cast<off_t>(offset)) == 1;
+  ::close(fd);
+  if (!ok) throw std::runtime_error("cannot flip byte " + std::to_string(offset) + " of " + path);
+}
+
+inline unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw std::runtime_error("cannot stat " + path);
+  return st.st_mode & 07777;
+}
+
+/// Every path under `dir` (recursive), relative to it, sorted.
+inline std::vector<std::string> tree(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+    out.push_back(fs::relative(it->path(), dir).string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+inline std::string manifest_path(const dvr::Store& store, const std::string& session, const std::string& snap) {
+  return store.path() + "/sessions/" + session + "/" + snap + ".snap";
+}
+
+/// The store's pack files (full paths), sorted.
+inline std::vector<std::string> pack_files(const dvr::Store& store) {
+  std::vector<std::string> out;
+  for (auto& e : fs::directory_iterator(store.path() + "/packs"))
+    if (e.path().extension() == ".pack") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// Sum of the allocated sizes of the store's pack files.
+inline std::uint64_t pack_allocated(const dvr::Store& store) {
+  std::uint64_t n = 0;
+  for (auto& p : pack_files(store)) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0) n += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  return n;
+}
+
+/// A heap buffer deliberately misaligned by `skew` bytes from malloc's alignment.
+class OddBuffer {
+ public:
+  OddBuffer(std::size_t size, std::size_t skew) : raw_(size + skew + 64), data_(raw_.data() + skew), size_(size) {}
+  OddBuffer(const OddBuffer&) = delete;
+  OddBuffer& operator=(const OddBuffer&) = delete;
+  unsigned char* data() { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  std::vector<unsigned char> raw_;
+  unsigned char* data_;
+  std::size_t size_;
+};
+
+}  // namespace dvrtest
