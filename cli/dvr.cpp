@@ -116,6 +116,7 @@ std::string info_json(const SnapshotInfo& i) {
 int cmd_ls(Args& a) {
   a.json = a.take_flag("--json");
   std::string session = a.rest.empty() ? "" : a.rest.front();
+  if (session.rfind("--", 0) == 0) throw Error(Errc::invalid_argument, "unknown option '" + session + "' for `dvr ls`; see `dvr --help`");
   if (!a.rest.empty()) a.rest.erase(a.rest.begin());
   a.no_more();
   Store store = open_store(a, false);
@@ -171,7 +172,14 @@ int cmd_info(Args& a) {
 int cmd_rm(Args& a) {
   if (a.rest.empty()) throw Error(Errc::invalid_argument, "usage: dvr rm SESSION/NAME...");
   Store store = open_store(a, false);
-  for (auto& ref : a.rest) split_ref(ref);  // validate all before removing any
+  for (auto& ref : a.rest) {  // check every reference before removing any
+    auto [session, name] = split_ref(ref);
+    try {
+      store.info(session, name);
+    } catch (const Error& e) {
+      if (e.code() != Errc::corrupt) throw;  // a damaged snapshot can still be removed
+    }
+  }
   for (auto& ref : a.rest) {
     auto [session, name] = split_ref(ref);
     store.remove(session, name);

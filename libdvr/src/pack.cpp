@@ -178,11 +178,12 @@ void PackWriter::reserve(std::uint64_t rel, std::uint64_t len) {
   if (len == 0) return;
   if (rel + len > length_) throw Error(Errc::io, "internal error: reservation outside the pack extent");
   auto off = static_cast<off_t>(offset_ + rel);
-  // Reserve on the file system unless the range is allocated already (space of
-  // a removed snapshot): a store through a mapping into space the file system
-  // cannot provide would kill the process with SIGBUS instead of failing.
-  off_t hole = ::lseek(map_->fd.get(), off, SEEK_HOLE);
-  if (hole < 0 || static_cast<std::uint64_t>(hole) < offset_ + rel + len) {
+  // Reserve on the file system first: a store through a mapping into space the
+  // file system cannot provide would kill the process with SIGBUS instead of
+  // failing. (Cheap when the range is allocated already, e.g. space of a
+  // removed snapshot. SEEK_HOLE is no cheaper test: on tmpfs it scans on past
+  // the range to the next hole.)
+  {
     FileSizeSignalGuard guard;
     int err = ::posix_fallocate(map_->fd.get(), off, static_cast<off_t>(len));
     if (err != 0) throw_errno(err, "cannot reserve " + std::to_string(len) + " bytes in " + map_->path);
@@ -267,6 +268,23 @@ const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t 
     throw Error(Errc::corrupt, "pack file " + path_of(pack) + " is truncated or the reference is bad: it ends at byte " +
                                    std::to_string(it->second.size) + " but a chunk needs bytes [" + std::to_string(offset) +
                                    ", " + std::to_string(offset + length) + ")");
+  return it->second.addr + offset;
+}
+
+void Packs::map_all() {
+  for (auto id : ids()) {
+    try {
+      read(id, kPackHeaderSize, 0);
+    } catch (const Error&) {
+      // Damaged or vanished pack: mapped() reports nullptr for it.
+    }
+  }
+}
+
+const char* Packs::mapped(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const {
+  auto it = reads_.find(pack);
+  if (it == reads_.end() || offset < kPackHeaderSize || offset > it->second.size || length > it->second.size - offset)
+    return nullptr;
   return it->second.addr + offset;
 }
 

@@ -59,6 +59,13 @@ class Packs {
   /// refresh_mappings() at the start of each operation (under the store lock).
   const char* read(std::uint32_t pack, std::uint64_t offset, std::uint64_t length);
 
+  /// Maps every pack for reading (packs that cannot be mapped are skipped), so
+  /// that mapped() can be used from several threads.
+  void map_all();
+  /// Like read(), but only looks at existing mappings and never throws:
+  /// nullptr when the pack is not mapped or the range is out of bounds.
+  const char* mapped(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const;
+
   /// Forgets mappings of files that were deleted, replaced or resized.
   void refresh_mappings();
 

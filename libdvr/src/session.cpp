@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <unordered_map>
 
 #include "dvr/session.hpp"
@@ -145,6 +146,7 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   }
   auto placed = store.allocate(slot.back());
   detail::PackWriter writer = store.packs->writer(placed.pack, placed.offset, slot.back());
+  store.packs->map_all();
 
   // One pass per chunk: hash it, and if the store lacks it, copy it to the
   // pack while it is still in cache. The index is only read here.
@@ -171,6 +173,12 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
         continue;
       }
       const ChunkRef* known = store.find_chunk(c.hash, c.length);
+      if (known) {
+        // Reuse a stored copy only if it still holds exactly these bytes: a
+        // damaged copy must not make a snapshot of intact memory unrestorable.
+        const char* stored_copy = store.packs->mapped(known->pack, known->offset, c.length);
+        if (!stored_copy || std::memcmp(stored_copy, src[i], c.length) != 0) known = nullptr;
+      }
       if (!known) {
         auto it = mine.find(c.hash);
         if (it != mine.end()) known = &m.chunks[it->second];

@@ -54,6 +54,7 @@ namespace detail {
 namespace {
 
 constexpr const char* kSuperblockMagic = "memory-dvr-store";
+constexpr const char* kSuperblockTemp = "DVRSTORE.new";
 
 std::string superblock_text(const std::string& uuid, std::uint32_t chunk_size) {
   std::ostringstream s;
@@ -117,7 +118,8 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
   std::string sb_path = path + "/" + kSuperblockName;
   auto only_lock_or_empty = [&] {
     auto entries = list_dir(path);
-    entries.erase(std::remove(entries.begin(), entries.end(), "lock"), entries.end());
+    // A creator killed midway leaves at most these two behind.
+    std::erase_if(entries, [](const std::string& e) { return e == "lock" || e == kSuperblockTemp; });
     return entries.empty();
   };
   struct stat st {};
@@ -154,7 +156,17 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
     if (!only_lock_or_empty())  // someone else is creating it right now and failed midway
       throw Error(Errc::invalid_argument, path + " is not a Memory DVR store (it holds files but no " + kSuperblockName +
                                               "); choose an empty or new directory for the store");
-    write_file_atomic(path, sb_path, superblock_text(random_hex(), cs));
+    // Written under a fixed temporary name (which an interrupted creation may
+    // leave behind, and the next one overwrites), then renamed into place.
+    std::string tmp = path + "/" + kSuperblockTemp;
+    {
+      Fd fd = open_or_throw(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+      std::string text = superblock_text(random_hex(), cs);
+      write_all(fd.get(), text.data(), text.size(), tmp);
+      fsync_or_throw(fd.get(), tmp);
+    }
+    if (::rename(tmp.c_str(), sb_path.c_str()) != 0) throw_errno(errno, "cannot publish " + sb_path);
+    fsync_dir(path);
   }
 
   std::string text = read_file(sb_path);
@@ -196,7 +208,8 @@ Manifest StoreImpl::load_manifest(const std::string& session, const std::string&
   } catch (const Error& e) {
     if (e.code() != Errc::not_found) throw;
     if (!path_exists(session_dir(session)))
-      throw Error(Errc::not_found, "no session '" + session + "' in store " + path + "; `dvr ls` lists the sessions");
+      throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "': there is no session '" + session + "' in store " +
+                                       path + "; `dvr ls` lists the sessions");
     throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "' in store " + path +
                                      "; `dvr ls " + session + "` lists its snapshots");
   }
@@ -565,15 +578,16 @@ VerifyReport Store::verify(const Progress& progress) const {
   std::map<std::tuple<std::uint32_t, std::uint64_t, std::uint32_t, std::uint64_t, std::uint64_t>, Loc> locs;
   for (auto& session : impl_->session_names()) {
     for (auto& name : impl_->snapshot_names(session)) {
-      ++report.snapshots;
       Manifest m;
       try {
         m = impl_->load_manifest(session, name);
       } catch (const Error& e) {
-        if (e.code() == Errc::not_found) continue;
+        if (e.code() == Errc::not_found) continue;  // removed meanwhile
+        ++report.snapshots;
         report.problems.push_back({session, name, e.what()});
         continue;
       }
+      ++report.snapshots;
       for (auto& r : m.regions)
         for (std::uint64_t i = 0; i < r.chunk_count; ++i) {
           auto& c = m.chunks[r.first_chunk + i];

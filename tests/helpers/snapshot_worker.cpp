@@ -21,12 +21,12 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,7 +34,7 @@
 
 namespace {
 
-const char* kUsage = R"(usage: dvr-test-worker MODE STORE SESSION [ARGS] [OPTIONS]
+const char* kUsage = R"(usage: dvr-test-worker MODE ARGS [OPTIONS]
 
 Modes:
   loop STORE SESSION --count N [--prefix P] [--start K] [--churn]
@@ -69,12 +69,12 @@ Options:
 
 Exit status:
   0  everything succeeded
-  1  failure: a restored byte differed (stderr names snapshot, region, offset),
-     a snapshot was damaged or missing in `check`, or `fill` ended by an error
-     other than no_space or not at all within --max
+  1  failure: a restored byte differed (stderr: "FAIL snapshot 'S/N' restored
+     wrong: region, byte, got, expected"), `check` found nothing to check, or
+     `fill` ended by an error other than no_space or not at all within --max
   2  usage error
-  3  a dvr::Error was thrown (stderr: "error ERRC: MESSAGE"); for `fill`, only
-     when the error was no_space
+  3  a dvr::Error was thrown (stderr: "error ERRC: MESSAGE", e.g. corrupt or
+     not_found from `check`); for `fill`, only when the error was no_space
 )";
 
 constexpr std::size_t kUnit = 64 * 1024;

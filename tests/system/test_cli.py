@@ -207,6 +207,17 @@ def test_usage_errors(store, dvr_bin):
     assert "unexpected argument 'extra'" in proc.stderr, describe(proc)
 
 
+def test_check_catches_a_snapshot_with_the_wrong_content(store):
+    """The checker itself: a snapshot holding other data fails, naming where."""
+    store.snap("s", "x", "--content-of", "y")
+    proc = store.check("s", "x", expect=1)
+    fail = [l for l in proc.stderr.splitlines() if l.startswith("FAIL ")]
+    assert len(fail) == 1 and fail[0].startswith("FAIL snapshot 's/x' restored wrong: region r"), describe(proc)
+    assert " byte " in fail[0] and "expected 0x" in fail[0], describe(proc)
+    store.snap("s", "y", "--content-of", "y")
+    store.check("s", "y")
+
+
 def test_worker_reports_library_errors_by_code(store):
     store.snap("s", "a")
     proc = store.snap("s", "a", expect=DVR_ERROR)

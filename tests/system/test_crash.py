@@ -192,7 +192,8 @@ def test_store_interrupted_before_its_superblock_was_published_can_be_opened(mak
     store = make_store()
     store.path.mkdir(mode=0o700)
     (store.path / "lock").touch(mode=0o600)
-    (store.path / "0123456789abcdef0123456789abcdef.tmp").write_bytes(b"memory-dvr-store\nformat 1\n")
+    # The superblock is written as DVRSTORE.new, then renamed (docs/format.md).
+    (store.path / "DVRSTORE.new").write_bytes(b"memory-dvr-store\nformat 1\n")
     proc = store.snap("s", "a", expect=None)
     assert proc.returncode == 0, "a store whose creation was interrupted cannot be opened any more:\n" + describe(proc)
     store.check("s", "a")
