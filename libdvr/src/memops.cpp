@@ -68,6 +68,13 @@ void zero_nt(void* dst, std::size_t len) noexcept {
 #endif
 }
 
+bool all_zero(const void* data, std::size_t len) noexcept {
+  auto p = static_cast<const unsigned char*>(data);
+  // Compare the buffer with itself shifted by one: all zero iff the first byte
+  // is zero and every byte equals its successor.
+  return len == 0 || (p[0] == 0 && std::memcmp(p, p + 1, len - 1) == 0);
+}
+
 void parallel_for(std::size_t count, std::size_t work_bytes,
                   const std::function<void(std::size_t, std::size_t)>& fn) {
   constexpr std::size_t kMinBytesPerThread = 8u << 20;

@@ -13,6 +13,9 @@ void copy_nt(void* dst, const void* src, std::size_t len) noexcept;
 /// Fills with zeros using non-temporal stores.
 void zero_nt(void* dst, std::size_t len) noexcept;
 
+/// True when all `len` bytes are zero.
+bool all_zero(const void* data, std::size_t len) noexcept;
+
 /// Runs fn(begin, end) over [0, count) split into contiguous slices, one per
 /// hardware thread, when `work_bytes` is large enough to pay for the threads.
 /// Exceptions from fn are rethrown (the first one).

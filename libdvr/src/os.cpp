@@ -46,9 +46,32 @@ Fd::~Fd() {
 }
 
 Fd open_or_throw(const std::string& path, int flags, mode_t mode) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-  if (fd < 0) throw_errno(errno, "cannot open " + path);
-  return Fd(fd);
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode);
+  if (fd < 0) {
+    if (errno == ELOOP)
+      throw Error(Errc::corrupt, path + " is a symbolic link; a store holds none — remove it (someone may have planted it)");
+    throw_errno(errno, "cannot open " + path);
+  }
+  Fd owned(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_errno(errno, "cannot stat " + path);
+  bool want_dir = (flags & O_DIRECTORY) != 0;
+  if (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))
+    throw Error(Errc::corrupt, path + " is not a " + (want_dir ? "directory" : "regular file") +
+                                   "; a store holds only files and directories it made — remove it");
+  // Back to blocking mode for regular I/O.
+  int fl = ::fcntl(fd, F_GETFL);
+  if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return owned;
+}
+
+void require_real_dir(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) throw_errno(errno, "cannot open " + path);
+  if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode))
+    throw Error(Errc::corrupt, path + " is not a real directory (a symbolic link or a file); a store never holds one there — remove it");
+  if (st.st_uid != ::geteuid())
+    throw Error(Errc::permission, path + " is owned by uid " + std::to_string(st.st_uid) + ", not by you; the store is not private");
 }
 
 void write_all(int fd, const void* data, std::size_t len, const std::string& path) {
@@ -109,16 +132,26 @@ bool path_exists(const std::string& path) {
 
 std::vector<std::string> list_dir(const std::string& dir) {
   std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  DIR* d = dfd >= 0 ? ::fdopendir(dfd) : nullptr;
   if (!d) {
-    if (errno == ENOENT) return names;
-    throw_errno(errno, "cannot list " + dir);
+    int err = errno;
+    if (dfd >= 0) ::close(dfd);
+    if (err == ENOENT) return names;
+    throw_errno(err, "cannot list " + dir);
   }
-  while (dirent* e = ::readdir(d)) {
+  for (;;) {
+    errno = 0;
+    dirent* e = ::readdir(d);
+    if (!e) {
+      int err = errno;
+      ::closedir(d);
+      if (err != 0) throw_errno(err, "cannot list " + dir);  // a partial listing must never pass for a complete one
+      break;
+    }
     if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
     names.emplace_back(e->d_name);
   }
-  ::closedir(d);
   return names;
 }
 

@@ -40,7 +40,14 @@ class Fd {
   int fd_ = -1;
 };
 
+/// Opens a file of the store: never follows a symbolic link in the last
+/// component, never blocks on a FIFO, and (unless O_DIRECTORY is asked for)
+/// accepts only a regular file — a planted link or device cannot make dvr read
+/// or write outside the store.
 Fd open_or_throw(const std::string& path, int flags, mode_t mode = 0600);
+
+/// Throws unless `path` is a real directory (not a symbolic link) owned by us.
+void require_real_dir(const std::string& path);
 void write_all(int fd, const void* data, std::size_t len, const std::string& path);
 void fsync_or_throw(int fd, const std::string& path);
 void fsync_dir(const std::string& dir);

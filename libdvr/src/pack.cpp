@@ -72,7 +72,12 @@ struct Packs::WriteMap {
   // snapshot that reuses free space skips the populate call.
   std::vector<std::uint64_t> populated;
   std::mutex mu;
+  std::uint64_t last_use = 0;
 };
+
+namespace {
+constexpr std::size_t kMaxWriteMaps = 16;
+}
 
 Packs::Packs(std::string dir, std::string store_uuid) : dir_(std::move(dir)), uuid_(std::move(store_uuid)) {}
 
@@ -146,8 +151,19 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
   if (::stat(path.c_str(), &st) != 0) throw_errno(errno, "cannot open " + path);
   if (!slot || slot->ino != static_cast<std::uint64_t>(st.st_ino) || slot->size != static_cast<std::uint64_t>(st.st_size)) {
     // (Re)map the whole pack once; later snapshots that reuse its free space
-    // find their pages already mapped.
-    slot.reset();
+    // find their pages already mapped. A replaced mapping may still be in use
+    // by another writer of this batch: it is released by end_writes().
+    if (slot) retired_.push_back(std::move(slot));
+    if (writes_.size() > kMaxWriteMaps) {
+      // Keep a bounded number of pack files open for writing.
+      auto lru = writes_.end();
+      for (auto it = writes_.begin(); it != writes_.end(); ++it)
+        if (it->first != pack && it->second && (lru == writes_.end() || it->second->last_use < lru->second->last_use)) lru = it;
+      if (lru != writes_.end()) {
+        retired_.push_back(std::move(lru->second));
+        writes_.erase(lru);
+      }
+    }
     auto w = std::make_unique<WriteMap>();
     w->fd = open_or_throw(path, O_RDWR);
     w->path = path;
@@ -157,10 +173,27 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
     w->populated.assign((w->size / kPageSize + 63) / 64, 0);
     slot = std::move(w);
   }
+  slot->last_use = ++write_clock_;
   if (offset < kPackHeaderSize || offset + length > slot->size)
     throw Error(Errc::io, "internal error: write of [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
                               ") outside " + path);
   return PackWriter(slot.get(), offset, length);
+}
+
+void Packs::end_writes() { retired_.clear(); }
+
+void Packs::punch(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) {
+  int fd = ::open(path_of(pack).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return;
+  ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(length));
+  ::close(fd);
+  auto it = writes_.find(pack);
+  if (it != writes_.end() && it->second) {
+    std::uint64_t first = offset / kPageSize, last = (offset + length - 1) / kPageSize;
+    std::lock_guard<std::mutex> lock(it->second->mu);
+    for (std::uint64_t p = first; p <= last && p / 64 < it->second->populated.size(); ++p)
+      it->second->populated[p / 64] &= ~(1ull << (p % 64));
+  }
 }
 
 void Packs::forget_populated() {
@@ -196,7 +229,7 @@ void PackWriter::reserve(std::uint64_t rel, std::uint64_t len) {
     for (std::uint64_t p = first; p <= last && all; ++p) all = (map_->populated[p / 64] >> (p % 64)) & 1;
   }
   if (all) return;
-  ::madvise(base_ + rel, len, MADV_POPULATE_WRITE);
+  if (::madvise(base_ + rel, len, MADV_POPULATE_WRITE) != 0) return;  // pages fault in one by one instead
   std::lock_guard<std::mutex> lock(map_->mu);
   for (std::uint64_t p = first; p <= last; ++p) map_->populated[p / 64] |= 1ull << (p % 64);
 }
@@ -246,11 +279,15 @@ const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t 
   auto it = reads_.find(pack);
   if (it == reads_.end()) {
     std::string path = path_of(pack);
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-      throw Error(Errc::corrupt, "pack file " + path + " is missing (" + std::strerror(errno) +
-                                     "); snapshots stored in it cannot be restored — run `dvr verify` to list them");
-    Fd owner(fd);
+    Fd owner;
+    try {
+      owner = open_or_throw(path, O_RDONLY);
+    } catch (const Error& e) {
+      if (e.code() != Errc::not_found) throw;  // permission, I/O, a planted link: not "missing"
+      throw Error(Errc::corrupt, "pack file " + path +
+                                     " is missing; snapshots stored in it cannot be restored — run `dvr verify` to list them");
+    }
+    int fd = owner.get();
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw_errno(errno, "cannot stat " + path);
     auto size = static_cast<std::uint64_t>(st.st_size);

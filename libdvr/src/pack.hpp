@@ -1,8 +1,8 @@
 // Pack files: chunk data stored page-aligned and written through libpmem2
 // (non-temporal copies, then persisted). Layout: docs/format.md, "Pack files".
 //
-// A pack is a sparse file of fixed apparent size; chunk data occupies ranges of
-// it and everything else is free space. Which ranges are live is known only
+// A pack is a sparse file; chunk data occupies ranges of it and everything
+// else is free space. Which ranges are live is known only
 // from the manifests (StoreImpl tracks it), so a crash can never leave a pack
 // in a state that needs repair: space written by an interrupted snapshot is
 // simply free again.
@@ -50,6 +50,14 @@ class Packs {
   /// mapping of the pack that is kept for later writes. Exclusive lock held.
   PackWriter writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t length);
 
+  /// Frees [offset, offset+length) of a pack (best effort: it is free space
+  /// whether or not the file system takes it back now).
+  void punch(std::uint32_t pack, std::uint64_t offset, std::uint64_t length);
+
+  /// Ends a batch of writers: mappings replaced or evicted meanwhile (still in
+  /// use by writers of the batch until now) are released.
+  void end_writes();
+
   /// Forgets which pages the write mappings have populated (after gc freed
   /// space, whose page-table entries the kernel dropped).
   void forget_populated();
@@ -87,6 +95,8 @@ class Packs {
   std::string uuid_;
   std::map<std::uint32_t, ReadMap> reads_;
   std::map<std::uint32_t, std::unique_ptr<WriteMap>> writes_;
+  std::vector<std::unique_ptr<WriteMap>> retired_;
+  std::uint64_t write_clock_ = 0;
 };
 
 /// Writes chunk data into one extent of a pack. reserve() and copy() may be

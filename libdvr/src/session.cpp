@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <cstring>
 #include <unordered_map>
 
@@ -122,10 +123,8 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
     total += r->size();
   }
 
-  // Where chunk i would go if every chunk were new: the extent reserved for
-  // this snapshot is that large, and each thread fills its own part of it.
-  // Space it leaves unused is referenced by no manifest, so it is free again
-  // as soon as the snapshot is published.
+  // Bytes chunk i onward would need if every chunk were new: bounds the size
+  // of the pack blocks a thread asks for near the end of its slice.
   std::vector<std::uint64_t> slot(m.chunks.size() + 1, 0);
   for (std::size_t i = 0; i < m.chunks.size(); ++i) slot[i + 1] = slot[i] + detail::round_up_page(m.chunks[i].length);
   for (auto& c : m.chunks) detail::is_zero_chunk(c.hash, c.length);  // warm the zero-hash cache
@@ -144,17 +143,24 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
       m.parent.clear();
     }
   }
-  auto placed = store.allocate(slot.back());
-  detail::PackWriter writer = store.packs->writer(placed.pack, placed.offset, slot.back());
   store.packs->map_all();
+  StoreImpl::AllocationScope allocation(store);
 
-  // One pass per chunk: hash it, and if the store lacks it, copy it to the
-  // pack while it is still in cache. The index is only read here.
+  // One pass per chunk: hash it, and if the store lacks it, copy it into a
+  // block of free pack space while it is still in cache. Each thread takes
+  // blocks of growing size as it needs them, so a snapshot that adds little
+  // takes little space. The index is only read here.
+  constexpr std::uint64_t kMinBlock = 1u << 20, kMaxBlock = 64u << 20;
   constexpr std::uint64_t kMinReserveStep = 256u << 10, kMaxReserveStep = 8u << 20;
   constexpr std::uint64_t kMaxRun = 256u << 10;
   std::atomic<std::uint64_t> stored{0};
   detail::parallel_for(m.chunks.size(), total, [&](std::size_t b, std::size_t e) {
-    std::uint64_t cursor = slot[b], reserved = slot[b], written = 0, step = kMinReserveStep;
+    struct Block {
+      StoreImpl::Placement at;
+      std::uint64_t length = 0, used = 0, reserved = 0;
+      std::optional<detail::PackWriter> writer;
+    } block;
+    std::uint64_t block_size = kMinBlock, step = kMinReserveStep, written = 0;
     std::unordered_map<detail::Hash128, std::size_t, detail::Hash128Hasher> mine;
     struct {
       std::uint64_t dst = 0;
@@ -162,64 +168,86 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
       std::uint64_t len = 0;
     } run;
     auto flush = [&] {
-      if (run.len) writer.copy(run.dst, run.src, run.len);
+      if (run.len) block.writer->copy(run.dst, run.src, run.len);
       run.len = 0;
     };
-    for (std::size_t i = b; i < e; ++i) {
-      auto& c = m.chunks[i];
-      c.hash = detail::hash128(src[i], c.length);
-      if (detail::is_zero_chunk(c.hash, c.length)) {
-        c.pack = 0;
-        continue;
+    auto close_block = [&] {
+      if (!block.writer) return;
+      flush();
+      block.writer->release(block.used, block.reserved - block.used);  // reserved but not needed
+      block.writer->finish();  // on this thread: drains its own non-temporal stores
+      block.writer.reset();
+    };
+    try {
+      for (std::size_t i = b; i < e; ++i) {
+        auto& c = m.chunks[i];
+        c.hash = detail::hash128(src[i], c.length);
+        if (detail::is_zero_chunk(c.hash, c.length) && detail::all_zero(src[i], c.length)) {
+          c.pack = 0;
+          continue;
+        }
+        // Reuse a stored copy only if it holds exactly these bytes: a hash match
+        // alone could be a collision, and a damaged copy must not make a
+        // snapshot of intact memory unrestorable.
+        const ChunkRef* known = store.find_chunk(c.hash, c.length);
+        if (known) {
+          const char* stored_copy = store.packs->mapped(known->pack, known->offset, c.length);
+          if (!stored_copy || std::memcmp(stored_copy, src[i], c.length) != 0) known = nullptr;
+        }
+        if (!known) {
+          auto it = mine.find(c.hash);
+          if (it != mine.end() && std::memcmp(src[it->second], src[i], c.length) == 0) known = &m.chunks[it->second];
+        }
+        if (known) {
+          c.pack = known->pack;
+          c.offset = known->offset;
+          continue;
+        }
+        std::uint64_t need = detail::round_up_page(c.length);
+        if (!block.writer || block.used + need > block.length) {
+          close_block();
+          std::uint64_t size = std::max(need, std::min(block_size, slot[e] - slot[i]));
+          block_size = std::min(block_size * 2, kMaxBlock);
+          auto placed = allocation.take(size);
+          block.at = placed.first;
+          block.length = size;
+          block.used = block.reserved = 0;
+          block.writer.emplace(std::move(placed.second));
+        }
+        if (block.used + need > block.reserved) {
+          // Reserve in growing steps: few calls for big snapshots, little
+          // over-reservation for small ones.
+          std::uint64_t take = std::min(std::max(step, block.used + need - block.reserved), block.length - block.reserved);
+          block.writer->reserve(block.reserved, take);
+          block.reserved += take;
+          step = std::min(step * 2, kMaxReserveStep);
+        }
+        if (run.len && run.src + run.len == src[i] && run.dst + run.len == block.used && run.len < kMaxRun) {
+          run.len += c.length;
+        } else {
+          flush();
+          run = {block.used, src[i], c.length};
+        }
+        c.pack = block.at.pack;
+        c.offset = block.at.offset + block.used;
+        mine.emplace(c.hash, i);
+        block.used += need;
+        written += need;
       }
-      const ChunkRef* known = store.find_chunk(c.hash, c.length);
-      if (known) {
-        // Reuse a stored copy only if it still holds exactly these bytes: a
-        // damaged copy must not make a snapshot of intact memory unrestorable.
-        const char* stored_copy = store.packs->mapped(known->pack, known->offset, c.length);
-        if (!stored_copy || std::memcmp(stored_copy, src[i], c.length) != 0) known = nullptr;
-      }
-      if (!known) {
-        auto it = mine.find(c.hash);
-        if (it != mine.end()) known = &m.chunks[it->second];
-      }
-      if (known) {
-        c.pack = known->pack;
-        c.offset = known->offset;
-        continue;
-      }
-      std::uint64_t need = detail::round_up_page(c.length);
-      if (cursor + need > reserved) {
-        // Reserve in growing steps: few calls for big snapshots, little
-        // over-reservation for small ones.
-        std::uint64_t want = std::max(step, cursor + need - reserved);
-        std::uint64_t take = std::min(want, slot[e] - reserved);
-        writer.reserve(reserved, take);
-        reserved += take;
-        step = std::min(step * 2, kMaxReserveStep);
-      }
-      if (run.len && run.src + run.len == src[i] && run.dst + run.len == cursor && run.len < kMaxRun) {
-        run.len += c.length;
-      } else {
-        flush();
-        run = {cursor, src[i], c.length};
-      }
-      c.pack = placed.pack;
-      c.offset = placed.offset + cursor;
-      mine.emplace(c.hash, i);
-      cursor += need;
-      written += need;
+      close_block();
+    } catch (...) {
+      run.len = 0;
+      if (block.writer) block.writer->finish();
+      throw;
     }
-    flush();
-    writer.release(cursor, reserved - cursor);  // reserved but not needed
     stored += written;
   });
-  writer.finish();
 
   std::uint64_t extent = stored.load();
   m.stored_bytes = extent;
   m.time_ns = detail::now_ns();
   store.publish_manifest(m);  // the commit point
+  allocation.commit();
   store.index_published(store.manifest_path(m.session, m.name), m);
   state_->head = name;
   return detail::info_from_manifest(m);

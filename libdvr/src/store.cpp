@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "dvr/dvr.hpp"
@@ -102,9 +103,10 @@ StoreImpl::StoreImpl(const std::string& dir, const StoreOptions& options) {
   if (dir.empty()) throw Error(Errc::invalid_argument, "store path is empty; give a directory (or set $DVR_STORE)");
   path = dir.size() > 1 && dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir;
   create_or_check(options);
-  make_private_dir(sessions_dir());
-  make_private_dir(tmp_dir());
-  make_private_dir(path + "/packs");
+  for (const std::string& dir : {sessions_dir(), tmp_dir(), path + "/packs"}) {
+    make_private_dir(dir);
+    require_real_dir(dir);
+  }
   medium = probe_medium(path + "/" + kSuperblockName);
   packs = std::make_unique<Packs>(path + "/packs", uuid);
 }
@@ -144,14 +146,17 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
     throw_errno(errno, "cannot make store " + path + " private (mode 0700)");
 
   // The lock file also guards creation, so two processes opening a new store
-  // at once agree on one superblock.
+  // at once agree on one superblock. Opening an existing store takes no lock:
+  // its superblock never changes.
   std::string lock_path = path + "/lock";
   lock_fd_ = Fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!lock_fd_) {
     if (errno == EACCES || errno == EPERM) throw_errno(errno, "cannot open store " + path);
     throw_errno(errno, "cannot create lock file " + lock_path + " (is " + path + " a writable directory?)");
   }
-  Lock lock(*this, true);
+  owner_pid_ = ::getpid();
+  std::optional<Lock> creating;
+  if (!path_exists(sb_path)) creating.emplace(*this, true);
   if (!path_exists(sb_path)) {
     if (!only_lock_or_empty())  // someone else is creating it right now and failed midway
       throw Error(Errc::invalid_argument, path + " is not a Memory DVR store (it holds files but no " + kSuperblockName +
@@ -190,7 +195,19 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
     throw Error(Errc::corrupt, sb_path + " is damaged (bad chunk_size or uuid)");
 }
 
-StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive) : fd_(s.lock_fd_.get()) {
+StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive) : fd_(-1) {
+  if (s.owner_pid_ != ::getpid()) {
+    // A forked child shares its parent's open lock file, and flock() locks
+    // belong to the open file: parent and child would both hold it
+    // "exclusively". Give the child a lock of its own, and make it re-read the
+    // store before trusting anything cached.
+    Fd fresh(::open((s.path + "/lock").c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+    if (!fresh) throw_errno(errno, "cannot reopen the lock of store " + s.path + " after fork");
+    s.lock_fd_ = std::move(fresh);
+    s.owner_pid_ = ::getpid();
+    s.forked_ = true;
+  }
+  fd_ = s.lock_fd_.get();
   while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
     if (errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
   }
@@ -230,6 +247,7 @@ std::vector<std::string> StoreImpl::session_names() const {
 
 std::vector<std::string> StoreImpl::snapshot_names(const std::string& session) const {
   std::vector<std::string> out;
+  if (path_exists(session_dir(session))) require_real_dir(session_dir(session));
   std::string suffix = kManifestSuffix;
   for (auto& f : list_dir(session_dir(session)))
     if (f.size() > suffix.size() && f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0 &&
@@ -239,7 +257,11 @@ std::vector<std::string> StoreImpl::snapshot_names(const std::string& session) c
 }
 
 void StoreImpl::publish_manifest(const Manifest& m) {
-  make_private_dir(session_dir(m.session));
+  if (!path_exists(session_dir(m.session))) {
+    make_private_dir(session_dir(m.session));
+    fsync_dir(sessions_dir());  // the new session directory must survive a crash too
+  }
+  require_real_dir(session_dir(m.session));
   write_file_atomic(tmp_dir(), manifest_path(m.session, m.name), encode_manifest(m));
 }
 
@@ -255,11 +277,21 @@ std::string StoreImpl::read_epoch() const {
 void StoreImpl::bump_epoch() { write_file_atomic(tmp_dir(), path + "/epoch", random_hex()); }
 
 bool StoreImpl::key_of(const std::string& file, FileKey& key) {
-  struct stat st {};
-  if (::stat(file.c_str(), &st) != 0) return false;
-  key = {static_cast<std::uint64_t>(st.st_ino), static_cast<std::uint64_t>(st.st_size),
-         static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
-  return true;
+  // Inode, size and time alone can repeat when a manifest is removed and a
+  // new one of the same name and layout is published (inode reuse, coarse
+  // timestamps); the checksum in its trailer tells them apart.
+  try {
+    Fd fd = open_or_throw(file, O_RDONLY);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return false;
+    std::uint64_t sum = 0;
+    if (st.st_size >= 16 && ::pread(fd.get(), &sum, 8, st.st_size - 16) != 8) return false;
+    key = {static_cast<std::uint64_t>(st.st_ino), static_cast<std::uint64_t>(st.st_size),
+           static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec, sum};
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 std::vector<ChunkRef> StoreImpl::distinct_refs(const Manifest& m) {
@@ -293,12 +325,14 @@ void StoreImpl::drop_refs(const std::vector<ChunkRef>& refs) {
 
 void StoreImpl::refresh_index() {
   std::string epoch = read_epoch();
-  if (epoch != index_epoch_) {
+  if (epoch != index_epoch_ || forked_) {
+    forked_ = false;
     index_.clear();
     live_.clear();
     indexed_.clear();
     unreadable_.clear();
     index_epoch_ = epoch;
+    quarantine_pack_ = 0;
     packs->forget_populated();
   }
   packs->refresh_mappings();
@@ -306,11 +340,13 @@ void StoreImpl::refresh_index() {
   // ones: a location freed by one manifest and reused by another must never be
   // credited to the old chunk.
   std::map<std::string, FileKey> present;
+  std::set<std::string> unstatable;
   for (auto& session : session_names())
     for (auto& name : snapshot_names(session)) {
       std::string file = manifest_path(session, name);
       FileKey key;
       if (key_of(file, key)) present.emplace(file, key);
+      else unstatable.insert(file);  // listed but unreadable: its data must not count as free
     }
   for (auto it = indexed_.begin(); it != indexed_.end();) {
     auto p = present.find(it->first);
@@ -321,7 +357,8 @@ void StoreImpl::refresh_index() {
       it = indexed_.erase(it);
     }
   }
-  unreadable_.clear();
+  auto unreadable_before = std::move(unreadable_);
+  unreadable_ = std::move(unstatable);
   for (auto& [file, key] : present) {
     if (indexed_.count(file)) continue;
     try {
@@ -335,6 +372,8 @@ void StoreImpl::refresh_index() {
       unreadable_.insert(file);
     }
   }
+  for (auto& f : unreadable_)
+    if (!unreadable_before.count(f)) quarantine_pack_ = 0;  // newly unreadable: it may reference that pack too
 }
 
 const ChunkRef* StoreImpl::find_chunk(const Hash128& h, std::uint32_t length) const {
@@ -357,24 +396,51 @@ void StoreImpl::index_published(const std::string& file, const Manifest& m) {
 
 StoreImpl::Placement StoreImpl::allocate(std::uint64_t length) {
   auto ids = packs->ids();
-  if (unreadable_.empty()) {
-    for (auto id : ids) {
-      std::uint64_t size = packs->size_of(id);
-      std::uint64_t cursor = kPackHeaderSize;
-      for (auto it = live_.lower_bound({id, 0}); it != live_.end() && it->first.first == id; ++it) {
-        if (it->first.second >= cursor + length) return {id, cursor};
-        cursor = std::max(cursor, it->first.second + round_up_page(it->second.length));
-      }
-      if (size >= cursor + length) return {id, cursor};
-      if (id == ids.back() && cursor + length <= kMaxPackSize) {
-        packs->grow(id, std::min(kMaxPackSize, std::max(cursor + length, 2 * size)));
-        return {id, cursor};
-      }
+  auto fit = [&](std::uint32_t id, bool may_grow) -> std::optional<Placement> {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> used;
+    for (auto it = live_.lower_bound({id, 0}); it != live_.end() && it->first.first == id; ++it)
+      used.emplace_back(it->first.second, it->first.second + round_up_page(it->second.length));
+    for (auto& f : in_flight_)
+      if (f.pack == id) used.emplace_back(f.offset, f.offset + f.length);
+    std::sort(used.begin(), used.end());
+    std::uint64_t size = packs->size_of(id), cursor = kPackHeaderSize;
+    for (auto& [b, e] : used) {
+      if (b >= cursor + length) return Placement{id, cursor};
+      cursor = std::max(cursor, e);
     }
+    if (size >= cursor + length) return Placement{id, cursor};
+    if (may_grow && cursor + length <= kMaxPackSize) {
+      packs->grow(id, std::min(kMaxPackSize, std::max(cursor + length, 2 * size)));
+      return Placement{id, cursor};
+    }
+    return std::nullopt;
+  };
+  if (unreadable_.empty()) {
+    for (auto id : ids)
+      if (auto p = fit(id, id == ids.back())) return *p;
+  } else if (quarantine_pack_ && std::find(ids.begin(), ids.end(), quarantine_pack_) != ids.end()) {
+    if (auto p = fit(quarantine_pack_, quarantine_pack_ == ids.back())) return *p;
   }
   std::uint32_t id = ids.empty() ? 1 : ids.back() + 1;
   packs->create(id, std::max(kInitialPackSize, kPackHeaderSize + length), kPackHeaderSize + length);
+  if (!unreadable_.empty()) quarantine_pack_ = id;
   return {id, kPackHeaderSize};
+}
+
+StoreImpl::AllocationScope::~AllocationScope() {
+  // A snapshot that failed (a full disk, say) gives its space back at once,
+  // rather than leaving the file system full until the next gc.
+  if (!committed_)
+    for (auto& f : store_.in_flight_) store_.packs->punch(f.pack, f.offset, f.length);
+  store_.in_flight_.clear();
+  store_.packs->end_writes();
+}
+
+std::pair<StoreImpl::Placement, PackWriter> StoreImpl::AllocationScope::take(std::uint64_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Placement p = store_.allocate(length);
+  store_.in_flight_.push_back({p.pack, p.offset, length});
+  return {p, store_.packs->writer(p.pack, p.offset, length)};
 }
 
 SnapshotInfo info_from_manifest(const Manifest& m) {
@@ -491,18 +557,27 @@ GcReport Store::gc() {
   GcReport report;
 
   // Leftovers of interrupted commits: nobody else can be writing (we hold the lock).
-  for (auto& f : list_dir(impl_->tmp_dir()))
-    if (::unlink((impl_->tmp_dir() + "/" + f).c_str()) == 0) ++report.temp_files_removed;
+  require_real_dir(impl_->tmp_dir());
+  for (auto& f : list_dir(impl_->tmp_dir())) {
+    std::string file = impl_->tmp_dir() + "/" + f;
+    if (::unlink(file.c_str()) == 0) ++report.temp_files_removed;
+    else if (errno != ENOENT) throw_errno(errno, "gc cannot remove leftover " + file);
+  }
 
   // What is live: every byte range some manifest references.
-  std::map<std::uint32_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> live;
+  // pack -> (offset -> end), one entry per distinct location however many
+  // snapshots share it.
+  std::map<std::uint32_t, std::map<std::uint64_t, std::uint64_t>> live;
   std::vector<std::string> damaged;
   for (auto& session : impl_->session_names()) {
     for (auto& name : impl_->snapshot_names(session)) {
       try {
         Manifest m = impl_->load_manifest(session, name);
         for (auto& c : m.chunks)
-          if (!c.is_zero()) live[c.pack].emplace_back(c.offset, c.offset + round_up_page(c.length));
+          if (!c.is_zero()) {
+            auto& end = live[c.pack][c.offset];
+            end = std::max(end, c.offset + round_up_page(c.length));
+          }
       } catch (const Error& e) {
         if (e.code() == Errc::not_found) continue;
         damaged.push_back(StoreImpl::ref(session, name));
@@ -528,10 +603,10 @@ GcReport Store::gc() {
     auto it = live.find(id);
     if (it == live.end()) {
       if (::unlink(file.c_str()) == 0) ++report.packs_removed;
+      else if (errno != ENOENT) throw_errno(errno, "gc cannot remove unused pack " + file);
       continue;
     }
     auto& ranges = it->second;
-    std::sort(ranges.begin(), ranges.end());
     Fd fd = open_or_throw(file, O_RDWR);
     std::uint64_t size = file_size(fd.get(), file);
     std::uint64_t cursor = kPackHeaderSize;
@@ -565,17 +640,18 @@ VerifyReport Store::verify(const Progress& progress) const {
   impl_->packs->refresh_mappings();
   VerifyReport report;
 
-  struct Use {
-    std::string session, snapshot, region;
-    std::uint64_t region_offset;
-  };
+  // Pass 1: every distinct stored chunk, checked once however many snapshots
+  // share it (memory grows with distinct chunks, not with references).
+  using Key = std::tuple<std::uint32_t, std::uint64_t, std::uint32_t, std::uint64_t, std::uint64_t>;
+  auto key_of_ref = [](const ChunkRef& c) { return Key{c.pack, c.offset, c.length, c.hash.lo, c.hash.hi}; };
   struct Loc {
     ChunkRef ref;
-    std::vector<Use> uses;
     const char* data = nullptr;
     std::string error;
+    bool damage = true;  // false: an I/O or permission problem, not proven damage
   };
-  std::map<std::tuple<std::uint32_t, std::uint64_t, std::uint32_t, std::uint64_t, std::uint64_t>, Loc> locs;
+  std::map<Key, Loc> locs;
+  std::vector<std::pair<std::string, std::string>> readable;
   for (auto& session : impl_->session_names()) {
     for (auto& name : impl_->snapshot_names(session)) {
       Manifest m;
@@ -588,14 +664,9 @@ VerifyReport Store::verify(const Progress& progress) const {
         continue;
       }
       ++report.snapshots;
-      for (auto& r : m.regions)
-        for (std::uint64_t i = 0; i < r.chunk_count; ++i) {
-          auto& c = m.chunks[r.first_chunk + i];
-          if (c.is_zero()) continue;
-          auto& loc = locs[{c.pack, c.offset, c.length, c.hash.lo, c.hash.hi}];
-          loc.ref = c;
-          loc.uses.push_back({session, name, r.name, i * m.chunk_size});
-        }
+      readable.emplace_back(session, name);
+      for (auto& c : m.chunks)
+        if (!c.is_zero()) locs[key_of_ref(c)].ref = c;
     }
   }
   std::vector<Loc*> work;
@@ -606,6 +677,7 @@ VerifyReport Store::verify(const Progress& progress) const {
       total += loc.ref.length;
     } catch (const Error& e) {
       loc.error = e.what();
+      loc.damage = e.code() == Errc::corrupt;
     }
     work.push_back(&loc);
   }
@@ -627,20 +699,35 @@ VerifyReport Store::verify(const Progress& progress) const {
   report.chunks = work.size();
   report.bytes = total;
 
-  // One problem per damaged snapshot, naming the first few damaged ranges.
-  std::map<std::pair<std::string, std::string>, std::vector<std::string>> per_snapshot;
-  for (auto* loc : work) {
-    if (loc->error.empty()) continue;
-    for (auto& u : loc->uses)
-      per_snapshot[{u.session, u.snapshot}].push_back("region '" + u.region + "' bytes [" + std::to_string(u.region_offset) +
-                                                       ", " + std::to_string(u.region_offset + loc->ref.length) + "): " + loc->error);
-  }
-  for (auto& [key, items] : per_snapshot) {
-    std::string what = std::to_string(items.size()) + " damaged chunk(s): " + items[0];
+  // Pass 2, only when something is wrong: name each affected snapshot, with
+  // the first few damaged ranges.
+  bool any_bad = std::any_of(work.begin(), work.end(), [](const Loc* l) { return !l->error.empty(); });
+  for (auto& [session, name] : any_bad ? readable : decltype(readable){}) {
+    Manifest m;
+    try {
+      m = impl_->load_manifest(session, name);
+    } catch (const Error&) {
+      continue;  // changed meanwhile; its first pass stands
+    }
+    std::vector<std::string> items;
+    bool damage = false;
+    for (auto& r : m.regions)
+      for (std::uint64_t i = 0; i < r.chunk_count; ++i) {
+        auto& c = m.chunks[r.first_chunk + i];
+        if (c.is_zero()) continue;
+        auto it = locs.find(key_of_ref(c));
+        if (it == locs.end() || it->second.error.empty()) continue;
+        damage = damage || it->second.damage;
+        items.push_back("region '" + r.name + "' bytes [" + std::to_string(i * m.chunk_size) + ", " +
+                        std::to_string(i * m.chunk_size + c.length) + "): " + it->second.error);
+      }
+    if (items.empty()) continue;
+    std::string what = std::to_string(items.size()) + (damage ? " damaged chunk(s): " : " unreadable chunk(s): ") + items[0];
     for (std::size_t i = 1; i < std::min<std::size_t>(items.size(), 3); ++i) what += "; " + items[i];
     if (items.size() > 3) what += "; ...";
-    what += " — this snapshot cannot be restored; remove it with `dvr rm " + key.first + "/" + key.second + "`";
-    report.problems.push_back({key.first, key.second, what});
+    what += damage ? " — this snapshot cannot be restored; remove it with `dvr rm " + session + "/" + name + "`"
+                   : " — check the permissions and health of the store's files, then verify again";
+    report.problems.push_back({session, name, what});
   }
   return report;
 }

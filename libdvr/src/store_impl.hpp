@@ -76,10 +76,31 @@ class StoreImpl {
     std::uint64_t offset = 0;
   };
   /// Finds `length` contiguous bytes of free pack space (space no published
-  /// manifest references: removed snapshots, interrupted writes), growing the
-  /// newest pack or creating one when no free range is large enough. Call
-  /// after refresh_index() with the exclusive lock held.
+  /// manifest references and no allocation in flight uses: removed snapshots,
+  /// interrupted writes), growing the newest pack or creating one when no free
+  /// range is large enough. Call after refresh_index() with the exclusive lock
+  /// held, through an AllocationScope.
   Placement allocate(std::uint64_t length);
+
+  /// The pack space handed out while one snapshot is written. take() may be
+  /// called from several threads; everything taken counts as occupied until
+  /// the scope ends (after the manifest is published, or on failure, when the
+  /// space is simply free again).
+  class AllocationScope {
+   public:
+    explicit AllocationScope(StoreImpl& store) : store_(store) {}
+    ~AllocationScope();
+    AllocationScope(const AllocationScope&) = delete;
+    AllocationScope& operator=(const AllocationScope&) = delete;
+    std::pair<Placement, PackWriter> take(std::uint64_t length);
+    /// The snapshot was published: the space taken is now live.
+    void commit() { committed_ = true; }
+
+   private:
+    StoreImpl& store_;
+    std::mutex mu_;
+    bool committed_ = false;
+  };
 
   /// Marks that stored data was freed (gc): every process rebuilds its index.
   void bump_epoch();
@@ -105,6 +126,7 @@ class StoreImpl {
   struct FileKey {
     std::uint64_t ino = 0, size = 0;
     std::int64_t mtime_ns = 0;
+    std::uint64_t checksum = 0;
     bool operator==(const FileKey&) const = default;
   };
   struct Indexed {
@@ -121,11 +143,21 @@ class StoreImpl {
   static std::vector<ChunkRef> distinct_refs(const Manifest& m);
   static bool key_of(const std::string& file, FileKey& key);
 
-  Fd lock_fd_;
+  mutable Fd lock_fd_;
+  mutable pid_t owner_pid_ = 0;   // process that opened lock_fd_
+  mutable bool forked_ = false;  // used from a forked child: re-read everything
   std::unordered_map<Hash128, ChunkRef, Hash128Hasher> index_;     // hash -> a live location
   std::map<std::pair<std::uint32_t, std::uint64_t>, Live> live_;   // (pack, offset) -> use
   std::map<std::string, Indexed> indexed_;                         // manifest path -> its chunks
   std::set<std::string> unreadable_;                               // manifests that failed to decode
+  // While a manifest is unreadable its data cannot be told from free space;
+  // new data then goes only to a pack created after it was seen.
+  std::uint32_t quarantine_pack_ = 0;
+  struct InFlight {
+    std::uint32_t pack;
+    std::uint64_t offset, length;
+  };
+  std::vector<InFlight> in_flight_;
   std::string index_epoch_;
 };
 

@@ -537,8 +537,12 @@ TEST_CASE("snapshot: a snapshot the store cannot hold is no_space; nothing is pu
     ~Mapping() { ::munmap(p, n); }
   } big{::mmap(nullptr, big_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), big_size};
   REQUIRE(big.p != MAP_FAILED);
-  // Touch only a few pages: the snapshot must fail before it reads much.
-  for (std::size_t off = 0; off < big_size; off += 1 << 20) static_cast<unsigned char*>(big.p)[off] = 1;
+  // One distinct non-zero byte per chunk: every chunk must be stored, 80 MiB
+  // in all, more than the file-size limit below allows.
+  for (std::size_t off = 0; off < big_size; off += 64 << 10) {
+    static_cast<unsigned char*>(big.p)[off] = 1;
+    std::memcpy(static_cast<unsigned char*>(big.p) + off + 8, &off, sizeof off);
+  }
   s.track("big", big.p, big_size);
 
   struct rlimit old {};
