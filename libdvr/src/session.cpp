@@ -160,7 +160,10 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
       std::uint64_t length = 0, used = 0, reserved = 0;
       std::optional<detail::PackWriter> writer;
     } block;
-    std::uint64_t block_size = kMinBlock, step = kMinReserveStep, written = 0;
+    // Blocks start at an eighth of what the slice could need (at least 1 MiB)
+    // and double: few blocks for big snapshots, small ones for small snapshots.
+    std::uint64_t block_size = std::clamp((slot[e] - slot[b]) / 8, kMinBlock, kMaxBlock);
+    std::uint64_t step = kMinReserveStep, written = 0;
     std::unordered_map<detail::Hash128, std::size_t, detail::Hash128Hasher> mine;
     struct {
       std::uint64_t dst = 0;

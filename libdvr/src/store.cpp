@@ -394,17 +394,57 @@ void StoreImpl::index_published(const std::string& file, const Manifest& m) {
   indexed_[file] = {key, std::move(refs)};
 }
 
-StoreImpl::Placement StoreImpl::allocate(std::uint64_t length) {
+bool StoreImpl::range_free(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const {
+  if (offset < kPackHeaderSize) return false;
+  auto next = live_.lower_bound({pack, offset});
+  if (next != live_.end() && next->first.first == pack && next->first.second < offset + length) return false;
+  if (next != live_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first.first == pack && prev->first.second + round_up_page(prev->second.length) > offset) return false;
+  }
+  for (auto& f : in_flight_)
+    if (f.pack == pack && f.offset < offset + length && offset < f.offset + f.length) return false;
+  return true;
+}
+
+StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Placement> hint) {
   auto ids = packs->ids();
+  auto usable = [&](std::uint32_t id) {
+    return unreadable_.empty() || id == quarantine_pack_;
+  };
+  // Next fit: right after the previous block of the same snapshot, so that a
+  // snapshot's data stays contiguous and no search is needed.
+  if (hint && usable(hint->pack) && std::find(ids.begin(), ids.end(), hint->pack) != ids.end() &&
+      range_free(hint->pack, hint->offset, length)) {
+    std::uint64_t size = packs->size_of(hint->pack);
+    if (hint->offset + length <= size) return *hint;
+    if (hint->pack == ids.back() && hint->offset + length <= kMaxPackSize) {
+      packs->grow(hint->pack, std::min(kMaxPackSize, std::max(hint->offset + length, 2 * size)));
+      return *hint;
+    }
+  }
+  // First fit, walking the live ranges (and the blocks in flight) in order.
+  std::vector<InFlight> flying = in_flight_;
+  std::sort(flying.begin(), flying.end(),
+            [](const InFlight& x, const InFlight& y) { return std::tie(x.pack, x.offset) < std::tie(y.pack, y.offset); });
   auto fit = [&](std::uint32_t id, bool may_grow) -> std::optional<Placement> {
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> used;
-    for (auto it = live_.lower_bound({id, 0}); it != live_.end() && it->first.first == id; ++it)
-      used.emplace_back(it->first.second, it->first.second + round_up_page(it->second.length));
-    for (auto& f : in_flight_)
-      if (f.pack == id) used.emplace_back(f.offset, f.offset + f.length);
-    std::sort(used.begin(), used.end());
     std::uint64_t size = packs->size_of(id), cursor = kPackHeaderSize;
-    for (auto& [b, e] : used) {
+    auto it = live_.lower_bound({id, 0});
+    auto fl = std::lower_bound(flying.begin(), flying.end(), id, [](const InFlight& f, std::uint32_t p) { return f.pack < p; });
+    for (;;) {
+      bool have_live = it != live_.end() && it->first.first == id;
+      bool have_fly = fl != flying.end() && fl->pack == id;
+      if (!have_live && !have_fly) break;
+      std::uint64_t b, e;
+      if (have_live && (!have_fly || it->first.second <= fl->offset)) {
+        b = it->first.second;
+        e = b + round_up_page(it->second.length);
+        ++it;
+      } else {
+        b = fl->offset;
+        e = b + fl->length;
+        ++fl;
+      }
       if (b >= cursor + length) return Placement{id, cursor};
       cursor = std::max(cursor, e);
     }
@@ -415,12 +455,9 @@ StoreImpl::Placement StoreImpl::allocate(std::uint64_t length) {
     }
     return std::nullopt;
   };
-  if (unreadable_.empty()) {
-    for (auto id : ids)
+  for (auto id : ids)
+    if (usable(id))
       if (auto p = fit(id, id == ids.back())) return *p;
-  } else if (quarantine_pack_ && std::find(ids.begin(), ids.end(), quarantine_pack_) != ids.end()) {
-    if (auto p = fit(quarantine_pack_, quarantine_pack_ == ids.back())) return *p;
-  }
   std::uint32_t id = ids.empty() ? 1 : ids.back() + 1;
   packs->create(id, std::max(kInitialPackSize, kPackHeaderSize + length), kPackHeaderSize + length);
   if (!unreadable_.empty()) quarantine_pack_ = id;
@@ -438,8 +475,9 @@ StoreImpl::AllocationScope::~AllocationScope() {
 
 std::pair<StoreImpl::Placement, PackWriter> StoreImpl::AllocationScope::take(std::uint64_t length) {
   std::lock_guard<std::mutex> lock(mu_);
-  Placement p = store_.allocate(length);
+  Placement p = store_.allocate(length, next_);
   store_.in_flight_.push_back({p.pack, p.offset, length});
+  next_ = Placement{p.pack, p.offset + length};
   return {p, store_.packs->writer(p.pack, p.offset, length)};
 }
 

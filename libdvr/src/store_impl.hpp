@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <map>
 #include <set>
 #include <string>
@@ -80,7 +81,7 @@ class StoreImpl {
   /// interrupted writes), growing the newest pack or creating one when no free
   /// range is large enough. Call after refresh_index() with the exclusive lock
   /// held, through an AllocationScope.
-  Placement allocate(std::uint64_t length);
+  Placement allocate(std::uint64_t length, std::optional<Placement> hint = std::nullopt);
 
   /// The pack space handed out while one snapshot is written. take() may be
   /// called from several threads; everything taken counts as occupied until
@@ -100,6 +101,7 @@ class StoreImpl {
     StoreImpl& store_;
     std::mutex mu_;
     bool committed_ = false;
+    std::optional<Placement> next_;
   };
 
   /// Marks that stored data was freed (gc): every process rebuilds its index.
@@ -138,6 +140,7 @@ class StoreImpl {
     std::uint32_t refs = 0;  // manifests referencing this location
     Hash128 hash;
   };
+  bool range_free(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const;
   void add_refs(const std::vector<ChunkRef>& refs);
   void drop_refs(const std::vector<ChunkRef>& refs);
   static std::vector<ChunkRef> distinct_refs(const Manifest& m);
