@@ -106,7 +106,8 @@ std::string info_json(const SnapshotInfo& i) {
   s += ",\"parent\":" + json_string(i.parent) + ",\"label\":" + json_string(i.label) +
        ",\"time_ns\":" + std::to_string(i.time_ns) + ",\"logical_bytes\":" + std::to_string(i.logical_bytes) +
        ",\"stored_bytes\":" + std::to_string(i.stored_bytes) + ",\"chunks\":" + std::to_string(i.chunks) +
-       ",\"zero_chunks\":" + std::to_string(i.zero_chunks) + ",\"damaged\":false,\"regions\":[";
+       ",\"zero_chunks\":" + std::to_string(i.zero_chunks) + ",\"chunks_read\":" + std::to_string(i.chunks_read) +
+       ",\"tracking\":" + json_string(i.tracking) + ",\"damaged\":false,\"regions\":[";
   for (std::size_t k = 0; k < i.regions.size(); ++k)
     s += (k ? "," : "") + std::string("{\"name\":") + json_string(i.regions[k].name) +
          ",\"size\":" + std::to_string(i.regions[k].size) + ",\"sdk_owned\":" + (i.regions[k].sdk_owned ? "true" : "false") + "}";
@@ -162,6 +163,8 @@ int cmd_info(Args& a) {
             << "size      " << format_bytes(static_cast<double>(i.logical_bytes)) << " (" << i.logical_bytes << " bytes)\n"
             << "added     " << format_bytes(static_cast<double>(i.stored_bytes)) << " to the store when taken\n"
             << "chunks    " << i.chunks << " (" << i.zero_chunks << " all-zero, not stored)\n"
+            << "taken     " << (i.tracking == "write_protect" ? "incrementally (write-protect tracking): " : "by reading all memory (hash): ")
+            << i.chunks_read << " chunk(s) read\n"
             << "regions   " << i.regions.size() << "\n";
   for (auto& r : i.regions)
     std::cout << "  " << r.name << "  " << format_bytes(static_cast<double>(r.size)) << " (" << r.size << " bytes)"

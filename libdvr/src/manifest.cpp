@@ -77,7 +77,7 @@ std::string encode_manifest(const Manifest& m) {
   Writer w;
   w.out.append(kMagic, 8);
   w.put<std::uint32_t>(kManifestVersion);
-  w.put<std::uint32_t>(0);  // flags
+  w.put<std::uint32_t>(m.flags);
   w.put<std::uint64_t>(0);  // body length, patched below
   w.put<std::int64_t>(m.time_ns);
   w.put<std::uint32_t>(m.chunk_size);
@@ -85,6 +85,7 @@ std::string encode_manifest(const Manifest& m) {
   w.put<std::uint64_t>(m.chunks.size());
   w.put<std::uint64_t>(m.logical_bytes());
   w.put<std::uint64_t>(m.stored_bytes);
+  w.put<std::uint64_t>(m.chunks_read);
   w.str(m.session);
   w.str(m.name);
   w.str(m.parent);
@@ -140,14 +141,17 @@ Manifest decode_manifest(std::string_view bytes, const std::string& where) {
 
   Reader in(bytes.substr(0, body), where);
   in.need(kHeaderSize);
-  for (std::size_t i = 0; i < kHeaderSize; ++i) in.get<std::uint8_t>();
   Manifest m;
+  for (std::size_t i = 0; i < 12; ++i) in.get<std::uint8_t>();
+  m.flags = in.get<std::uint32_t>();
+  in.get<std::uint64_t>();
   m.time_ns = in.get<std::int64_t>();
   m.chunk_size = in.get<std::uint32_t>();
   auto region_count = in.get<std::uint32_t>();
   auto chunk_count = in.get<std::uint64_t>();
   auto logical = in.get<std::uint64_t>();
   m.stored_bytes = in.get<std::uint64_t>();
+  m.chunks_read = version >= 2 ? in.get<std::uint64_t>() : chunk_count;
   m.session = in.str();
   m.name = in.str();
   m.parent = in.str();

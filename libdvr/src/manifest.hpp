@@ -11,7 +11,8 @@
 
 namespace dvr::detail {
 
-inline constexpr std::uint32_t kManifestVersion = 1;
+inline constexpr std::uint32_t kManifestVersion = 2;  // 2 added flags bit 0 and chunks_read
+inline constexpr std::uint32_t kManifestTrackedWrites = 1u << 0;  // flags: taken with write-protect tracking
 
 /// Where a chunk's bytes are. pack == 0 marks the all-zero chunk (not stored).
 struct ChunkRef {
@@ -38,6 +39,8 @@ struct Manifest {
   std::int64_t time_ns = 0;
   std::uint32_t chunk_size = 0;
   std::uint64_t stored_bytes = 0;
+  std::uint32_t flags = 0;
+  std::uint64_t chunks_read = 0;  // chunks hashed to take the snapshot
   std::vector<ManifestRegion> regions;
   std::vector<ChunkRef> chunks;
 

@@ -1,5 +1,7 @@
 #include <sys/mman.h>
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <atomic>
 #include <optional>
@@ -7,6 +9,7 @@
 #include <unordered_map>
 
 #include "dvr/session.hpp"
+#include "dirty.hpp"
 #include "memops.hpp"
 #include "store_impl.hpp"
 
@@ -21,15 +24,168 @@ Region::~Region() {
   if (sdk_owned_ && data_) ::munmap(data_, detail::round_up_page(size_));
 }
 
-struct Session::State {
-  Store store;
-  std::string name;
-  std::vector<std::unique_ptr<Region>> regions;
-  std::string head;
+const char* tracking_name(Tracking tracking) noexcept {
+  return tracking == Tracking::write_protect ? "write_protect" : "hash";
+}
+
+namespace {
+
+// How one region's writes are found.
+struct RegionTrack {
+  detail::AddrRange tracked{0, 0};       // registered whole pages; empty: not tracked
+  std::vector<detail::AddrRange> edges;  // partial pages at unaligned ends: always compared
+  std::string why;                       // why it is not tracked
 };
 
-Session::Session(Store store, std::string name) : state_(std::make_unique<State>(State{std::move(store), std::move(name), {}, {}})) {
+constexpr std::uintptr_t kPage = 4096;
+
+}  // namespace
+
+struct Session::State {
+  explicit State(Store s) : store(std::move(s)) {}
+  Store store;
+  std::string name;
+  SessionOptions options;
+  // Declared before the regions: regions (and their memory) go first.
+  std::unique_ptr<detail::WriteTracker> tracker;
+  bool tracker_probed = false;
+  std::string tracker_why;
+  std::vector<std::unique_ptr<Region>> regions;
+  std::unordered_map<const Region*, RegionTrack> tracks;
+  std::string head;
+  // The manifest of `head` while live memory equals it except for pages the
+  // tracker reports as written; empty when that is not known.
+  std::optional<Manifest> base;
+
+  void start_tracking(Region& r);
+  void stop_tracking(const Region& r);
+  // Region-relative byte ranges written since `base`, sorted; false when
+  // unknown (not tracked, or tracking was lost), i.e. everything may differ.
+  bool written_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out);
+  // After a successful snapshot or restore: protect the written pages again.
+  void rearm();
+  const ManifestRegion* base_region(const Region& r) const;
+};
+
+void Session::State::start_tracking(Region& r) {
+  RegionTrack t;
+  const char* env = std::getenv("DVR_TRACKING");
+  if (options.tracking == Tracking::hash || (env && std::string(env) == "hash")) {
+    tracks[&r] = t;  // hash was asked for: no note
+    return;
+  }
+  if (!tracker_probed) {
+    tracker = detail::WriteTracker::open(&tracker_why);
+    tracker_probed = true;
+  }
+  auto b = reinterpret_cast<std::uintptr_t>(r.data()), e = b + r.size();
+  std::uintptr_t inner_b = (b + kPage - 1) & ~(kPage - 1), inner_e = e & ~(kPage - 1);
+  if (!tracker) {
+    t.why = tracker_why;
+  } else if (inner_b >= inner_e) {
+    t.why = "region '" + r.name() + "' holds no whole page";
+  } else if (tracker->add({inner_b, inner_e}, &t.why)) {
+    t.tracked = {inner_b, inner_e};
+    if (b < inner_b) t.edges.emplace_back(b & ~(kPage - 1), inner_b);
+    if (inner_e < e) t.edges.emplace_back(inner_e, inner_e + kPage);
+  } else {
+    t.why = "region '" + r.name() + "': " + t.why;
+  }
+  tracks[&r] = t;
+}
+
+void Session::State::stop_tracking(const Region& r) {
+  auto it = tracks.find(&r);
+  if (it == tracks.end()) return;
+  if (tracker && it->second.tracked.first != it->second.tracked.second) tracker->remove(it->second.tracked);
+  tracks.erase(it);
+}
+
+const ManifestRegion* Session::State::base_region(const Region& r) const {
+  if (!base) return nullptr;
+  for (auto& mr : base->regions)
+    if (mr.name == r.name()) return mr.size == r.size() ? &mr : nullptr;
+  return nullptr;
+}
+
+bool Session::State::written_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
+  auto it = tracks.find(&r);
+  if (!base_region(r) || it == tracks.end() || it->second.tracked.first == it->second.tracked.second) return false;
+  std::vector<detail::AddrRange> pages;
+  if (!tracker->written(it->second.tracked, pages)) {
+    // The memory was unmapped and mapped again (or this is a forked child):
+    // from now on this region is compared by hashing.
+    tracker->remove(it->second.tracked);
+    it->second.tracked = {0, 0};
+    it->second.why = "region '" + r.name() + "' was remapped; write tracking was lost";
+    return false;
+  }
+  pages.insert(pages.end(), it->second.edges.begin(), it->second.edges.end());
+  std::sort(pages.begin(), pages.end());
+  auto b = reinterpret_cast<std::uintptr_t>(r.data()), e = b + r.size();
+  for (auto& [pb, pe] : pages) {
+    std::uintptr_t lo = std::max(pb, b), hi = std::min(pe, e);
+    if (lo >= hi) continue;
+    if (!out.empty() && out.back().second >= lo - b) out.back().second = std::max<std::uint64_t>(out.back().second, hi - b);
+    else out.emplace_back(lo - b, hi - b);
+  }
+  return true;
+}
+
+void Session::State::rearm() {
+  if (!tracker) return;
+  // Protecting a gigabyte of written pages again takes ~10 ms: split the work
+  // into page-aligned pieces and use every core.
+  constexpr std::uintptr_t kPiece = 64u << 20;
+  struct Piece {
+    RegionTrack* track;
+    const Region* region;
+    detail::AddrRange range;
+  };
+  std::vector<Piece> pieces;
+  std::uint64_t bytes = 0;
+  for (auto& [region, t] : tracks) {
+    if (t.tracked.first == t.tracked.second) continue;
+    for (std::uintptr_t b = t.tracked.first; b < t.tracked.second; b += kPiece)
+      pieces.push_back({&t, region, {b, std::min(b + kPiece, t.tracked.second)}});
+    bytes += t.tracked.second - t.tracked.first;
+  }
+  std::vector<char> lost(pieces.size(), 0);
+  detail::parallel_for(pieces.size(), bytes / 64, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) lost[i] = !tracker->reprotect(pieces[i].range);
+  });
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    RegionTrack& t = *pieces[i].track;
+    if (!lost[i] || t.tracked.first == t.tracked.second) continue;
+    tracker->remove(t.tracked);
+    t.tracked = {0, 0};
+    t.why = "region '" + pieces[i].region->name() + "' was remapped; write tracking was lost";
+  }
+}
+
+Session::Session(Store store, std::string name, const SessionOptions& options)
+    : state_(std::make_unique<State>(std::move(store))) {
+  state_->name = std::move(name);
+  state_->options = options;
   detail::check_name("session", state_->name);
+}
+
+Tracking Session::tracking(const std::string& name) const {
+  for (auto& r : state_->regions)
+    if (r->name() == name) {
+      auto& t = state_->tracks[r.get()];
+      return t.tracked.first != t.tracked.second ? Tracking::write_protect : Tracking::hash;
+    }
+  throw Error(Errc::not_found, "session '" + state_->name + "' has no region '" + name + "'");
+}
+
+std::string Session::tracking_note() const {
+  std::string note;
+  for (auto& r : state_->regions) {
+    auto& t = state_->tracks[r.get()];
+    if (!t.why.empty() && note.find(t.why) == std::string::npos) note += (note.empty() ? "" : "; ") + t.why;
+  }
+  return note;
 }
 
 Session::~Session() = default;
@@ -75,6 +231,7 @@ Region& Session::track(const std::string& name, void* data, std::size_t size) {
   if (!data) throw Error(Errc::invalid_argument, "region '" + name + "': pointer is null");
   check_new_region(state_->regions, state_->name, name, data, size);
   state_->regions.push_back(std::make_unique<Region>(name, data, size, false));
+  state_->start_tracking(*state_->regions.back());
   return *state_->regions.back();
 }
 
@@ -84,6 +241,7 @@ Region& Session::alloc(const std::string& name, std::size_t size) {
   if (p == MAP_FAILED)
     throw Error(Errc::no_space, "cannot allocate " + std::to_string(size) + " bytes for region '" + name + "': out of memory");
   state_->regions.push_back(std::make_unique<Region>(name, p, size, true));
+  state_->start_tracking(*state_->regions.back());
   return *state_->regions.back();
 }
 
@@ -91,6 +249,7 @@ void Session::untrack(const std::string& name) {
   auto& rs = state_->regions;
   auto it = std::find_if(rs.begin(), rs.end(), [&](auto& r) { return r->name() == name; });
   if (it == rs.end()) throw Error(Errc::not_found, "session '" + state_->name + "' has no region '" + name + "'");
+  state_->stop_tracking(**it);
   rs.erase(it);
 }
 
@@ -109,24 +268,35 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   m.label = options.label;
   m.chunk_size = store.chunk_size;
   std::vector<const char*> src;
-  std::uint64_t total = 0;
+  // Chunks with no page written since the base snapshot are taken from its
+  // manifest; only the others (`todo`) are read.
+  std::vector<char> from_base;
+  bool tracked_any = false;
   for (auto& r : state_->regions) {
     std::uint64_t count = (r->size() + m.chunk_size - 1) / m.chunk_size;
-    m.regions.push_back({r->name(), r->size(), r->sdk_owned(), m.chunks.size(), count});
+    const std::size_t first = m.chunks.size();
+    m.regions.push_back({r->name(), r->size(), r->sdk_owned(), first, count});
     auto base = static_cast<const char*>(r->data());
     for (std::uint64_t i = 0; i < count; ++i) {
       ChunkRef c;
       c.length = static_cast<std::uint32_t>(std::min<std::uint64_t>(m.chunk_size, r->size() - i * m.chunk_size));
       m.chunks.push_back(c);
       src.push_back(base + i * m.chunk_size);
+      from_base.push_back(0);
     }
-    total += r->size();
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
+    if (state_->written_since_base(*r, written)) {
+      tracked_any = true;
+      const ManifestRegion* br = state_->base_region(*r);
+      for (std::uint64_t i = 0; i < count; ++i) {
+        m.chunks[first + i] = state_->base->chunks[br->first_chunk + i];
+        from_base[first + i] = 1;
+      }
+      for (auto& [wb, we] : written)
+        for (std::uint64_t i = wb / m.chunk_size; i * m.chunk_size < we && i < count; ++i) from_base[first + i] = 0;
+    }
   }
 
-  // Bytes chunk i onward would need if every chunk were new: bounds the size
-  // of the pack blocks a thread asks for near the end of its slice.
-  std::vector<std::uint64_t> slot(m.chunks.size() + 1, 0);
-  for (std::size_t i = 0; i < m.chunks.size(); ++i) slot[i + 1] = slot[i] + detail::round_up_page(m.chunks[i].length);
   for (auto& c : m.chunks) detail::is_zero_chunk(c.hash, c.length);  // warm the zero-hash cache
 
   std::lock_guard<std::mutex> guard(store.mu);
@@ -144,6 +314,32 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
     }
   }
   store.packs->map_all();
+
+  // A chunk taken from the base must still be stored: the base snapshot may
+  // have been removed and its space reused since. Such chunks are read again.
+  std::vector<std::size_t> todo;
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
+    auto& c = m.chunks[i];
+    if (from_base[i] && !c.is_zero()) {
+      const ChunkRef* live = store.find_chunk(c.hash, c.length);
+      if (live) {
+        c.pack = live->pack;
+        c.offset = live->offset;
+      } else {
+        from_base[i] = 0;
+      }
+    }
+    if (!from_base[i]) {
+      todo.push_back(i);
+      total += m.chunks[i].length;
+    }
+  }
+  // Bytes todo[k] onward would need if every chunk were new: bounds the size
+  // of the pack blocks a thread asks for near the end of its slice.
+  std::vector<std::uint64_t> slot(todo.size() + 1, 0);
+  for (std::size_t k = 0; k < todo.size(); ++k) slot[k + 1] = slot[k] + detail::round_up_page(m.chunks[todo[k]].length);
+
   StoreImpl::AllocationScope allocation(store);
 
   // One pass per chunk: hash it, and if the store lacks it, copy it into a
@@ -154,7 +350,7 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   constexpr std::uint64_t kMinReserveStep = 256u << 10, kMaxReserveStep = 8u << 20;
   constexpr std::uint64_t kMaxRun = 256u << 10;
   std::atomic<std::uint64_t> stored{0};
-  detail::parallel_for(m.chunks.size(), total, [&](std::size_t b, std::size_t e) {
+  detail::parallel_for(todo.size(), total, [&](std::size_t b, std::size_t e) {
     struct Block {
       StoreImpl::Placement at;
       std::uint64_t length = 0, used = 0, reserved = 0;
@@ -182,7 +378,8 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
       block.writer.reset();
     };
     try {
-      for (std::size_t i = b; i < e; ++i) {
+      for (std::size_t k = b; k < e; ++k) {
+        const std::size_t i = todo[k];
         auto& c = m.chunks[i];
         c.hash = detail::hash128(src[i], c.length);
         if (detail::is_zero_chunk(c.hash, c.length) && detail::all_zero(src[i], c.length)) {
@@ -209,7 +406,7 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
         std::uint64_t need = detail::round_up_page(c.length);
         if (!block.writer || block.used + need > block.length) {
           close_block();
-          std::uint64_t size = std::max(need, std::min(block_size, slot[e] - slot[i]));
+          std::uint64_t size = std::max(need, std::min(block_size, slot[e] - slot[k]));
           block_size = std::min(block_size * 2, kMaxBlock);
           auto placed = allocation.take(size);
           block.at = placed.first;
@@ -248,10 +445,15 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
 
   std::uint64_t extent = stored.load();
   m.stored_bytes = extent;
+  m.chunks_read = todo.size();
+  m.flags = tracked_any ? detail::kManifestTrackedWrites : 0;
   m.time_ns = detail::now_ns();
   store.publish_manifest(m);  // the commit point
   allocation.commit();
   store.index_published(store.manifest_path(m.session, m.name), m);
+  // Live memory now equals this snapshot: track writes relative to it.
+  state_->rearm();
+  state_->base = m;
   state_->head = name;
   return detail::info_from_manifest(m);
 }
@@ -265,9 +467,16 @@ void Session::restore(const std::string& name) {
   StoreImpl::Lock lock(store, false);
   Manifest m = store.load_manifest(state_->name, name);
 
-  // Every check happens before the first byte of live memory changes.
+  // What to copy: [lo, hi) of chunk `chunk` of the target. Every check happens
+  // before the first byte of live memory changes.
+  struct Job {
+    std::size_t chunk;
+    std::uint32_t lo, hi;
+  };
+  std::vector<Job> jobs;
   std::vector<char*> dst(m.chunks.size());
   std::vector<const ManifestRegion*> region_of(m.chunks.size());
+  std::vector<detail::AddrRange> unprotect;  // tracked ranges about to be mostly overwritten
   for (auto& mr : m.regions) {
     Region* live = nullptr;
     for (auto& r : state_->regions)
@@ -283,26 +492,64 @@ void Session::restore(const std::string& name) {
       dst[mr.first_chunk + i] = static_cast<char*>(live->data()) + i * m.chunk_size;
       region_of[mr.first_chunk + i] = &mr;
     }
+    const std::size_t jobs_before = jobs.size();
+    std::uint64_t full_bytes = 0;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
+    if (state_->written_since_base(*live, written)) {
+      // Live memory is the base snapshot except the pages written since: copy
+      // the chunks in which the target differs from the base, and the written
+      // pages of the others.
+      const ManifestRegion* br = state_->base_region(*live);
+      std::vector<char> whole(mr.chunk_count, 0);
+      for (std::uint64_t i = 0; i < mr.chunk_count; ++i) {
+        auto& t = m.chunks[mr.first_chunk + i];
+        auto& b = state_->base->chunks[br->first_chunk + i];
+        if (!(t.hash == b.hash) || t.length != b.length) {
+          whole[i] = 1;
+          jobs.push_back({mr.first_chunk + i, 0, t.length});
+          full_bytes += t.length;
+        }
+      }
+      for (auto& [wb, we] : written)
+        for (std::uint64_t i = wb / m.chunk_size; i * m.chunk_size < we && i < mr.chunk_count; ++i) {
+          if (whole[i]) continue;
+          std::uint64_t cb = i * m.chunk_size;
+          auto lo = static_cast<std::uint32_t>(std::max(wb, cb) - cb);
+          auto hi = static_cast<std::uint32_t>(std::min<std::uint64_t>(we, cb + m.chunks[mr.first_chunk + i].length) - cb);
+          if (lo < hi) jobs.push_back({mr.first_chunk + i, lo, hi});
+        }
+    } else {
+      for (std::uint64_t i = 0; i < mr.chunk_count; ++i) jobs.push_back({mr.first_chunk + i, 0, m.chunks[mr.first_chunk + i].length});
+      full_bytes = mr.size;
+    }
+    // Writing most of a tracked region page by page would take one protection
+    // fault per page: lift the protection first (it is restored afterwards).
+    auto& t = state_->tracks[live];
+    if (t.tracked.first != t.tracked.second && full_bytes > mr.size / 8) unprotect.push_back(t.tracked);
+    (void)jobs_before;
   }
 
   store.packs->refresh_mappings();
   std::vector<const char*> src(m.chunks.size(), nullptr);
-  std::uint64_t total = 0;
-  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
-    auto& c = m.chunks[i];
-    total += c.length;
-    if (c.is_zero()) continue;
+  std::vector<std::size_t> sources;  // distinct non-zero chunks some job reads
+  std::uint64_t verify_bytes = 0, copy_bytes = 0;
+  for (auto& j : jobs) {
+    auto& c = m.chunks[j.chunk];
+    copy_bytes += j.hi - j.lo;
+    if (c.is_zero() || src[j.chunk]) continue;
     try {
-      src[i] = store.packs->read(c.pack, c.offset, c.length);
+      src[j.chunk] = store.packs->read(c.pack, c.offset, c.length);
     } catch (const Error& e) {
       throw Error(e.code(), "cannot restore '" + ref + "': " + e.what() + " (live memory was not changed)");
     }
+    sources.push_back(j.chunk);
+    verify_bytes += c.length;
   }
 
   std::atomic<std::size_t> first_bad{SIZE_MAX};
-  detail::parallel_for(m.chunks.size(), total, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) {
-      if (!src[i]) continue;
+  detail::parallel_for(sources.size(), verify_bytes, [&](std::size_t b, std::size_t e) {
+    for (std::size_t k = b; k < e; ++k) {
+      std::size_t i = sources[k];
       if (!(detail::hash128(src[i], m.chunks[i].length) == m.chunks[i].hash)) {
         std::size_t cur = first_bad.load();
         while (i < cur && !first_bad.compare_exchange_weak(cur, i)) {
@@ -321,14 +568,21 @@ void Session::restore(const std::string& name) {
                                    "); live memory was not changed — restore another snapshot and run `dvr verify`");
   }
 
-  detail::parallel_for(m.chunks.size(), total, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) {
-      if (src[i])
-        detail::copy_nt(dst[i], src[i], m.chunks[i].length);
+  // From here on live memory changes; the tracker is re-armed at the end.
+  for (auto& r : unprotect) state_->tracker->unprotect(r);
+  detail::parallel_for(jobs.size(), copy_bytes, [&](std::size_t b, std::size_t e) {
+    for (std::size_t k = b; k < e; ++k) {
+      const Job& j = jobs[k];
+      char* to = dst[j.chunk] + j.lo;
+      std::size_t len = j.hi - j.lo;
+      if (src[j.chunk])
+        detail::copy_nt(to, src[j.chunk] + j.lo, len);
       else
-        detail::zero_nt(dst[i], m.chunks[i].length);
+        detail::zero_nt(to, len);
     }
   });
+  state_->rearm();
+  state_->base = std::move(m);
   state_->head = name;
 }
 

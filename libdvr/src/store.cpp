@@ -221,6 +221,7 @@ Manifest StoreImpl::load_manifest(const std::string& session, const std::string&
   std::string file = manifest_path(session, name);
   std::string bytes;
   try {
+    if (path_exists(session_dir(session))) require_real_dir(session_dir(session));
     bytes = read_file(file);
   } catch (const Error& e) {
     if (e.code() != Errc::not_found) throw;
@@ -493,6 +494,8 @@ SnapshotInfo info_from_manifest(const Manifest& m) {
   i.chunks = m.chunks.size();
   for (auto& c : m.chunks) i.zero_chunks += c.is_zero() ? 1 : 0;
   for (auto& r : m.regions) i.regions.push_back({r.name, r.size, r.sdk_owned});
+  i.tracking = (m.flags & kManifestTrackedWrites) ? "write_protect" : "hash";
+  i.chunks_read = m.chunks_read;
   return i;
 }
 
@@ -578,6 +581,7 @@ void Store::remove(const std::string& session, const std::string& snapshot) {
   std::lock_guard<std::mutex> guard(impl_->mu);
   StoreImpl::Lock lock(*impl_, true);
   std::string file = impl_->manifest_path(session, snapshot);
+  if (detail::path_exists(impl_->session_dir(session))) detail::require_real_dir(impl_->session_dir(session));
   if (::unlink(file.c_str()) != 0) {
     if (errno == ENOENT)
       throw Error(Errc::not_found, "no snapshot '" + StoreImpl::ref(session, snapshot) + "' in store " + impl_->path +

@@ -11,7 +11,7 @@ from conftest import DVR_ERROR, PACK_METADATA_SLACK, REGION_SIZES, SNAPSHOT_BYTE
 
 CHUNK = 64 * 1024
 SNAPSHOT_FIELDS = {"session", "name", "parent", "label", "time_ns", "logical_bytes", "stored_bytes", "chunks",
-                   "zero_chunks", "damaged", "regions"}
+                   "zero_chunks", "chunks_read", "tracking", "damaged", "regions"}
 STAT_FIELDS = {"path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes",
                "pack_bytes", "pack_files"}
 

@@ -44,6 +44,26 @@ class Region {
   bool sdk_owned_;
 };
 
+/// How a session finds what changed since its last snapshot or restore.
+enum class Tracking {
+  /// userfaultfd write-protection with PAGEMAP_SCAN (Linux 6.7+): the kernel
+  /// records the pages written, so a snapshot reads only chunks with written
+  /// pages and a restore copies back only what differs. The first write to a
+  /// page after a snapshot or restore costs one protection fault.
+  write_protect,
+  /// No tracking: every snapshot hashes all memory (identical chunks are still
+  /// stored once) and every restore copies everything back. Works everywhere.
+  hash,
+};
+const char* tracking_name(Tracking tracking) noexcept;
+
+struct SessionOptions {
+  /// The mechanism wanted. write_protect falls back to hash, per region, where
+  /// the kernel or the memory does not allow it (tracking_note() says why).
+  /// The environment variable DVR_TRACKING=hash forces hash.
+  Tracking tracking = Tracking::write_protect;
+};
+
 struct SnapshotOptions {
   /// Free text kept with the snapshot (shown by `dvr ls` / `dvr info`).
   std::string label;
@@ -56,7 +76,7 @@ class Session {
  public:
   /// Opens session `name` in `store`. Names: 1–128 characters from
   /// [A-Za-z0-9._-], not starting with '.'.
-  Session(Store store, std::string name);
+  Session(Store store, std::string name, const SessionOptions& options = {});
   ~Session();
   Session(Session&&) noexcept;
   Session& operator=(Session&&) noexcept;
@@ -84,14 +104,19 @@ class Session {
 
   /// Captures every region as snapshot `name`. Identical chunks already in the
   /// store are not written again, so a snapshot of unchanged data costs almost
-  /// no space. Data is persisted before the snapshot becomes visible: after a
+  /// no space. With write_protect tracking, only chunks with pages written
+  /// since the last snapshot or restore are read at all; the others are taken
+  /// from that snapshot's manifest. Data is persisted before the snapshot becomes visible: after a
   /// crash it is either fully there or not at all. Throws already_exists (unless
   /// options.replace), invalid_argument (no regions, bad name), no_space (store
   /// full: nothing is published, earlier snapshots are intact).
   SnapshotInfo snapshot(const std::string& name, const SnapshotOptions& options = {});
 
-  /// Puts every region recorded in snapshot `name` back, bit-exact. All data is
-  /// checked against its checksum before the first byte of live memory changes:
+  /// Puts every region recorded in snapshot `name` back, bit-exact. With
+  /// write_protect tracking only what differs is copied: the pages written
+  /// since the last snapshot or restore, and the chunks in which the target
+  /// differs from that snapshot. All data to be copied is checked against its
+  /// checksum before the first byte of live memory changes:
   /// on any error (not_found, corrupt, invalid_argument when a region is missing
   /// or changed size) live memory is untouched. Regions of the session that the
   /// snapshot does not record are left as they are.
@@ -103,6 +128,12 @@ class Session {
 
   /// Same as store().list(name()).
   std::vector<SnapshotInfo> list() const;
+
+  /// The change-tracking mechanism in use for region `name`. Throws not_found.
+  Tracking tracking(const std::string& region) const;
+  /// Why write_protect tracking is not in use for some region ("" when it is
+  /// in use for all of them, or hash was asked for).
+  std::string tracking_note() const;
 
  private:
   struct State;

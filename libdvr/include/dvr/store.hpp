@@ -56,6 +56,10 @@ struct SnapshotInfo {
   std::uint64_t chunks = 0;        // chunk references (including all-zero chunks)
   std::uint64_t zero_chunks = 0;   // all-zero chunks (never stored)
   std::vector<RegionInfo> regions;
+  /// How it was taken: "write_protect" (only chunks with written pages were
+  /// read; the rest came from the parent), or "hash" (all memory was read).
+  std::string tracking;
+  std::uint64_t chunks_read = 0;   // chunks hashed to take it
   /// Set when the manifest cannot be read or fails its checksum; `damage` says
   /// why. Damaged snapshots are listed so that nothing disappears silently; they
   /// cannot be restored. `dvr verify` also checks their chunk data.

@@ -1,0 +1,153 @@
+#include "dirty.hpp"
+
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+// Constants newer than the installed kernel headers (Debian 12 ships 6.1
+// headers; the features need 6.4 and 6.7). Values are the kernel's UAPI.
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1
+#endif
+namespace {
+constexpr std::uint64_t kFeatureWpUnpopulated = 1ull << 13;  // UFFD_FEATURE_WP_UNPOPULATED (6.4)
+constexpr std::uint64_t kFeatureWpAsync = 1ull << 15;        // UFFD_FEATURE_WP_ASYNC (6.7)
+constexpr std::uint64_t kPageIsWritten = 1ull << 1;          // PAGE_IS_WRITTEN
+constexpr std::uint64_t kScanWpMatching = 1ull << 0;         // PM_SCAN_WP_MATCHING
+constexpr std::uint64_t kScanCheckWpAsync = 1ull << 1;       // PM_SCAN_CHECK_WPASYNC
+
+struct PageRegion {
+  std::uint64_t start, end, categories;
+};
+struct PmScanArg {
+  std::uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+  std::uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+constexpr unsigned long kPagemapScan = _IOWR('f', 16, PmScanArg);  // PAGEMAP_SCAN
+}  // namespace
+
+namespace dvr::detail {
+
+std::unique_ptr<WriteTracker> WriteTracker::open(std::string* why) {
+  auto fail = [&](const std::string& what) -> std::unique_ptr<WriteTracker> {
+    if (why) *why = what;
+    return nullptr;
+  };
+  int uffd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY));
+  if (uffd < 0)
+    return fail(std::string("userfaultfd is not available (") + std::strerror(errno) +
+                "); check vm.unprivileged_userfaultfd or run a kernel with CONFIG_USERFAULTFD");
+  uffdio_api api{};
+  api.api = UFFD_API;
+  api.features = kFeatureWpAsync | kFeatureWpUnpopulated;
+  if (::ioctl(uffd, UFFDIO_API, &api) != 0) {
+    int err = errno;
+    ::close(uffd);
+    return fail(std::string("userfaultfd lacks asynchronous write-protection (") + std::strerror(err) +
+                "); it needs Linux 6.7 or newer");
+  }
+  int pagemap = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (pagemap < 0) {
+    int err = errno;
+    ::close(uffd);
+    return fail(std::string("cannot open /proc/self/pagemap (") + std::strerror(err) + ")");
+  }
+  std::unique_ptr<WriteTracker> t(new WriteTracker(uffd, pagemap));
+  // Probe the whole mechanism on one page of our own.
+  long page = ::sysconf(_SC_PAGESIZE);
+  void* probe = ::mmap(nullptr, static_cast<std::size_t>(page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (probe == MAP_FAILED) return fail("cannot map a probe page");
+  AddrRange r{reinterpret_cast<std::uintptr_t>(probe), reinterpret_cast<std::uintptr_t>(probe) + static_cast<std::uintptr_t>(page)};
+  std::string add_why;
+  std::vector<AddrRange> written;
+  bool ok = t->add(r, &add_why);
+  if (ok) {
+    static_cast<volatile char*>(probe)[0] = 1;
+    ok = t->collect(r, written) && written.size() == 1;
+    if (!ok) add_why = "PAGEMAP_SCAN is not available or did not see a write; it needs Linux 6.7 or newer";
+    written.clear();
+    ok = ok && t->collect(r, written) && written.empty();
+    t->remove(r);
+  }
+  ::munmap(probe, static_cast<std::size_t>(page));
+  if (!ok) return fail(add_why);
+  return t;
+}
+
+WriteTracker::~WriteTracker() {
+  ::close(pagemap_);
+  ::close(uffd_);
+}
+
+bool WriteTracker::add(AddrRange range, std::string* why) {
+  uffdio_register reg{};
+  reg.range.start = range.first;
+  reg.range.len = range.second - range.first;
+  reg.mode = UFFDIO_REGISTER_MODE_WP;
+  if (::ioctl(uffd_, UFFDIO_REGISTER, &reg) != 0) {
+    if (why) *why = std::string("cannot register the memory for write tracking (") + std::strerror(errno) + ")";
+    return false;
+  }
+  uffdio_writeprotect wp{};
+  wp.range = reg.range;
+  wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
+  if (::ioctl(uffd_, UFFDIO_WRITEPROTECT, &wp) != 0) {
+    if (why) *why = std::string("cannot write-protect the memory (") + std::strerror(errno) + ")";
+    remove(range);
+    return false;
+  }
+  return true;
+}
+
+void WriteTracker::remove(AddrRange range) {
+  uffdio_range r{range.first, range.second - range.first};
+  ::ioctl(uffd_, UFFDIO_UNREGISTER, &r);
+}
+
+bool WriteTracker::unprotect(AddrRange range) {
+  uffdio_writeprotect wp{};
+  wp.range.start = range.first;
+  wp.range.len = range.second - range.first;
+  wp.mode = 0;
+  return ::ioctl(uffd_, UFFDIO_WRITEPROTECT, &wp) == 0;
+}
+
+bool WriteTracker::scan(AddrRange range, bool protect, std::vector<AddrRange>* out) {
+  const bool report = out != nullptr;
+  PageRegion vec[512];
+  std::uint64_t start = range.first;
+  while (start < range.second) {
+    PmScanArg arg{};
+    arg.size = sizeof arg;
+    arg.flags = (protect ? kScanWpMatching : 0) | kScanCheckWpAsync;
+    arg.start = start;
+    arg.end = range.second;
+    arg.vec = report ? reinterpret_cast<std::uint64_t>(vec) : 0;
+    arg.vec_len = report ? sizeof vec / sizeof vec[0] : 0;
+    arg.category_mask = kPageIsWritten;
+    arg.return_mask = kPageIsWritten;
+    long n = ::ioctl(pagemap_, kPagemapScan, &arg);
+    if (n < 0) return false;
+    for (long i = 0; report && i < n; ++i) {
+      if (!out->empty() && out->back().second == vec[i].start) out->back().second = vec[i].end;
+      else out->emplace_back(vec[i].start, vec[i].end);
+    }
+    if (arg.walk_end <= start) return false;  // no progress: give up rather than loop
+    start = arg.walk_end;
+  }
+  return true;
+}
+
+bool WriteTracker::collect(AddrRange range, std::vector<AddrRange>& out) { return scan(range, true, &out); }
+
+bool WriteTracker::written(AddrRange range, std::vector<AddrRange>& out) { return scan(range, false, &out); }
+
+bool WriteTracker::reprotect(AddrRange range) { return scan(range, true, nullptr); }
+
+}  // namespace dvr::detail
