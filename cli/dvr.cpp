@@ -3,6 +3,9 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <set>
 #include <ctime>
 #include <iostream>
 #include <string>
@@ -34,6 +37,14 @@ Commands:
   verify [--json]     re-hash every stored chunk; name each damaged snapshot
                       (exit status 1 when anything is damaged)
   stat [--json]       the store: path, medium, format, space used
+  log SESSION [--json]
+                      the session's snapshots as a tree of parent links
+                      (time, label, bytes added)
+  diff SESSION/A SESSION/B [--json]
+                      per region: how many bytes and pages differ
+  recover SESSION [--json]
+                      the newest intact snapshot of a session (after a crash,
+                      the one to restore); exit status 1 when there is none
 
 Options:
   --store DIR         the store directory (default: $DVR_STORE, else
@@ -269,6 +280,103 @@ int cmd_stat(Args& a) {
   return 0;
 }
 
+int cmd_log(Args& a) {
+  a.json = a.take_flag("--json");
+  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr log SESSION [--json]");
+  std::string session = a.rest.front();
+  Store store = open_store(a, false);
+  auto snaps = store.list(session);
+  if (a.json) {
+    std::cout << "[";
+    for (std::size_t k = 0; k < snaps.size(); ++k) std::cout << (k ? "," : "") << info_json(snaps[k]);
+    std::cout << "]\n";
+    return 0;
+  }
+  if (snaps.empty()) {
+    std::cout << "no snapshots in session '" << session << "'\n";
+    return 0;
+  }
+  // Children by parent, oldest first; roots are snapshots whose parent is
+  // empty or no longer exists.
+  std::map<std::string, std::vector<const SnapshotInfo*>> children;
+  std::set<std::string> names;
+  for (auto& i : snaps) names.insert(i.name);
+  std::vector<const SnapshotInfo*> roots;
+  for (auto& i : snaps) {
+    if (!i.damaged && !i.parent.empty() && names.count(i.parent) && i.parent != i.name) children[i.parent].push_back(&i);
+    else roots.push_back(&i);
+  }
+  std::function<void(const SnapshotInfo*, const std::string&, bool, bool)> draw = [&](const SnapshotInfo* i, const std::string& prefix,
+                                                                                       bool last, bool root) {
+    std::string line = root ? "" : prefix + (last ? "`-- " : "|-- ");
+    if (i->damaged) {
+      std::cout << line << i->name << "  DAMAGED: " << i->damage << "\n";
+    } else {
+      std::printf("%s%s  %s  +%s%s%s\n", line.c_str(), i->name.c_str(), format_time(i->time_ns).c_str(),
+                  format_bytes(static_cast<double>(i->stored_bytes)).c_str(), i->label.empty() ? "" : "  ",
+                  i->label.c_str());
+    }
+    auto& kids = children[i->name];
+    std::string next = root ? "" : prefix + (last ? "    " : "|   ");
+    for (std::size_t k = 0; k < kids.size(); ++k) draw(kids[k], next, k + 1 == kids.size(), false);
+  };
+  for (auto* r : roots) draw(r, "", true, true);
+  return 0;
+}
+
+int cmd_diff(Args& a) {
+  a.json = a.take_flag("--json");
+  if (a.rest.size() != 2) throw Error(Errc::invalid_argument, "usage: dvr diff SESSION/A SESSION/B [--json]");
+  auto [sa, na] = split_ref(a.rest[0]);
+  auto [sb, nb] = split_ref(a.rest[1]);
+  Store store = open_store(a, false);
+  auto diffs = store.diff(sa, na, sb, nb);
+  if (a.json) {
+    std::cout << "[";
+    for (std::size_t k = 0; k < diffs.size(); ++k) {
+      auto& d = diffs[k];
+      std::cout << (k ? "," : "") << "{\"region\":" << json_string(d.name) << ",\"size_a\":" << d.size_a << ",\"size_b\":" << d.size_b
+                << ",\"only_in_a\":" << (d.only_in_a ? "true" : "false") << ",\"only_in_b\":" << (d.only_in_b ? "true" : "false")
+                << ",\"bytes_differ\":" << d.bytes_differ << ",\"pages_differ\":" << d.pages_differ << "}";
+    }
+    std::cout << "]\n";
+    return 0;
+  }
+  std::printf("%-24s %14s %12s  %s\n", "REGION", "BYTES DIFFER", "PAGES", "NOTE");
+  for (auto& d : diffs) {
+    std::string note = d.only_in_a ? "only in " + a.rest[0]
+                       : d.only_in_b ? "only in " + a.rest[1]
+                       : d.size_a != d.size_b ? "size " + std::to_string(d.size_a) + " -> " + std::to_string(d.size_b)
+                       : d.bytes_differ == 0 ? "identical" : "";
+    std::printf("%-24s %14llu %12llu  %s\n", d.name.c_str(), static_cast<unsigned long long>(d.bytes_differ),
+                static_cast<unsigned long long>(d.pages_differ), note.c_str());
+  }
+  return 0;
+}
+
+int cmd_recover(Args& a) {
+  a.json = a.take_flag("--json");
+  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr recover SESSION [--json]");
+  std::string session = a.rest.front();
+  Store store = open_store(a, false);
+  std::vector<std::string> skipped;
+  auto found = store.latest(session, &skipped);
+  if (a.json) {
+    std::cout << "{\"latest\":" << (found ? info_json(*found) : "null") << ",\"skipped\":[";
+    for (std::size_t k = 0; k < skipped.size(); ++k) std::cout << (k ? "," : "") << json_string(skipped[k]);
+    std::cout << "]}\n";
+    return found ? 0 : 1;
+  }
+  for (auto& s : skipped) std::cout << "skipped (damaged) " << s << "\n";
+  if (!found) {
+    std::cout << "no intact snapshot in session '" << session << "'\n";
+    return 1;
+  }
+  std::cout << "newest intact snapshot: " << session << "/" << found->name << "  (" << format_time(found->time_ns) << ")\n"
+            << "restore it with Session::restore(\"" << found->name << "\")\n";
+  return 0;
+}
+
 int run(int argc, char** argv) {
   Args a;
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -309,6 +417,9 @@ int run(int argc, char** argv) {
   if (a.command == "gc") return cmd_gc(a);
   if (a.command == "verify") return cmd_verify(a);
   if (a.command == "stat") return cmd_stat(a);
+  if (a.command == "log") return cmd_log(a);
+  if (a.command == "diff") return cmd_diff(a);
+  if (a.command == "recover") return cmd_recover(a);
   if (a.command == "demo") {
     DemoOptions o;
     o.size = parse_size(a.take_option("--size", "1G"));

@@ -196,6 +196,7 @@ const std::string& Session::name() const { return state_->name; }
 Store& Session::store() { return state_->store; }
 const std::string& Session::head() const { return state_->head; }
 std::vector<SnapshotInfo> Session::list() const { return state_->store.list(state_->name); }
+std::optional<SnapshotInfo> Session::latest() const { return state_->store.latest(state_->name); }
 
 std::vector<Region*> Session::regions() const {
   std::vector<Region*> out;

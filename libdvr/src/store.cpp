@@ -553,6 +553,10 @@ std::vector<SnapshotInfo> Store::list(const std::string& session) const {
       bad.name = name;
       bad.damaged = true;
       bad.damage = e.what();
+      // Its own time is unreadable: order it by when its file was written.
+      struct stat st {};
+      if (::lstat(impl_->manifest_path(session, name).c_str(), &st) == 0)
+        bad.time_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
       out.push_back(std::move(bad));
     }
   }
@@ -772,6 +776,104 @@ VerifyReport Store::verify(const Progress& progress) const {
     report.problems.push_back({session, name, what});
   }
   return report;
+}
+
+namespace {
+
+// Pointer to chunk `c`'s stored bytes after checking its checksum; nullptr for
+// the all-zero chunk. Throws corrupt naming `what`.
+const char* checked_chunk(detail::StoreImpl& impl, const detail::ChunkRef& c, const std::string& what) {
+  if (c.is_zero()) return nullptr;
+  const char* p = impl.packs->read(c.pack, c.offset, c.length);
+  if (!(detail::hash128(p, c.length) == c.hash))
+    throw Error(Errc::corrupt, what + " is damaged: a chunk in " + impl.packs->path_of(c.pack) + " at offset " +
+                                   std::to_string(c.offset) + " fails its checksum; run `dvr verify`");
+  return p;
+}
+
+}  // namespace
+
+std::vector<RegionDiff> Store::diff(const std::string& session_a, const std::string& snapshot_a, const std::string& session_b,
+                                    const std::string& snapshot_b) const {
+  using namespace detail;
+  std::lock_guard<std::mutex> guard(impl_->mu);
+  StoreImpl::Lock lock(*impl_, false);
+  impl_->packs->refresh_mappings();
+  Manifest a = impl_->load_manifest(session_a, snapshot_a), b = impl_->load_manifest(session_b, snapshot_b);
+  const std::string ra = StoreImpl::ref(session_a, snapshot_a), rb = StoreImpl::ref(session_b, snapshot_b);
+  std::vector<RegionDiff> out;
+  auto find = [](const Manifest& m, const std::string& n) -> const ManifestRegion* {
+    for (auto& r : m.regions)
+      if (r.name == n) return &r;
+    return nullptr;
+  };
+  auto pages = [](std::uint64_t bytes) { return (bytes + kPageSize - 1) / kPageSize; };
+  std::vector<std::string> names;
+  for (auto& r : a.regions) names.push_back(r.name);
+  for (auto& r : b.regions)
+    if (!find(a, r.name)) names.push_back(r.name);
+  static const std::vector<char> zeros(16u << 20, 0);
+  for (auto& n : names) {
+    const ManifestRegion *x = find(a, n), *y = find(b, n);
+    RegionDiff d;
+    d.name = n;
+    d.size_a = x ? x->size : 0;
+    d.size_b = y ? y->size : 0;
+    d.only_in_a = x && !y;
+    d.only_in_b = y && !x;
+    if (!x || !y) {
+      d.bytes_differ = std::max(d.size_a, d.size_b);
+      d.pages_differ = pages(d.bytes_differ);
+      out.push_back(d);
+      continue;
+    }
+    std::uint64_t common = std::min(x->size, y->size);
+    for (std::uint64_t i = 0; i * a.chunk_size < common; ++i) {
+      const ChunkRef& ca = a.chunks[x->first_chunk + i];
+      const ChunkRef& cb = b.chunks[y->first_chunk + i];
+      std::uint64_t len = std::min<std::uint64_t>(a.chunk_size, common - i * a.chunk_size);
+      if (ca.hash == cb.hash && ca.length == cb.length) continue;
+      const char* pa = checked_chunk(*impl_, ca, ra);
+      const char* pb = checked_chunk(*impl_, cb, rb);
+      if (!pa) pa = zeros.data();
+      if (!pb) pb = zeros.data();
+      for (std::uint64_t off = 0; off < len; off += kPageSize) {
+        std::uint64_t n2 = std::min<std::uint64_t>(kPageSize, len - off), differ = 0;
+        if (std::memcmp(pa + off, pb + off, n2) == 0) continue;
+        for (std::uint64_t k = 0; k < n2; ++k) differ += pa[off + k] != pb[off + k];
+        d.bytes_differ += differ;
+        ++d.pages_differ;
+      }
+    }
+    std::uint64_t extra = std::max(x->size, y->size) - common;
+    d.bytes_differ += extra;
+    if (extra) d.pages_differ += pages(std::max(x->size, y->size)) - common / kPageSize;
+    out.push_back(d);
+  }
+  return out;
+}
+
+std::optional<SnapshotInfo> Store::latest(const std::string& session, std::vector<std::string>* skipped) const {
+  using namespace detail;
+  auto snaps = list(session);
+  std::lock_guard<std::mutex> guard(impl_->mu);
+  StoreImpl::Lock lock(*impl_, false);
+  impl_->packs->refresh_mappings();
+  for (auto it = snaps.rbegin(); it != snaps.rend(); ++it) {
+    std::string ref = StoreImpl::ref(session, it->name);
+    try {
+      if (it->damaged) throw Error(Errc::corrupt, it->damage);
+      Manifest m = impl_->load_manifest(session, it->name);
+      std::set<std::pair<std::uint32_t, std::uint64_t>> seen;
+      for (auto& c : m.chunks)
+        if (!c.is_zero() && seen.emplace(c.pack, c.offset).second) checked_chunk(*impl_, c, "snapshot '" + ref + "'");
+      return info_from_manifest(m);
+    } catch (const Error& e) {
+      if (e.code() == Errc::not_found) continue;
+      if (skipped) skipped->push_back(ref + ": " + e.what());
+    }
+  }
+  return std::nullopt;
 }
 
 StoreStats Store::stats() const {

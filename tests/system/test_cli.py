@@ -2,6 +2,7 @@
 documented fields, exit codes, clear errors for unknown names, bad references and
 directories that are not stores, and space reclaimed by rm + gc."""
 
+import json
 import os
 import stat
 import time
@@ -242,3 +243,26 @@ def test_stores_with_other_chunk_sizes(store, chunk_size):
     assert store.stat()["chunk_size"] == chunk_size
     store.check("s", "a", "b", "c")
     assert store.verify()["ok"]
+
+
+def test_log_draws_the_tree_and_recover_names_the_newest_intact(make_store, tmp_path):
+    """`dvr log` shows branches by parent link; `dvr recover` names the newest
+    intact snapshot and skips damaged newer ones."""
+    store = make_store()
+    store.snap("t", "base", "a1", "a2")
+    log = store.dvr("log", "t").stdout
+    lines = [l for l in log.splitlines() if l.strip()]
+    assert lines[0].startswith("base "), log
+    assert any(l.startswith("`-- a1 ") for l in lines), log
+    assert any(l.startswith("    `-- a2 ") for l in lines), log
+    rec = json.loads(store.dvr("recover", "t", "--json").stdout)
+    assert rec["latest"]["name"] == "a2" and rec["skipped"] == []
+    manifest = store.path / "sessions" / "t" / "a2.snap"
+    manifest.write_bytes(manifest.read_bytes()[:-5])
+    proc = store.dvr("recover", "t")
+    assert "newest intact snapshot: t/a1" in proc.stdout and "skipped (damaged) t/a2" in proc.stdout, describe(proc)
+    empty = store.dvr("recover", "nosuch", expect=None)
+    assert empty.returncode == 1 and "no intact snapshot" in empty.stdout, describe(empty)
+    diff = json.loads(store.dvr("diff", "t/base", "t/a1", "--json").stdout)
+    assert {d["region"] for d in diff} == {"r0", "r1", "r2"}
+    assert sum(d["bytes_differ"] for d in diff) > 0

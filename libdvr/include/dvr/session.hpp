@@ -129,6 +129,9 @@ class Session {
   /// Same as store().list(name()).
   std::vector<SnapshotInfo> list() const;
 
+  /// Same as store().latest(name()): the newest intact snapshot, if any.
+  std::optional<SnapshotInfo> latest() const;
+
   /// The change-tracking mechanism in use for region `name`. Throws not_found.
   Tracking tracking(const std::string& region) const;
   /// Why write_protect tracking is not in use for some region ("" when it is

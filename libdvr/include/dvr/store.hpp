@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,8 @@ struct SnapshotInfo {
   std::string name;
   std::string parent;              // snapshot this one was taken after ("" = none)
   std::string label;               // free text given at snapshot time
-  std::int64_t time_ns = 0;        // wall-clock time of the commit (Unix epoch, ns)
+  std::int64_t time_ns = 0;        // wall-clock time of the commit (Unix epoch, ns);
+                                   // for a damaged snapshot, its file's modification time
   std::uint64_t logical_bytes = 0; // sum of region sizes
   std::uint64_t stored_bytes = 0;  // bytes this snapshot added to the store when taken
   std::uint64_t chunks = 0;        // chunk references (including all-zero chunks)
@@ -101,6 +103,15 @@ struct StoreStats {
   std::uint64_t logical_bytes = 0;  // sum over snapshots of their logical size
   std::uint64_t pack_bytes = 0;     // space actually used by pack files
   std::uint64_t pack_files = 0;
+};
+
+/// How one region differs between two snapshots (Store::diff).
+struct RegionDiff {
+  std::string name;
+  std::uint64_t size_a = 0, size_b = 0;  // 0 where the region is missing
+  bool only_in_a = false, only_in_b = false;
+  std::uint64_t bytes_differ = 0;  // differing bytes, plus the size difference
+  std::uint64_t pages_differ = 0;  // 4 KiB pages with any difference (or present in one only)
 };
 
 /// Progress callback for long operations: `done` out of `total` units (bytes).
@@ -155,6 +166,18 @@ class Store {
   VerifyReport verify(const Progress& progress = {}) const;
 
   StoreStats stats() const;
+
+  /// Compares two snapshots (of any sessions) region by region, byte by byte
+  /// where their chunks differ. Both snapshots' data is checked against its
+  /// checksums. Throws not_found or corrupt.
+  std::vector<RegionDiff> diff(const std::string& session_a, const std::string& snapshot_a,
+                               const std::string& session_b, const std::string& snapshot_b) const;
+
+  /// The newest snapshot of `session` whose manifest and data are intact (every
+  /// chunk re-hashed), or no value when there is none. Newer damaged snapshots
+  /// are skipped and listed in *skipped ("session/name: why") if given. After a
+  /// crash this names the snapshot to restore.
+  std::optional<SnapshotInfo> latest(const std::string& session, std::vector<std::string>* skipped = nullptr) const;
 
  private:
   explicit Store(std::shared_ptr<detail::StoreImpl> impl) : impl_(std::move(impl)) {}

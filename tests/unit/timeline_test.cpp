@@ -1,0 +1,100 @@
+// Time travel: parent links forming a tree, diff between snapshots, and the
+// newest intact snapshot after damage.
+#include <catch2/catch.hpp>
+
+#include "manifest.hpp"
+#include "test_support.hpp"
+
+using namespace dvr;
+using dvrtest::TempDir;
+
+TEST_CASE("timeline: restoring an older snapshot and snapshotting again starts a branch", "[timeline]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  auto d = dvrtest::random_bytes(300000, 1);
+  Session s(store, "tt");
+  s.track("d", d.data(), d.size());
+  s.snapshot("base");
+  d[10] ^= 1;
+  s.snapshot("a1");
+  d[20] ^= 1;
+  s.snapshot("a2");
+  s.restore("base");
+  d[30] ^= 1;
+  s.snapshot("b1");
+  CHECK(store.info("tt", "a1").parent == "base");
+  CHECK(store.info("tt", "a2").parent == "a1");
+  CHECK(store.info("tt", "b1").parent == "base");
+  s.restore("a2");
+  CHECK(d[10] != dvrtest::random_bytes(300000, 1)[10]);
+  CHECK(d[30] == dvrtest::random_bytes(300000, 1)[30]);
+}
+
+TEST_CASE("timeline: diff counts differing bytes and pages per region, across sessions", "[timeline]") {
+  TempDir dir;
+  Store store = Store::open(dir.store(), {.chunk_size = 16384});
+  auto x = dvrtest::random_bytes(100000, 2);
+  auto y = dvrtest::random_bytes(50000, 3);
+  Session s(store, "one");
+  s.track("x", x.data(), x.size());
+  s.track("y", y.data(), y.size());
+  s.snapshot("a");
+  x[5] ^= 1;
+  x[6] ^= 1;          // same page as 5
+  x[4096 * 7] ^= 1;   // another page, another chunk
+  x[99999] ^= 0xFF;   // last page
+  s.snapshot("b");
+  auto d = store.diff("one", "a", "one", "b");
+  REQUIRE(d.size() == 2);
+  CHECK(d[0].name == "x");
+  CHECK(d[0].bytes_differ == 4);
+  CHECK(d[0].pages_differ == 3);
+  CHECK(d[1].name == "y");
+  CHECK(d[1].bytes_differ == 0);
+
+  Session t(store, "two");
+  auto z = dvrtest::random_bytes(4096, 4);
+  t.track("x", x.data(), x.size());
+  t.track("z", z.data(), z.size());
+  t.snapshot("c");
+  auto e = store.diff("one", "b", "two", "c");
+  REQUIRE(e.size() == 3);
+  CHECK(e[0].name == "x");
+  CHECK(e[0].bytes_differ == 0);
+  CHECK(e[1].name == "y");
+  CHECK(e[1].only_in_a);
+  CHECK(e[1].bytes_differ == 50000);
+  CHECK(e[2].name == "z");
+  CHECK(e[2].only_in_b);
+  CHECK(dvrtest::catch_error([&] { store.diff("one", "a", "one", "nope"); }).code == Errc::not_found);
+}
+
+TEST_CASE("timeline: latest() skips newer damaged snapshots and names them", "[timeline]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  auto d = dvrtest::random_bytes(200000, 5);
+  Session s(store, "rec");
+  CHECK_FALSE(s.latest().has_value());
+  s.track("d", d.data(), d.size());
+  s.snapshot("one");
+  d[100] ^= 1;
+  s.snapshot("two");
+  d[150000] ^= 1;
+  s.snapshot("three");
+  CHECK(s.latest()->name == "three");
+  // "three" loses its manifest's tail; "two" gets a flipped byte in a chunk of its own.
+  auto m3 = dvrtest::read_file(dvrtest::manifest_path(store, "rec", "three"));
+  dvrtest::write_file(dvrtest::manifest_path(store, "rec", "three"), m3.substr(0, m3.size() - 3));
+  auto m2 = detail::decode_manifest(dvrtest::read_file(dvrtest::manifest_path(store, "rec", "two")), "two");
+  auto& c = m2.chunks[0];  // byte 100 lives in chunk 0, which only "two" has
+  char name[32];
+  std::snprintf(name, sizeof name, "/packs/%08u.pack", c.pack);
+  dvrtest::flip_byte(store.path() + name, c.offset + 1);
+  std::vector<std::string> skipped;
+  auto found = store.latest("rec", &skipped);
+  REQUIRE(found.has_value());
+  CHECK(found->name == "one");
+  REQUIRE(skipped.size() == 2);
+  CHECK(skipped[0].rfind("rec/three", 0) == 0);
+  CHECK(skipped[1].rfind("rec/two", 0) == 0);
+}
