@@ -57,6 +57,12 @@ struct Session::State {
   // tracker reports as written; empty when that is not known.
   std::optional<Manifest> base;
 
+  // Autosave: period (0 = off), how many to keep, next number, last snapshot.
+  std::chrono::milliseconds autosave_every{0};
+  std::size_t autosave_keep = 0;
+  std::uint64_t autosave_next = 1;
+  std::chrono::steady_clock::time_point last_snapshot = std::chrono::steady_clock::now();
+
   void start_tracking(Region& r);
   void stop_tracking(const Region& r);
   // Region-relative byte ranges written since `base`, sorted; false when
@@ -196,6 +202,48 @@ const std::string& Session::name() const { return state_->name; }
 Store& Session::store() { return state_->store; }
 const std::string& Session::head() const { return state_->head; }
 std::vector<SnapshotInfo> Session::list() const { return state_->store.list(state_->name); }
+
+namespace {
+constexpr const char* kAutosavePrefix = "autosave-";
+
+// N of "autosave-N", or 0 for any other name.
+std::uint64_t autosave_number(const std::string& name) {
+  if (name.rfind(kAutosavePrefix, 0) != 0) return 0;
+  std::string digits = name.substr(std::strlen(kAutosavePrefix));
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return 0;
+  return std::stoull(digits);
+}
+}  // namespace
+
+void Session::autosave(std::chrono::milliseconds every, std::size_t keep) {
+  if (every.count() > 0 && keep == 0)
+    throw Error(Errc::invalid_argument, "autosave for session '" + state_->name + "' must keep at least one snapshot");
+  state_->autosave_every = every.count() > 0 ? every : std::chrono::milliseconds(0);
+  state_->autosave_keep = keep;
+  // Continue the numbering of earlier runs, so names never repeat.
+  for (auto& info : list()) state_->autosave_next = std::max(state_->autosave_next, autosave_number(info.name) + 1);
+  state_->last_snapshot = std::chrono::steady_clock::now();
+}
+
+std::optional<SnapshotInfo> Session::checkpoint_point() {
+  if (state_->autosave_every.count() == 0 || std::chrono::steady_clock::now() - state_->last_snapshot < state_->autosave_every)
+    return std::nullopt;
+  SnapshotInfo taken = snapshot(kAutosavePrefix + std::to_string(state_->autosave_next++), {.label = "autosave"});
+  // Retention: the newest `keep` autosaves stay (by number; named ones are not
+  // autosaves and are never touched).
+  std::vector<std::uint64_t> numbers;
+  for (auto& info : list())
+    if (auto n = autosave_number(info.name)) numbers.push_back(n);
+  std::sort(numbers.begin(), numbers.end());
+  for (std::size_t i = 0; i + state_->autosave_keep < numbers.size(); ++i) {
+    try {
+      state_->store.remove(state_->name, kAutosavePrefix + std::to_string(numbers[i]));
+    } catch (const Error& e) {
+      if (e.code() != Errc::not_found) throw;  // removed meanwhile by someone else
+    }
+  }
+  return taken;
+}
 std::optional<SnapshotInfo> Session::latest() const { return state_->store.latest(state_->name); }
 
 std::vector<Region*> Session::regions() const {
@@ -455,6 +503,7 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   // Live memory now equals this snapshot: track writes relative to it.
   state_->rearm();
   state_->base = m;
+  state_->last_snapshot = std::chrono::steady_clock::now();
   state_->head = name;
   return detail::info_from_manifest(m);
 }

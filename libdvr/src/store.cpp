@@ -103,7 +103,7 @@ StoreImpl::StoreImpl(const std::string& dir, const StoreOptions& options) {
   if (dir.empty()) throw Error(Errc::invalid_argument, "store path is empty; give a directory (or set $DVR_STORE)");
   path = dir.size() > 1 && dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir;
   create_or_check(options);
-  for (const std::string& dir : {sessions_dir(), tmp_dir(), path + "/packs"}) {
+  for (const std::string& dir : {sessions_dir(), tmp_dir(), path + "/packs", pins_dir()}) {
     make_private_dir(dir);
     require_real_dir(dir);
   }
@@ -239,6 +239,13 @@ Manifest StoreImpl::load_manifest(const std::string& session, const std::string&
   return m;
 }
 
+std::vector<std::string> StoreImpl::pin_files() const {
+  std::vector<std::string> out;
+  for (auto& f : list_dir(pins_dir()))
+    if (f.size() > 5 && f.compare(f.size() - 5, 5, kManifestSuffix) == 0 && f[0] != '.') out.push_back(pins_dir() + "/" + f);
+  return out;
+}
+
 std::vector<std::string> StoreImpl::session_names() const {
   std::vector<std::string> out;
   for (auto& n : list_dir(sessions_dir()))
@@ -349,6 +356,11 @@ void StoreImpl::refresh_index() {
       if (key_of(file, key)) present.emplace(file, key);
       else unstatable.insert(file);  // listed but unreadable: its data must not count as free
     }
+  for (auto& file : pin_files()) {
+    FileKey key;
+    if (key_of(file, key)) present.emplace(file, key);
+    else unstatable.insert(file);
+  }
   for (auto it = indexed_.begin(); it != indexed_.end();) {
     auto p = present.find(it->first);
     if (p != present.end() && p->second == it->second.key) {
@@ -610,7 +622,15 @@ GcReport Store::gc() {
     else if (errno != ENOENT) throw_errno(errno, "gc cannot remove leftover " + file);
   }
 
-  // What is live: every byte range some manifest references.
+  // Pins of clones whose process is gone: nobody holds their lock any more.
+  for (auto& pin : impl_->pin_files()) {
+    int fd = ::open(pin.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(pin.c_str()) == 0) ++report.temp_files_removed;
+    ::close(fd);
+  }
+
+  // What is live: every byte range some manifest (or live clone) references.
   // pack -> (offset -> end), one entry per distinct location however many
   // snapshots share it.
   std::map<std::uint32_t, std::map<std::uint64_t, std::uint64_t>> live;
@@ -628,6 +648,18 @@ GcReport Store::gc() {
         if (e.code() == Errc::not_found) continue;
         damaged.push_back(StoreImpl::ref(session, name));
       }
+    }
+  }
+  for (auto& pin : impl_->pin_files()) {
+    try {
+      Manifest m = decode_manifest(read_file(pin), pin);
+      for (auto& c : m.chunks)
+        if (!c.is_zero()) {
+          auto& end = live[c.pack][c.offset];
+          end = std::max(end, c.offset + round_up_page(c.length));
+        }
+    } catch (const Error& e) {
+      if (e.code() != Errc::not_found) damaged.push_back("the clone pin " + pin);
     }
   }
   if (!damaged.empty()) {

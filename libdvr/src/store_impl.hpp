@@ -48,6 +48,9 @@ class StoreImpl {
     return session_dir(s) + "/" + n + kManifestSuffix;
   }
   std::string tmp_dir() const { return path + "/tmp"; }
+  std::string pins_dir() const { return path + "/pins"; }
+  /// Manifest copies held by live clones (pins/*.snap): their data is in use.
+  std::vector<std::string> pin_files() const;
 
   /// "session/name" for messages.
   static std::string ref(const std::string& s, const std::string& n) { return s + "/" + n; }

@@ -1,6 +1,7 @@
 // Time travel: parent links forming a tree, diff between snapshots, and the
 // newest intact snapshot after damage.
 #include <catch2/catch.hpp>
+#include <thread>
 
 #include "manifest.hpp"
 #include "test_support.hpp"
@@ -97,4 +98,41 @@ TEST_CASE("timeline: latest() skips newer damaged snapshots and names them", "[t
   REQUIRE(skipped.size() == 2);
   CHECK(skipped[0].rfind("rec/three", 0) == 0);
   CHECK(skipped[1].rfind("rec/two", 0) == 0);
+}
+
+TEST_CASE("autosave: due only after the period, keeps the newest N, never removes named snapshots", "[timeline][autosave]") {
+  using namespace std::chrono_literals;
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  auto d = dvrtest::random_bytes(100000, 9);
+  Session s(store, "auto");
+  s.track("d", d.data(), d.size());
+  CHECK_FALSE(s.checkpoint_point().has_value());  // off by default
+  CHECK(dvrtest::catch_error([&] { s.autosave(10ms, 0); }).code == Errc::invalid_argument);
+  s.snapshot("named-before");
+  s.autosave(30ms, 2);
+  CHECK_FALSE(s.checkpoint_point().has_value());  // not due yet
+  std::vector<std::string> taken;
+  for (int i = 0; i < 4; ++i) {
+    d[static_cast<std::size_t>(i)] ^= 1;
+    std::this_thread::sleep_for(35ms);
+    auto a = s.checkpoint_point();
+    REQUIRE(a.has_value());
+    CHECK(a->label == "autosave");
+    taken.push_back(a->name);
+    CHECK_FALSE(s.checkpoint_point().has_value());  // just taken: not due again
+    if (i == 1) s.snapshot("named-middle");
+  }
+  CHECK(taken == std::vector<std::string>{"autosave-1", "autosave-2", "autosave-3", "autosave-4"});
+  std::vector<std::string> names;
+  for (auto& i : s.list()) names.push_back(i.name);
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"autosave-3", "autosave-4", "named-before", "named-middle"});
+  // The newest autosave restores what was saved, and a new run continues the numbering.
+  s.restore("autosave-4");
+  Session again(store, "auto");
+  again.track("d", d.data(), d.size());
+  again.autosave(1ms, 2);
+  std::this_thread::sleep_for(5ms);
+  CHECK(again.checkpoint_point()->name == "autosave-5");
 }

@@ -10,9 +10,11 @@
 //
 // store.hpp: the store (open, list, info, remove, gc, verify).
 // session.hpp: sessions, regions, snapshot and restore.
+// clone.hpp: thin copy-on-write clones of snapshots.
 // error.hpp: dvr::Error and its codes.
 #pragma once
 
+#include "dvr/clone.hpp"
 #include "dvr/error.hpp"
 #include "dvr/session.hpp"
 #include "dvr/store.hpp"

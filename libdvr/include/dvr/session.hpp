@@ -6,9 +6,11 @@
 // not be written by other threads while a snapshot or restore runs.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -129,8 +131,25 @@ class Session {
   /// Same as store().list(name()).
   std::vector<SnapshotInfo> list() const;
 
+  /// Same as store().open_snapshot(name(), snapshot): a copy-on-write view of
+  /// one of this session's snapshots, beside the live regions.
+  Clone clone(const std::string& snapshot);
+  Clone clone(const std::string& snapshot, const CloneOptions& options);
+
   /// Same as store().latest(name()): the newest intact snapshot, if any.
   std::optional<SnapshotInfo> latest() const;
+
+  /// Turns on autosave: at the first checkpoint_point() once `every` has
+  /// passed since the session's last snapshot, a snapshot named
+  /// "autosave-N" (N counting up) is taken, labelled "autosave", and only the
+  /// newest `keep` autosaves are kept. Named snapshots are never removed.
+  /// every = 0 turns autosave off. Throws invalid_argument for keep = 0.
+  void autosave(std::chrono::milliseconds every, std::size_t keep);
+
+  /// A safe point for autosave: call it where the regions are consistent (say,
+  /// between time steps). Costs a clock read when nothing is due. Returns the
+  /// autosave taken, if one was.
+  std::optional<SnapshotInfo> checkpoint_point();
 
   /// The change-tracking mechanism in use for region `name`. Throws not_found.
   Tracking tracking(const std::string& region) const;

@@ -21,6 +21,8 @@ namespace dvr {
 namespace detail {
 class StoreImpl;
 }
+class Clone;
+struct CloneOptions;
 
 /// What the store's directory is backed by, as found by asking libpmem2 for page
 /// granularity and reading back what the mapping got.
@@ -178,6 +180,11 @@ class Store {
   /// are skipped and listed in *skipped ("session/name: why") if given. After a
   /// crash this names the snapshot to restore.
   std::optional<SnapshotInfo> latest(const std::string& session, std::vector<std::string>* skipped = nullptr) const;
+
+  /// A thin, copy-on-write clone of a snapshot (see dvr/clone.hpp). Throws
+  /// not_found, or corrupt when options.verify finds damage (nothing mapped).
+  Clone open_snapshot(const std::string& session, const std::string& snapshot, const CloneOptions& options) const;
+  Clone open_snapshot(const std::string& session, const std::string& snapshot) const;
 
  private:
   explicit Store(std::shared_ptr<detail::StoreImpl> impl) : impl_(std::move(impl)) {}

@@ -1,0 +1,158 @@
+// Thin clones: a snapshot's regions mapped MAP_PRIVATE from the pack files.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "dvr/clone.hpp"
+#include "dvr/dvr.hpp"
+#include "memops.hpp"
+#include "store_impl.hpp"
+
+namespace dvr {
+
+using detail::ChunkRef;
+using detail::Manifest;
+using detail::StoreImpl;
+
+struct Clone::State {
+  std::string session, snapshot;
+  std::vector<std::unique_ptr<Region>> regions;
+  std::vector<std::pair<void*, std::size_t>> maps;  // one reservation per region
+  detail::Fd pin;                                   // flock()ed while the clone lives
+  std::string pin_path;
+
+  ~State() {
+    regions.clear();
+    for (auto& [p, n] : maps) ::munmap(p, n);
+    if (!pin_path.empty()) ::unlink(pin_path.c_str());
+  }
+};
+
+Clone::Clone(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Clone::~Clone() = default;
+Clone::Clone(Clone&&) noexcept = default;
+Clone& Clone::operator=(Clone&&) noexcept = default;
+const std::string& Clone::session() const { return state_->session; }
+const std::string& Clone::snapshot() const { return state_->snapshot; }
+
+Region& Clone::region(const std::string& name) {
+  for (auto& r : state_->regions)
+    if (r->name() == name) return *r;
+  throw Error(Errc::not_found, "clone of '" + state_->session + "/" + state_->snapshot + "' has no region '" + name + "'");
+}
+
+std::vector<Region*> Clone::regions() const {
+  std::vector<Region*> out;
+  for (auto& r : state_->regions) out.push_back(r.get());
+  return out;
+}
+
+Clone Store::open_snapshot(const std::string& session, const std::string& snapshot) const {
+  return open_snapshot(session, snapshot, CloneOptions{});
+}
+
+Clone Store::open_snapshot(const std::string& session, const std::string& snapshot, const CloneOptions& options) const {
+  using namespace detail;
+  const std::string ref = StoreImpl::ref(session, snapshot);
+  std::lock_guard<std::mutex> guard(impl_->mu);
+  // The shared lock keeps writers and gc away until the pin is in place.
+  StoreImpl::Lock lock(*impl_, false);
+  Manifest m = impl_->load_manifest(session, snapshot);
+  std::string bytes = read_file(impl_->manifest_path(session, snapshot));
+  impl_->packs->refresh_mappings();
+
+  if (options.verify) {
+    std::vector<const ChunkRef*> distinct;
+    std::map<std::pair<std::uint32_t, std::uint64_t>, bool> seen;
+    std::vector<const char*> src;
+    std::uint64_t total = 0;
+    for (auto& c : m.chunks)
+      if (!c.is_zero() && seen.emplace(std::make_pair(c.pack, c.offset), true).second) {
+        src.push_back(impl_->packs->read(c.pack, c.offset, c.length));
+        distinct.push_back(&c);
+        total += c.length;
+      }
+    std::atomic<std::size_t> bad{SIZE_MAX};
+    parallel_for(distinct.size(), total, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i)
+        if (!(hash128(src[i], distinct[i]->length) == distinct[i]->hash)) bad = i;
+    });
+    if (bad != SIZE_MAX)
+      throw Error(Errc::corrupt, "cannot clone '" + ref + "': a chunk in " + impl_->packs->path_of(distinct[bad]->pack) +
+                                     " at offset " + std::to_string(distinct[bad]->offset) +
+                                     " fails its checksum; run `dvr verify`");
+  }
+
+  auto state = std::make_unique<Clone::State>();
+  state->session = session;
+  state->snapshot = snapshot;
+  // Pin the data: a copy of the manifest in pins/, locked for the clone's
+  // life. Written in tmp/ and locked before it is renamed into pins/, so gc
+  // never sees it unlocked.
+  std::string tmp = impl_->tmp_dir() + "/" + random_hex() + ".pin";
+  {
+    Fd fd = open_or_throw(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (::flock(fd.get(), LOCK_SH) != 0) throw_errno(errno, "cannot lock " + tmp);
+    try {
+      write_all(fd.get(), bytes.data(), bytes.size(), tmp);
+    } catch (...) {
+      ::unlink(tmp.c_str());
+      throw;
+    }
+    std::string pin = impl_->pins_dir() + "/" + random_hex() + kManifestSuffix;
+    if (::rename(tmp.c_str(), pin.c_str()) != 0) {
+      int err = errno;
+      ::unlink(tmp.c_str());
+      throw_errno(err, "cannot pin the data of '" + ref + "' in " + pin);
+    }
+    state->pin = std::move(fd);
+    state->pin_path = pin;
+  }
+
+  std::map<std::uint32_t, Fd> pack_fds;
+  for (auto& mr : m.regions) {
+    std::size_t span = round_up_page(mr.size);
+    void* base = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) throw Error(Errc::no_space, "cannot reserve address space for region '" + mr.name + "' of a clone");
+    state->maps.emplace_back(base, span);
+    // Runs of chunks stored back to back in one pack become one mapping;
+    // all-zero chunks stay anonymous (zero) memory.
+    for (std::uint64_t i = 0; i < mr.chunk_count;) {
+      const ChunkRef& first = m.chunks[mr.first_chunk + i];
+      if (first.is_zero()) {
+        ++i;
+        continue;
+      }
+      std::uint64_t j = i + 1, bytes_in_run = first.length;
+      while (j < mr.chunk_count) {
+        const ChunkRef& prev = m.chunks[mr.first_chunk + j - 1];
+        const ChunkRef& next = m.chunks[mr.first_chunk + j];
+        if (next.is_zero() || next.pack != first.pack || next.offset != prev.offset + m.chunk_size || prev.length != m.chunk_size) break;
+        bytes_in_run += next.length;
+        ++j;
+      }
+      auto& fd = pack_fds[first.pack];
+      if (!fd) fd = open_or_throw(impl_->packs->path_of(first.pack), O_RDONLY);
+      char* at = static_cast<char*>(base) + i * m.chunk_size;
+      void* got = ::mmap(at, round_up_page(bytes_in_run), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd.get(),
+                         static_cast<off_t>(first.offset));
+      if (got == MAP_FAILED) throw_errno(errno, "cannot map the data of '" + ref + "' from " + impl_->packs->path_of(first.pack));
+      i = j;
+    }
+    state->regions.push_back(std::make_unique<Region>(mr.name, base, mr.size, false));
+  }
+  return Clone(std::move(state));
+}
+
+Clone Session::clone(const std::string& snapshot) { return store().open_snapshot(name(), snapshot); }
+Clone Session::clone(const std::string& snapshot, const CloneOptions& options) {
+  return store().open_snapshot(name(), snapshot, options);
+}
+
+}  // namespace dvr
