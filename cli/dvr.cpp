@@ -280,10 +280,15 @@ int cmd_stat(Args& a) {
   return 0;
 }
 
-int cmd_log(Args& a) {
+// The one positional argument of a command that also takes --json.
+std::string single_argument(Args& a, const char* usage) {
   a.json = a.take_flag("--json");
-  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr log SESSION [--json]");
-  std::string session = a.rest.front();
+  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, std::string("usage: ") + usage);
+  return a.rest.front();
+}
+
+int cmd_log(Args& a) {
+  std::string session = single_argument(a, "dvr log SESSION [--json]");
   Store store = open_store(a, false);
   auto snaps = store.list(session);
   if (a.json) {
@@ -355,9 +360,7 @@ int cmd_diff(Args& a) {
 }
 
 int cmd_recover(Args& a) {
-  a.json = a.take_flag("--json");
-  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr recover SESSION [--json]");
-  std::string session = a.rest.front();
+  std::string session = single_argument(a, "dvr recover SESSION [--json]");
   Store store = open_store(a, false);
   std::vector<std::string> skipped;
   auto found = store.latest(session, &skipped);

@@ -125,9 +125,7 @@ TEST_CASE("clone: a pin left by a crashed process is removed by gc; damage is re
 
   s.snapshot("two");
   auto m = detail::decode_manifest(dvrtest::read_file(dvrtest::manifest_path(store, "p", "two")), "two");
-  char name[32];
-  std::snprintf(name, sizeof name, "/packs/%08u.pack", m.chunks[3].pack);
-  dvrtest::flip_byte(store.path() + name, m.chunks[3].offset + 9);
+  dvrtest::flip_byte(dvrtest::pack_path(store, m.chunks[3].pack), m.chunks[3].offset + 9);
   auto e = dvrtest::catch_error([&] { s.clone("two"); });
   CHECK(e.code == Errc::corrupt);
   CHECK(e.what.find("p/two") != std::string::npos);

@@ -207,7 +207,7 @@ TEST_CASE("incremental: a failed restore keeps the record of what was written", 
   auto m = dvr::detail::decode_manifest(dvrtest::read_file(dvrtest::manifest_path(store, "keep", "bad")), "bad");
   auto& c = m.chunks[100000 / m.chunk_size];
   REQUIRE(!c.is_zero());
-  dvrtest::flip_byte(store.path() + "/packs/" + std::string(c.pack < 10 ? "0000000" : "000000") + std::to_string(c.pack) + ".pack", c.offset + 10);
+  dvrtest::flip_byte(dvrtest::pack_path(store, c.pack), c.offset + 10);
   p[7] ^= 1;        // written after "bad"
   p[100000] ^= 1;   // ... and in the damaged chunk, which a rollback to "bad" must read
   // (Where nothing was written a rollback does not read the stored copy at all:

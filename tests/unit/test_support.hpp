@@ -181,6 +181,13 @@ inline std::vector<std::string> pack_files(const dvr::Store& store) {
   return out;
 }
 
+/// Path of pack file `id` of a store.
+inline std::string pack_path(const dvr::Store& store, std::uint32_t id) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/packs/%08u.pack", id);
+  return store.path() + name;
+}
+
 /// Sum of the allocated sizes of the store's pack files.
 inline std::uint64_t pack_allocated(const dvr::Store& store) {
   std::uint64_t n = 0;

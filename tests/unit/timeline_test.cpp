@@ -88,9 +88,7 @@ TEST_CASE("timeline: latest() skips newer damaged snapshots and names them", "[t
   dvrtest::write_file(dvrtest::manifest_path(store, "rec", "three"), m3.substr(0, m3.size() - 3));
   auto m2 = detail::decode_manifest(dvrtest::read_file(dvrtest::manifest_path(store, "rec", "two")), "two");
   auto& c = m2.chunks[0];  // byte 100 lives in chunk 0, which only "two" has
-  char name[32];
-  std::snprintf(name, sizeof name, "/packs/%08u.pack", c.pack);
-  dvrtest::flip_byte(store.path() + name, c.offset + 1);
+  dvrtest::flip_byte(dvrtest::pack_path(store, c.pack), c.offset + 1);
   std::vector<std::string> skipped;
   auto found = store.latest("rec", &skipped);
   REQUIRE(found.has_value());
