@@ -125,6 +125,12 @@ std::string info_json(const SnapshotInfo& i) {
   return s + "]}";
 }
 
+std::string snapshots_json(const std::vector<SnapshotInfo>& snaps) {
+  std::string out = "[";
+  for (std::size_t k = 0; k < snaps.size(); ++k) out += (k ? "," : "") + info_json(snaps[k]);
+  return out + "]";
+}
+
 int cmd_ls(Args& a) {
   a.json = a.take_flag("--json");
   std::string session = a.rest.empty() ? "" : a.rest.front();
@@ -134,9 +140,7 @@ int cmd_ls(Args& a) {
   Store store = open_store(a, false);
   auto snaps = session.empty() ? store.list() : store.list(session);
   if (a.json) {
-    std::cout << "[";
-    for (std::size_t k = 0; k < snaps.size(); ++k) std::cout << (k ? "," : "") << info_json(snaps[k]);
-    std::cout << "]\n";
+    std::cout << snapshots_json(snaps) << "\n";
     return 0;
   }
   if (snaps.empty()) {
@@ -292,9 +296,7 @@ int cmd_log(Args& a) {
   Store store = open_store(a, false);
   auto snaps = store.list(session);
   if (a.json) {
-    std::cout << "[";
-    for (std::size_t k = 0; k < snaps.size(); ++k) std::cout << (k ? "," : "") << info_json(snaps[k]);
-    std::cout << "]\n";
+    std::cout << snapshots_json(snaps) << "\n";
     return 0;
   }
   if (snaps.empty()) {

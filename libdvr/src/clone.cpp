@@ -4,7 +4,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -78,11 +77,7 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
         distinct.push_back(&c);
         total += c.length;
       }
-    std::atomic<std::size_t> bad{SIZE_MAX};
-    parallel_for(distinct.size(), total, [&](std::size_t b, std::size_t e) {
-      for (std::size_t i = b; i < e; ++i)
-        if (!(hash128(src[i], distinct[i]->length) == distinct[i]->hash)) bad = i;
-    });
+    std::size_t bad = first_damaged(src, distinct, total);
     if (bad != SIZE_MAX)
       throw Error(Errc::corrupt, "cannot clone '" + ref + "': a chunk in " + impl_->packs->path_of(distinct[bad]->pack) +
                                      " at offset " + std::to_string(distinct[bad]->offset) +

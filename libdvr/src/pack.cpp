@@ -73,6 +73,15 @@ struct Packs::WriteMap {
   std::vector<std::uint64_t> populated;
   std::mutex mu;
   std::uint64_t last_use = 0;
+
+  // The kernel dropped the page-table entries of [offset, offset+length)
+  // (holes were punched): populate them again next time.
+  void forget(std::uint64_t offset, std::uint64_t length) {
+    if (length == 0) return;
+    std::uint64_t first = offset / kPageSize, last = (offset + length - 1) / kPageSize;
+    std::lock_guard<std::mutex> lock(mu);
+    for (std::uint64_t p = first; p <= last && p / 64 < populated.size(); ++p) populated[p / 64] &= ~(1ull << (p % 64));
+  }
 };
 
 namespace {
@@ -188,12 +197,7 @@ void Packs::punch(std::uint32_t pack, std::uint64_t offset, std::uint64_t length
   ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(length));
   ::close(fd);
   auto it = writes_.find(pack);
-  if (it != writes_.end() && it->second) {
-    std::uint64_t first = offset / kPageSize, last = (offset + length - 1) / kPageSize;
-    std::lock_guard<std::mutex> lock(it->second->mu);
-    for (std::uint64_t p = first; p <= last && p / 64 < it->second->populated.size(); ++p)
-      it->second->populated[p / 64] &= ~(1ull << (p % 64));
-  }
+  if (it != writes_.end() && it->second) it->second->forget(offset, length);
 }
 
 void Packs::forget_populated() {
@@ -238,9 +242,7 @@ void PackWriter::release(std::uint64_t rel, std::uint64_t len) {
   if (len == 0) return;
   // Best effort: the range is free space either way, and gc punches it too.
   ::fallocate(map_->fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset_ + rel), static_cast<off_t>(len));
-  std::uint64_t first = (offset_ + rel) / kPageSize, last = (offset_ + rel + len - 1) / kPageSize;
-  std::lock_guard<std::mutex> lock(map_->mu);
-  for (std::uint64_t p = first; p <= last; ++p) map_->populated[p / 64] &= ~(1ull << (p % 64));
+  map_->forget(offset_ + rel, len);
 }
 
 void PackWriter::copy(std::uint64_t rel, const void* src, std::size_t len) {

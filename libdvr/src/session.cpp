@@ -542,7 +542,6 @@ void Session::restore(const std::string& name) {
       dst[mr.first_chunk + i] = static_cast<char*>(live->data()) + i * m.chunk_size;
       region_of[mr.first_chunk + i] = &mr;
     }
-    const std::size_t jobs_before = jobs.size();
     std::uint64_t full_bytes = 0;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
     if (state_->written_since_base(*live, written)) {
@@ -576,7 +575,6 @@ void Session::restore(const std::string& name) {
     // fault per page: lift the protection first (it is restored afterwards).
     auto& t = state_->tracks[live];
     if (t.tracked.first != t.tracked.second && full_bytes > mr.size / 8) unprotect.push_back(t.tracked);
-    (void)jobs_before;
   }
 
   store.packs->refresh_mappings();
@@ -596,19 +594,14 @@ void Session::restore(const std::string& name) {
     verify_bytes += c.length;
   }
 
-  std::atomic<std::size_t> first_bad{SIZE_MAX};
-  detail::parallel_for(sources.size(), verify_bytes, [&](std::size_t b, std::size_t e) {
-    for (std::size_t k = b; k < e; ++k) {
-      std::size_t i = sources[k];
-      if (!(detail::hash128(src[i], m.chunks[i].length) == m.chunks[i].hash)) {
-        std::size_t cur = first_bad.load();
-        while (i < cur && !first_bad.compare_exchange_weak(cur, i)) {
-        }
-        return;
-      }
-    }
-  });
-  if (std::size_t bad = first_bad.load(); bad != SIZE_MAX) {
+  std::vector<const char*> checked_data;
+  std::vector<const ChunkRef*> checked_refs;
+  for (std::size_t i : sources) {
+    checked_data.push_back(src[i]);
+    checked_refs.push_back(&m.chunks[i]);
+  }
+  if (std::size_t k = detail::first_damaged(checked_data, checked_refs, verify_bytes); k != SIZE_MAX) {
+    std::size_t bad = sources[k];
     auto& c = m.chunks[bad];
     auto* mr = region_of[bad];
     std::uint64_t off = (bad - mr->first_chunk) * m.chunk_size;

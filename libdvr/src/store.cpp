@@ -494,6 +494,20 @@ std::pair<StoreImpl::Placement, PackWriter> StoreImpl::AllocationScope::take(std
   return {p, store_.packs->writer(p.pack, p.offset, length)};
 }
 
+std::size_t first_damaged(const std::vector<const char*>& data, const std::vector<const ChunkRef*>& refs, std::uint64_t bytes) {
+  std::atomic<std::size_t> first{SIZE_MAX};
+  parallel_for(refs.size(), bytes, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i)
+      if (!(hash128(data[i], refs[i]->length) == refs[i]->hash)) {
+        std::size_t cur = first.load();
+        while (i < cur && !first.compare_exchange_weak(cur, i)) {
+        }
+        return;
+      }
+  });
+  return first.load();
+}
+
 SnapshotInfo info_from_manifest(const Manifest& m) {
   SnapshotInfo i;
   i.session = m.session;
@@ -634,16 +648,18 @@ GcReport Store::gc() {
   // pack -> (offset -> end), one entry per distinct location however many
   // snapshots share it.
   std::map<std::uint32_t, std::map<std::uint64_t, std::uint64_t>> live;
+  auto add_live = [&](const Manifest& m) {
+    for (auto& c : m.chunks)
+      if (!c.is_zero()) {
+        auto& end = live[c.pack][c.offset];
+        end = std::max(end, c.offset + round_up_page(c.length));
+      }
+  };
   std::vector<std::string> damaged;
   for (auto& session : impl_->session_names()) {
     for (auto& name : impl_->snapshot_names(session)) {
       try {
-        Manifest m = impl_->load_manifest(session, name);
-        for (auto& c : m.chunks)
-          if (!c.is_zero()) {
-            auto& end = live[c.pack][c.offset];
-            end = std::max(end, c.offset + round_up_page(c.length));
-          }
+        add_live(impl_->load_manifest(session, name));
       } catch (const Error& e) {
         if (e.code() == Errc::not_found) continue;
         damaged.push_back(StoreImpl::ref(session, name));
@@ -652,12 +668,7 @@ GcReport Store::gc() {
   }
   for (auto& pin : impl_->pin_files()) {
     try {
-      Manifest m = decode_manifest(read_file(pin), pin);
-      for (auto& c : m.chunks)
-        if (!c.is_zero()) {
-          auto& end = live[c.pack][c.offset];
-          end = std::max(end, c.offset + round_up_page(c.length));
-        }
+      add_live(decode_manifest(read_file(pin), pin));
     } catch (const Error& e) {
       if (e.code() != Errc::not_found) damaged.push_back("the clone pin " + pin);
     }

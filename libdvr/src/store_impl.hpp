@@ -169,4 +169,8 @@ class StoreImpl {
 
 SnapshotInfo info_from_manifest(const Manifest& m);
 
+/// Re-hashes data[i] against refs[i] (all `bytes` of it, on every core) and
+/// returns the lowest i whose checksum fails, or SIZE_MAX when all pass.
+std::size_t first_damaged(const std::vector<const char*>& data, const std::vector<const ChunkRef*>& refs, std::uint64_t bytes);
+
 }  // namespace dvr::detail
