@@ -62,8 +62,8 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
   std::lock_guard<std::mutex> guard(impl_->mu);
   // The shared lock keeps writers and gc away until the pin is in place.
   StoreImpl::Lock lock(*impl_, false);
-  Manifest m = impl_->load_manifest(session, snapshot);
-  std::string bytes = read_file(impl_->manifest_path(session, snapshot));
+  std::string bytes;
+  Manifest m = impl_->load_manifest(session, snapshot, &bytes);
   impl_->packs->refresh_mappings();
 
   if (options.verify) {

@@ -215,7 +215,7 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive) : fd_(-1) {
 
 StoreImpl::Lock::~Lock() { ::flock(fd_, LOCK_UN); }
 
-Manifest StoreImpl::load_manifest(const std::string& session, const std::string& name) const {
+Manifest StoreImpl::load_manifest(const std::string& session, const std::string& name, std::string* raw) const {
   check_name("session", session);
   check_name("snapshot", name);
   std::string file = manifest_path(session, name);
@@ -236,6 +236,7 @@ Manifest StoreImpl::load_manifest(const std::string& session, const std::string&
     throw Error(Errc::corrupt, "manifest " + file + " records snapshot '" + ref(m.session, m.name) +
                                    "' with chunk size " + std::to_string(m.chunk_size) +
                                    "; it was moved or belongs to another store — remove it with `dvr rm`");
+  if (raw) *raw = std::move(bytes);
   return m;
 }
 

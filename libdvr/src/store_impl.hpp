@@ -56,7 +56,8 @@ class StoreImpl {
   static std::string ref(const std::string& s, const std::string& n) { return s + "/" + n; }
 
   /// Reads and checks a manifest. Throws not_found or corrupt.
-  Manifest load_manifest(const std::string& session, const std::string& name) const;
+  /// `raw`, when given, receives the file's bytes.
+  Manifest load_manifest(const std::string& session, const std::string& name, std::string* raw = nullptr) const;
 
   /// Session directories with valid names, unsorted.
   std::vector<std::string> session_names() const;
