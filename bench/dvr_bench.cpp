@@ -77,9 +77,10 @@ void fill_unique(char* p, std::size_t n, std::uint64_t seed) {
   }
 }
 
-// Changes one word in every chunk: every chunk becomes new to the store.
-void touch_every_chunk(char* p, std::size_t n, std::size_t chunk, std::uint64_t v) {
-  for (std::size_t off = 0; off + 8 <= n; off += chunk) std::memcpy(p + off, &v, 8);
+// Changes one word in every page: every chunk becomes new to the store and is
+// stored whole.
+void touch_every_page(char* p, std::size_t n, std::uint64_t v) {
+  for (std::size_t off = 0; off + 8 <= n; off += 4096) std::memcpy(p + off, &v, 8);
 }
 
 template <class F>
@@ -100,6 +101,7 @@ int main(int argc, char** argv) {
   int repeat = 5;
   bool json = false;
   std::string store_dir;
+  std::uint32_t chunk_size = StoreOptions{}.chunk_size;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
@@ -111,8 +113,9 @@ int main(int argc, char** argv) {
       else if (a == "--repeat") repeat = std::max(1, std::stoi(value()));
       else if (a == "--json") json = true;
       else if (a == "--store") store_dir = value();
+      else if (a == "--chunk-size") chunk_size = static_cast<std::uint32_t>(parse_size(value()));
       else if (a == "-h" || a == "--help") {
-        std::cout << "usage: dvr-bench [--size 1G] [--repeat 5] [--json] [--store DIR]\n";
+        std::cout << "usage: dvr-bench [--size 1G] [--repeat 5] [--json] [--store DIR] [--chunk-size 256K]\n";
         return 0;
       } else throw std::invalid_argument("unknown argument '" + a + "'");
     }
@@ -133,7 +136,7 @@ int main(int argc, char** argv) {
   std::vector<Figure> figures;
   int status = 0;
   try {
-    Store store = Store::open(store_dir);
+    Store store = Store::open(store_dir, StoreOptions{.chunk_size = chunk_size});
     const std::size_t n = size;
     char* data = prefaulted(n);
     char* scratch = prefaulted(n);
@@ -155,7 +158,7 @@ int main(int argc, char** argv) {
     double cold_s = 0, snap_s = 1e30;
     const int rounds = std::max(repeat, 4);
     for (int i = 0; i < rounds; ++i) {
-      touch_every_chunk(data, n, store.chunk_size(), 0xABCDEF00ull + static_cast<std::uint64_t>(i));
+      touch_every_page(data, n, 0xABCDEF00ull + static_cast<std::uint64_t>(i));
       last = "full-" + std::to_string(i);
       double t0 = seconds_now();
       SnapshotInfo info = s.snapshot(last);
@@ -202,7 +205,7 @@ int main(int argc, char** argv) {
       if (mode == Tracking::write_protect && wp_mode != "write_protect") continue;  // same as hash; reported below
       t.snapshot("inc-base", {.replace = true});
       double inc_s = 1e30, back_s = 1e30;
-      std::uint64_t read = 0;
+      std::uint64_t read = 0, added = 0;
       for (int i = 0; i < repeat; ++i) {
         dirty_one_percent(data, n, 2 * i);
         std::string name = "inc-" + std::to_string(i);
@@ -210,6 +213,7 @@ int main(int argc, char** argv) {
         SnapshotInfo info = t.snapshot(name, {.replace = true});
         inc_s = std::min(inc_s, seconds_now() - t0);
         read = info.chunks_read;
+        added = info.stored_bytes;
         std::memcpy(scratch, data, n);
         dirty_one_percent(data, n, 2 * i + 1);
         t0 = seconds_now();
@@ -218,7 +222,9 @@ int main(int argc, char** argv) {
         if (std::memcmp(scratch, data, n) != 0) throw std::runtime_error("rollback was not bit-exact");
       }
       figures.push_back({"snapshot_1pct_" + label, inc_s, snap_s,
-                         std::to_string(read) + " of " + std::to_string(n / store.chunk_size()) + " chunks read", "snapshot_full", label});
+                         std::to_string(read) + " of " + std::to_string(n / store.chunk_size()) + " chunks read, " +
+                             std::to_string(added / 4096) + " pages stored",
+                         "snapshot_full", label});
       figures.push_back({"restore_1pct_" + label, back_s, restore_s, "rollback after 1% of pages were written", "restore_full", label});
     }
 

@@ -10,6 +10,7 @@
 
 #include "dvr/clone.hpp"
 #include "dvr/dvr.hpp"
+#include "chunks.hpp"
 #include "memops.hpp"
 #include "store_impl.hpp"
 
@@ -67,38 +68,39 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
   impl_->packs->refresh_mappings();
 
   if (options.verify) {
-    std::vector<const ChunkRef*> distinct;
-    std::map<std::pair<std::uint32_t, std::uint64_t>, bool> seen;
-    std::vector<const char*> src;
-    std::uint64_t total = 0;
-    for (auto& c : m.chunks)
-      if (!c.is_zero() && seen.emplace(std::make_pair(c.pack, c.offset), true).second) {
-        src.push_back(impl_->packs->read(c.pack, c.offset, c.length));
-        distinct.push_back(&c);
-        total += c.length;
-      }
-    std::size_t bad = first_damaged(src, distinct, total);
-    if (bad != SIZE_MAX)
-      throw Error(Errc::corrupt, "cannot clone '" + ref + "': a chunk in " + impl_->packs->path_of(distinct[bad]->pack) +
-                                     " at offset " + std::to_string(distinct[bad]->offset) +
-                                     " fails its checksum; run `dvr verify`");
+    std::vector<std::size_t> all(m.chunks.size());
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+    std::string why;
+    if (first_damaged(*impl_->packs, m, all, &why) != SIZE_MAX)
+      throw Error(Errc::corrupt, "cannot clone '" + ref + "': it is damaged (" + why + "); run `dvr verify`");
   }
 
   auto state = std::make_unique<Clone::State>();
   state->session = session;
   state->snapshot = snapshot;
-  // Pin the data: a copy of the manifest in pins/, locked for the clone's
-  // life. Written in tmp/ and locked before it is renamed into pins/, so gc
-  // never sees it unlocked.
+  // Pin the data: the manifest in pins/, locked for the clone's life. It is
+  // a hard link to the snapshot's manifest file (a copy where the file system
+  // has no hard links), made in tmp/ and locked before it is renamed into
+  // pins/, so gc never sees it unlocked. Nobody can replace the manifest
+  // meanwhile: writers need the exclusive lock.
   std::string tmp = impl_->tmp_dir() + "/" + random_hex() + ".pin";
   {
-    Fd fd = open_or_throw(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (::flock(fd.get(), LOCK_SH) != 0) throw_errno(errno, "cannot lock " + tmp);
-    try {
-      write_all(fd.get(), bytes.data(), bytes.size(), tmp);
-    } catch (...) {
+    Fd fd;
+    if (::link(impl_->manifest_path(session, snapshot).c_str(), tmp.c_str()) == 0) {
+      fd = open_or_throw(tmp, O_RDONLY);
+    } else {
+      fd = open_or_throw(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
+      try {
+        write_all(fd.get(), bytes.data(), bytes.size(), tmp);
+      } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+      }
+    }
+    if (::flock(fd.get(), LOCK_SH) != 0) {
+      int err = errno;
       ::unlink(tmp.c_str());
-      throw;
+      throw_errno(err, "cannot lock " + tmp);
     }
     std::string pin = impl_->pins_dir() + "/" + random_hex() + kManifestSuffix;
     if (::rename(tmp.c_str(), pin.c_str()) != 0) {
@@ -111,6 +113,12 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
   }
 
   std::map<std::uint32_t, Fd> pack_fds;
+  auto map_from_pack = [&](void* at, std::uint64_t len, std::uint32_t pack, std::uint64_t offset) {
+    auto& fd = pack_fds[pack];
+    if (!fd) fd = open_or_throw(impl_->packs->path_of(pack), O_RDONLY);
+    void* got = ::mmap(at, round_up_page(len), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd.get(), static_cast<off_t>(offset));
+    if (got == MAP_FAILED) throw_errno(errno, "cannot map the data of '" + ref + "' from " + impl_->packs->path_of(pack));
+  };
   for (auto& mr : m.regions) {
     std::size_t span = round_up_page(mr.size);
     void* base = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -132,13 +140,19 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
         bytes_in_run += next.length;
         ++j;
       }
-      auto& fd = pack_fds[first.pack];
-      if (!fd) fd = open_or_throw(impl_->packs->path_of(first.pack), O_RDONLY);
-      char* at = static_cast<char*>(base) + i * m.chunk_size;
-      void* got = ::mmap(at, round_up_page(bytes_in_run), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd.get(),
-                         static_cast<off_t>(first.offset));
-      if (got == MAP_FAILED) throw_errno(errno, "cannot map the data of '" + ref + "' from " + impl_->packs->path_of(first.pack));
+      map_from_pack(static_cast<char*>(base) + i * m.chunk_size, bytes_in_run, first.pack, first.offset);
       i = j;
+    }
+    // Pages stored apart go on top, one mapping each (all-zero ones as fresh
+    // anonymous memory).
+    for (std::uint32_t k = m.first_overlay[mr.first_chunk]; k < m.first_overlay[mr.first_chunk + mr.chunk_count]; ++k) {
+      const Overlay& o = m.overlays[k];
+      char* at = static_cast<char*>(base) + (o.chunk - mr.first_chunk) * m.chunk_size + o.page * kPageSize;
+      if (o.pack) {
+        map_from_pack(at, kPageSize, o.pack, o.offset);
+      } else if (::mmap(at, kPageSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
+        throw_errno(errno, "cannot map a zero page of '" + ref + "'");
+      }
     }
     state->regions.push_back(std::make_unique<Region>(mr.name, base, mr.size, false));
   }

@@ -3,6 +3,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -10,6 +11,7 @@
 namespace dvr::detail {
 
 Hash128 hash128_avx2(const void* data, std::size_t len) noexcept;  // hash_avx2.cpp
+std::uint64_t hash64_avx2(const void* data, std::size_t len) noexcept;
 
 namespace {
 Hash128 hash128_baseline(const void* data, std::size_t len) noexcept {
@@ -18,37 +20,73 @@ Hash128 hash128_baseline(const void* data, std::size_t len) noexcept {
 }
 // Debian builds libxxhash for baseline x86-64 (SSE2, ~6 GB/s here); the AVX2
 // code path of the same header hashes ~3x faster. Picked once, at load time.
+std::uint64_t hash64_baseline(const void* data, std::size_t len) noexcept { return XXH3_64bits(data, len); }
 using HashFn = Hash128 (*)(const void*, std::size_t) noexcept;
-HashFn pick_hash() {
+using Hash64Fn = std::uint64_t (*)(const void*, std::size_t) noexcept;
+bool have_avx2() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2")) return hash128_avx2;
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
 #endif
-  return hash128_baseline;
 }
-const HashFn hash_impl = pick_hash();
+const HashFn hash_impl = have_avx2() ? hash128_avx2 : hash128_baseline;
+const Hash64Fn page_hash_impl = have_avx2() ? hash64_avx2 : hash64_baseline;
+
+// Computes f(len) once per distinct length (chunks and pages have few).
+template <class T, class F>
+T cached_by_length(std::size_t len, F f) {
+  static std::mutex mu;
+  static std::unordered_map<std::size_t, T> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(len);
+    if (it != cache.end()) return it->second;
+  }
+  T value = f(len);
+  std::lock_guard<std::mutex> lock(mu);
+  cache.emplace(len, value);
+  return value;
+}
 }  // namespace
 
 Hash128 hash128(const void* data, std::size_t len) noexcept { return hash_impl(data, len); }
 
-std::uint64_t hash64(const void* data, std::size_t len) noexcept { return XXH3_64bits(data, len); }
+std::uint64_t page_hash(const void* data, std::size_t len) noexcept { return page_hash_impl(data, len); }
+
+void hash_pages(const char* data, std::size_t len, std::uint64_t* out) noexcept {
+  for (std::size_t off = 0; off < len; off += kPageSize)
+    *out++ = page_hash_impl(data + off, std::min<std::size_t>(kPageSize, len - off));
+}
+
+Hash128 tree_hash(const std::uint64_t* page_hashes, std::size_t count) noexcept {
+  return hash_impl(page_hashes, count * sizeof(std::uint64_t));
+}
+
+std::uint64_t zero_page_hash(std::size_t len) {
+  return cached_by_length<std::uint64_t>(len, [](std::size_t n) {
+    std::vector<char> zeros(n, 0);
+    return page_hash(zeros.data(), n);
+  });
+}
+
+bool is_zero_tree(const Hash128& h, std::size_t len) {
+  return cached_by_length<Hash128>(len, [](std::size_t n) {
+           std::vector<char> zeros(n, 0);
+           std::vector<std::uint64_t> pages(pages_in(n));
+           hash_pages(zeros.data(), n, pages.data());
+           return tree_hash(pages.data(), pages.size());
+         }) == h;
+}
+
+std::uint64_t hash64(const void* data, std::size_t len) noexcept { return page_hash_impl(data, len); }
 
 bool is_zero_chunk(const Hash128& h, std::size_t len) {
-  // Chunks have few distinct lengths (the chunk size and region tails), so the
-  // zero hashes are computed once per length.
-  static std::mutex mu;
-  static std::unordered_map<std::size_t, Hash128> cache;
-  Hash128 zero;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(len);
-    if (it != cache.end()) return it->second == h;
-  }
-  std::vector<unsigned char> zeros(len, 0);
-  zero = hash128(zeros.data(), len);
-  std::lock_guard<std::mutex> lock(mu);
-  cache.emplace(len, zero);
-  return zero == h;
+  return cached_by_length<Hash128>(len, [](std::size_t n) {
+           std::vector<char> zeros(n, 0);
+           return hash128(zeros.data(), n);
+         }) == h;
 }
 
 std::string to_hex(const Hash128& h) {

@@ -21,7 +21,24 @@ struct Hash128Hasher {
 Hash128 hash128(const void* data, std::size_t len) noexcept;
 std::uint64_t hash64(const void* data, std::size_t len) noexcept;
 
-/// True when `h` is the hash of `len` zero bytes (the all-zero chunk, never stored).
+/// Size of the pages that are hashed, tracked and restored one by one.
+inline constexpr std::uint64_t kPageSize = 4096;
+inline constexpr std::uint32_t pages_in(std::uint64_t len) { return static_cast<std::uint32_t>((len + kPageSize - 1) / kPageSize); }
+
+/// XXH3-64 of one page (or of the short last page of a chunk); AVX2 where the
+/// CPU has it.
+std::uint64_t page_hash(const void* data, std::size_t len) noexcept;
+/// page_hash of every page of `len` bytes at `data`, into out[0 .. pages_in(len)).
+void hash_pages(const char* data, std::size_t len, std::uint64_t* out) noexcept;
+/// A chunk's content address in format v3: XXH3-128 of its pages' hashes.
+Hash128 tree_hash(const std::uint64_t* page_hashes, std::size_t count) noexcept;
+/// page_hash of `len` (<= kPageSize) zero bytes.
+std::uint64_t zero_page_hash(std::size_t len);
+/// True when `h` is tree_hash of a chunk of `len` zero bytes.
+bool is_zero_tree(const Hash128& h, std::size_t len);
+
+/// True when `h` is hash128 of `len` zero bytes (format v1/v2: the all-zero
+/// chunk, never stored).
 bool is_zero_chunk(const Hash128& h, std::size_t len);
 
 std::string to_hex(const Hash128& h);

@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cstring>
+#include <tuple>
 
 #include "dvr/error.hpp"
 
@@ -16,6 +17,7 @@ constexpr char kEndMagic[8] = {'D', 'V', 'R', 'M', 'E', 'N', 'D', '1'};
 constexpr std::size_t kHeaderSize = 24;   // magic, version, flags, body length
 constexpr std::size_t kTrailerSize = 16;  // checksum, end magic
 constexpr std::size_t kChunkEntrySize = 32;
+constexpr std::size_t kOverlayEntrySize = 24;
 
 class Writer {
  public:
@@ -73,8 +75,34 @@ std::uint64_t Manifest::logical_bytes() const {
   return n;
 }
 
+void Manifest::index() {
+  first_page.assign(chunks.size() + 1, 0);
+  for (std::size_t i = 0; i < chunks.size(); ++i) first_page[i + 1] = first_page[i] + (paged ? pages_in(chunks[i].length) : 0);
+  first_overlay.assign(chunks.size() + 1, 0);
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    first_overlay[i] = static_cast<std::uint32_t>(k);
+    while (k < overlays.size() && overlays[k].chunk == i) ++k;
+  }
+  first_overlay[chunks.size()] = static_cast<std::uint32_t>(k);
+}
+
+std::uint64_t manifest_checksum(std::string_view encoded) {
+  std::uint64_t sum = 0;
+  if (encoded.size() >= kTrailerSize) std::memcpy(&sum, encoded.data() + encoded.size() - kTrailerSize, 8);
+  return sum;
+}
+
 std::string encode_manifest(const Manifest& m) {
+  std::string out;
+  encode_manifest(m, out);
+  return out;
+}
+
+void encode_manifest(const Manifest& m, std::string& into) {
   Writer w;
+  w.out = std::move(into);
+  w.out.clear();
   w.out.append(kMagic, 8);
   w.put<std::uint32_t>(kManifestVersion);
   w.put<std::uint32_t>(m.flags);
@@ -97,19 +125,34 @@ std::string encode_manifest(const Manifest& m) {
     w.put<std::uint64_t>(r.first_chunk);
     w.put<std::uint64_t>(r.chunk_count);
   }
-  w.out.reserve(w.out.size() + m.chunks.size() * kChunkEntrySize + kTrailerSize);
+  // The tables are most of the bytes: written by memcpy into space sized once.
+  const std::size_t at = w.out.size();
+  w.out.resize(at + m.chunks.size() * kChunkEntrySize + 8 + m.overlays.size() * kOverlayEntrySize);
+  char* out = w.out.data() + at;
+  auto put = [&out](auto v) {
+    std::memcpy(out, &v, sizeof v);
+    out += sizeof v;
+  };
   for (auto& c : m.chunks) {
-    w.put<std::uint64_t>(c.hash.lo);
-    w.put<std::uint64_t>(c.hash.hi);
-    w.put<std::uint32_t>(c.pack);
-    w.put<std::uint32_t>(c.length);
-    w.put<std::uint64_t>(c.offset);
+    put(c.hash.lo);
+    put(c.hash.hi);
+    put(c.pack);
+    put(c.length);
+    put(c.offset);
   }
+  put(static_cast<std::uint64_t>(m.overlays.size()));
+  for (auto& o : m.overlays) {
+    put(o.chunk);
+    put(o.page);
+    put(o.pack);
+    put(o.offset);
+  }
+  w.out.reserve(w.out.size() + kTrailerSize);
   std::uint64_t body = w.out.size();
   std::memcpy(w.out.data() + 16, &body, 8);
   w.put<std::uint64_t>(hash64(w.out.data(), body));
   w.out.append(kEndMagic, 8);
-  return std::move(w.out);
+  into = std::move(w.out);
 }
 
 Manifest decode_manifest(std::string_view bytes, const std::string& where) {
@@ -166,7 +209,7 @@ Manifest decode_manifest(std::string_view bytes, const std::string& where) {
     reg.chunk_count = in.get<std::uint64_t>();
     m.regions.push_back(std::move(reg));
   }
-  if (chunk_count > in.remaining() / kChunkEntrySize || in.remaining() != chunk_count * kChunkEntrySize)
+  if (chunk_count > in.remaining() / kChunkEntrySize || (version < 3 && in.remaining() != chunk_count * kChunkEntrySize))
     in.fail("chunk table size does not match its count");
   m.chunks.resize(chunk_count);
   for (auto& c : m.chunks) {
@@ -175,6 +218,26 @@ Manifest decode_manifest(std::string_view bytes, const std::string& where) {
     c.pack = in.get<std::uint32_t>();
     c.length = in.get<std::uint32_t>();
     c.offset = in.get<std::uint64_t>();
+  }
+  m.paged = version >= 3;
+  if (m.paged) {
+    auto overlay_count = in.get<std::uint64_t>();
+    if (overlay_count > in.remaining() / kOverlayEntrySize || in.remaining() != overlay_count * kOverlayEntrySize)
+      in.fail("overlay table size does not match its count");
+    m.overlays.resize(overlay_count);
+    for (std::size_t k = 0; k < m.overlays.size(); ++k) {
+      auto& o = m.overlays[k];
+      o.chunk = in.get<std::uint64_t>();
+      o.page = in.get<std::uint32_t>();
+      o.pack = in.get<std::uint32_t>();
+      o.offset = in.get<std::uint64_t>();
+      bool zero_page = o.pack == 0 && o.offset == 0;  // the page is all zero, not stored
+      if (o.chunk >= chunk_count || o.page >= pages_in(m.chunks[o.chunk].length) ||
+          (!zero_page && (o.pack == 0 || o.offset < 4096 || o.offset % 4096 != 0 || o.offset > (1ull << 62))))
+        in.fail("overlay " + std::to_string(k) + " is impossible");
+      if (k > 0 && std::tie(m.overlays[k - 1].chunk, m.overlays[k - 1].page) >= std::tie(o.chunk, o.page))
+        in.fail("overlay table is not in order");
+    }
   }
   // Tables must describe exactly the regions' bytes.
   std::uint64_t next = 0;
@@ -194,6 +257,8 @@ Manifest decode_manifest(std::string_view bytes, const std::string& where) {
   }
   if (next != chunk_count) in.fail("chunks not covered by regions");
   if (logical != m.logical_bytes()) in.fail("logical size inconsistent");
+  m.checksum = manifest_checksum(bytes);
+  m.index();
   return m;
 }
 

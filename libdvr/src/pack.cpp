@@ -92,6 +92,51 @@ Packs::Packs(std::string dir, std::string store_uuid) : dir_(std::move(dir)), uu
 
 Packs::~Packs() {
   for (auto& [id, m] : reads_) unmap(m);
+  for (auto& [id, h] : hash_maps_)
+    if (h.addr) ::munmap(h.addr, kHashFileSize);
+}
+
+std::string Packs::hash_path_of(std::uint32_t pack) const {
+  char name[32];
+  std::snprintf(name, sizeof name, "/%08u.hash", pack);
+  return dir_ + name;
+}
+
+std::uint64_t* Packs::hash_map(std::uint32_t pack, bool writable) {
+  auto it = hash_maps_.find(pack);
+  if (it != hash_maps_.end() && (it->second.writable || !writable)) return it->second.addr;
+  if (it != hash_maps_.end()) {
+    ::munmap(it->second.addr, kHashFileSize);
+    hash_maps_.erase(it);
+  }
+  std::string path = hash_path_of(pack);
+  HashMap h;
+  try {
+    h.fd = open_or_throw(path, writable ? O_RDWR | O_CREAT : O_RDONLY, 0600);
+    struct stat st {};
+    if (::fstat(h.fd.get(), &st) != 0) return nullptr;
+    if (static_cast<std::uint64_t>(st.st_size) != kHashFileSize) {
+      // New (or cut short): sparse, so it costs only the pages written.
+      FileSizeSignalGuard guard;
+      if (!writable || ::ftruncate(h.fd.get(), static_cast<off_t>(kHashFileSize)) != 0) return nullptr;
+    }
+    void* addr = ::mmap(nullptr, kHashFileSize, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, h.fd.get(), 0);
+    if (addr == MAP_FAILED) return nullptr;
+    h.addr = static_cast<std::uint64_t*>(addr);
+    h.writable = writable;
+    h.ino = static_cast<std::uint64_t>(st.st_ino);
+  } catch (const Error&) {
+    return nullptr;  // missing (a pack written before page hash files), unreadable: hashes are recomputed
+  }
+  return hash_maps_.emplace(pack, std::move(h)).first->second.addr;
+}
+
+bool Packs::stored_hashes(std::uint32_t pack, std::uint64_t offset, std::size_t pages, std::uint64_t* out) {
+  if (offset % kPageSize != 0 || offset / kPageSize + pages > kHashFileSize / 8) return false;
+  const std::uint64_t* h = hash_map(pack, false);
+  if (!h) return false;
+  std::memcpy(out, h + offset / kPageSize, pages * 8);
+  return true;
 }
 
 std::string Packs::path_of(std::uint32_t pack) const {
@@ -186,7 +231,7 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
   if (offset < kPackHeaderSize || offset + length > slot->size)
     throw Error(Errc::io, "internal error: write of [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
                               ") outside " + path);
-  return PackWriter(slot.get(), offset, length);
+  return PackWriter(slot.get(), offset, length, hash_map(pack, true));
 }
 
 void Packs::end_writes() { retired_.clear(); }
@@ -205,8 +250,8 @@ void Packs::forget_populated() {
     if (w) std::fill(w->populated.begin(), w->populated.end(), 0);
 }
 
-PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length)
-    : map_(map), offset_(offset), length_(length) {
+PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes)
+    : map_(map), offset_(offset), length_(length), hashes_(hashes) {
   base_ = map_->map->address() + offset;
   memcpy_ = reinterpret_cast<void*>(pmem2_get_memcpy_fn(map_->map->get()));
 }
@@ -238,18 +283,37 @@ void PackWriter::reserve(std::uint64_t rel, std::uint64_t len) {
   for (std::uint64_t p = first; p <= last; ++p) map_->populated[p / 64] |= 1ull << (p % 64);
 }
 
-void PackWriter::release(std::uint64_t rel, std::uint64_t len) {
-  if (len == 0) return;
-  // Best effort: the range is free space either way, and gc punches it too.
-  ::fallocate(map_->fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset_ + rel), static_cast<off_t>(len));
-  map_->forget(offset_ + rel, len);
-}
-
 void PackWriter::copy(std::uint64_t rel, const void* src, std::size_t len) {
-  reinterpret_cast<pmem2_memcpy_fn>(memcpy_)(base_ + rel, src, len, PMEM2_F_MEM_NONTEMPORAL | PMEM2_F_MEM_NODRAIN);
+  reinterpret_cast<pmem2_memcpy_fn>(memcpy_)(base_ + rel, src, len,
+                                             PMEM2_F_MEM_NONTEMPORAL | PMEM2_F_MEM_NODRAIN | PMEM2_F_MEM_NOFLUSH);
+  end_ = std::max(end_, rel + len);
 }
 
-void PackWriter::finish() { pmem2_get_drain_fn(map_->map->get())(); }
+void PackWriter::set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count) {
+  if (!hashes_ || count == 0) return;  // no hash file: readers recompute them
+  std::uint64_t first = (offset_ + rel) / kPageSize;
+  if (first + count > kHashFileSize / 8) return;
+  std::memcpy(hashes_ + first, hashes, count * 8);
+  hash_lo_ = std::min(hash_lo_, first);
+  hash_hi_ = std::max(hash_hi_, first + count);
+}
+
+void PackWriter::finish() {
+  if (hash_lo_ < hash_hi_) {
+    // The hashes go to storage with the data (before the manifest that uses
+    // them is published). Best effort: a lost hash is recomputed when read.
+    auto page = [](std::uint64_t byte) { return byte & ~(kPageSize - 1); };
+    std::uint64_t b = page(hash_lo_ * 8), e = hash_hi_ * 8;
+    ::msync(reinterpret_cast<char*>(hashes_) + b, e - b, MS_SYNC);
+    hash_lo_ = UINT64_MAX;
+    hash_hi_ = 0;
+  }
+  // The copies asked for no flush: flush everything written once (cache
+  // lines on PMem, one msync on page-granularity media), then drain.
+  if (end_) pmem2_get_flush_fn(map_->map->get())(base_, end_);
+  end_ = 0;
+  pmem2_get_drain_fn(map_->map->get())();
+}
 
 void Packs::unmap(ReadMap& m) {
   if (m.addr) ::munmap(const_cast<char*>(m.addr), m.size);
@@ -257,6 +321,16 @@ void Packs::unmap(ReadMap& m) {
 }
 
 void Packs::refresh_mappings() {
+  for (auto it = hash_maps_.begin(); it != hash_maps_.end();) {
+    struct stat st {};
+    if (::stat(hash_path_of(it->first).c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == it->second.ino &&
+        static_cast<std::uint64_t>(st.st_size) == kHashFileSize) {
+      ++it;
+    } else {
+      ::munmap(it->second.addr, kHashFileSize);
+      it = hash_maps_.erase(it);
+    }
+  }
   for (auto it = reads_.begin(); it != reads_.end();) {
     struct stat st {};
     bool same = ::stat(path_of(it->first).c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == it->second.ino &&

@@ -16,12 +16,19 @@
 #include <vector>
 
 #include "dvr/store.hpp"
+#include "hash.hpp"
+#include "os.hpp"
 
 namespace dvr::detail {
 
-inline constexpr std::uint64_t kPageSize = 4096;
 inline constexpr std::uint64_t kPackHeaderSize = 4096;
 inline constexpr std::uint32_t kPackVersion = 1;
+inline constexpr std::uint64_t kMaxPackSize = 4ull << 30;
+/// Page hash files (docs/format.md): packs/N.hash holds page_hash() of each
+/// page of pack N as it was written, 8 bytes per page, at (offset / 4096) * 8;
+/// sparse, of this fixed size. They are a cache: every use is checked against
+/// the tree hash of the chunk in its manifest.
+inline constexpr std::uint64_t kHashFileSize = kMaxPackSize / kPageSize * 8;
 
 inline std::uint64_t round_up_page(std::uint64_t n) { return (n + kPageSize - 1) & ~(kPageSize - 1); }
 
@@ -77,6 +84,10 @@ class Packs {
   /// Forgets mappings of files that were deleted, replaced or resized.
   void refresh_mappings();
 
+  /// Copies the page hashes stored for `pages` pages at `offset` of `pack`
+  /// into `out`. false (out unchanged) when the pack has no page hash file.
+  bool stored_hashes(std::uint32_t pack, std::uint64_t offset, std::size_t pages, std::uint64_t* out);
+
  private:
   struct ReadMap {
     const char* addr = nullptr;
@@ -93,34 +104,48 @@ class Packs {
 
   std::string dir_;
   std::string uuid_;
+  struct HashMap {
+    Fd fd;
+    std::uint64_t* addr = nullptr;  // kHashFileSize bytes
+    bool writable = false;
+    std::uint64_t ino = 0;
+  };
+  // The page hash file of `pack`, mapped (writable: created if missing);
+  // nullptr when it cannot be.
+  std::uint64_t* hash_map(std::uint32_t pack, bool writable);
+  std::string hash_path_of(std::uint32_t pack) const;
+  std::map<std::uint32_t, HashMap> hash_maps_;
   std::map<std::uint32_t, ReadMap> reads_;
   std::map<std::uint32_t, std::unique_ptr<WriteMap>> writes_;
   std::vector<std::unique_ptr<WriteMap>> retired_;
   std::uint64_t write_clock_ = 0;
 };
 
-/// Writes chunk data into one extent of a pack. reserve() and copy() may be
-/// called from several threads for disjoint ranges; finish() makes everything
-/// copied persistent. Offsets are relative to the extent.
+/// Writes chunk data into one extent of a pack, from one thread; finish()
+/// makes everything copied persistent. Offsets are relative to the extent.
 class PackWriter {
  public:
   /// Makes [rel, rel+len) writable: reserves it on the file system (throws
   /// no_space, leaving it free space) and populates its page tables.
   void reserve(std::uint64_t rel, std::uint64_t len);
-  /// Gives [rel, rel+len) back to the file system (it was reserved but not used).
-  void release(std::uint64_t rel, std::uint64_t len);
   /// Copies with non-temporal stores (PMEM2_F_MEM_NONTEMPORAL) into a
-  /// reserved range; persistence is completed by finish().
+  /// reserved range; persistence is completed by finish() (one flush for the
+  /// whole extent: on page-granularity media each flush is an msync).
   void copy(std::uint64_t rel, const void* src, std::size_t len);
+  /// Records the page hashes of the pages copied at rel (page-aligned).
+  void set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count);
   void finish();
 
  private:
   friend class Packs;
-  PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length);
+  PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes);
   Packs::WriteMap* map_;
   std::uint64_t offset_, length_;
   char* base_;
   void* memcpy_;
+  std::uint64_t end_ = 0;  // end of the bytes copied so far
+  std::uint64_t* hashes_;  // the pack's page hash file, or nullptr
+  std::uint64_t hash_lo_ = UINT64_MAX, hash_hi_ = 0;  // pages whose hashes were set
 };
 
 /// Decides the store's medium by mapping `probe_file` (4096 bytes) through

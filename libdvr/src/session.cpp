@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "dvr/session.hpp"
+#include "chunks.hpp"
 #include "dirty.hpp"
 #include "memops.hpp"
 #include "store_impl.hpp"
@@ -56,6 +57,14 @@ struct Session::State {
   // The manifest of `head` while live memory equals it except for pages the
   // tracker reports as written; empty when that is not known.
   std::optional<Manifest> base;
+  // The previous base, kept for its memory: the next snapshot's manifest is
+  // built in it (megabytes of tables for large regions, which fresh memory
+  // would have to fault in page by page).
+  Manifest spare;
+  void replace_base(Manifest&& m) {
+    if (base) spare = std::move(*base);
+    base = std::move(m);
+  }
 
   // Autosave: period (0 = off), how many to keep, next number, last snapshot.
   std::chrono::milliseconds autosave_every{0};
@@ -68,8 +77,14 @@ struct Session::State {
   // Region-relative byte ranges written since `base`, sorted; false when
   // unknown (not tracked, or tracking was lost), i.e. everything may differ.
   bool written_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out);
+  // Like written_since_base(), but for a region the tracker does not cover,
+  // finds the pages whose hashes differ from the base's (hash mode); false
+  // when there is no base to compare with.
+  // *tracked tells which of the two it was.
+  bool changed_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out, bool* tracked);
   // After a successful snapshot or restore: protect the written pages again.
-  void rearm();
+  // `written` estimates how many bytes were written since they were protected.
+  void rearm(std::uint64_t written);
   const ManifestRegion* base_region(const Region& r) const;
 };
 
@@ -138,10 +153,39 @@ bool Session::State::written_since_base(const Region& r, std::vector<std::pair<s
   return true;
 }
 
-void Session::State::rearm() {
+bool Session::State::changed_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out, bool* tracked) {
+  *tracked = written_since_base(r, out);
+  if (*tracked) return true;
+  out.clear();
+  const ManifestRegion* br = base_region(r);
+  if (!br || !base->paged) return false;
+  // The region's pages are consecutive in the base's page hash table.
+  const std::uint64_t* expect = base->page_hashes.data() + base->first_page[br->first_chunk];
+  const std::size_t pages = detail::pages_in(r.size());
+  std::vector<char> differs(pages, 0);
+  auto data = static_cast<const char*>(r.data());
+  detail::parallel_for(pages, r.size(), [&](std::size_t b, std::size_t e) {
+    for (std::size_t p = b; p < e; ++p) {
+      std::size_t len = std::min<std::uint64_t>(detail::kPageSize, r.size() - p * detail::kPageSize);
+      differs[p] = detail::page_hash(data + p * detail::kPageSize, len) != expect[p];
+    }
+  });
+  for (std::size_t p = 0; p < pages; ++p) {
+    if (!differs[p]) continue;
+    std::uint64_t lo = p * detail::kPageSize, hi = std::min<std::uint64_t>(lo + detail::kPageSize, r.size());
+    if (!out.empty() && out.back().second == lo) out.back().second = hi;
+    else out.emplace_back(lo, hi);
+  }
+  return true;
+}
+
+void Session::State::rearm(std::uint64_t written) {
   if (!tracker) return;
   // Protecting a gigabyte of written pages again takes ~10 ms: split the work
-  // into page-aligned pieces and use every core.
+  // into page-aligned pieces and use every core. For a few pages, one thread:
+  // protecting pages while another CPU runs this process makes every page
+  // table walk flush that CPU's TLB too (an interrupt each), which costs far
+  // more than the walk.
   constexpr std::uintptr_t kPiece = 64u << 20;
   struct Piece {
     RegionTrack* track;
@@ -157,7 +201,7 @@ void Session::State::rearm() {
     bytes += t.tracked.second - t.tracked.first;
   }
   std::vector<char> lost(pieces.size(), 0);
-  detail::parallel_for(pieces.size(), bytes / 64, [&](std::size_t b, std::size_t e) {
+  detail::parallel_for(pieces.size(), written < (64u << 20) ? 0 : bytes / 64, [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; ++i) lost[i] = !tracker->reprotect(pieces[i].range);
   });
   for (std::size_t i = 0; i < pieces.size(); ++i) {
@@ -302,7 +346,32 @@ void Session::untrack(const std::string& name) {
   rs.erase(it);
 }
 
+namespace {
+
+// Region-relative byte ranges -> per-page and per-chunk "written" marks.
+struct WrittenPages {
+  std::vector<char> page;   // page of the region written since the base
+  std::vector<char> chunk;  // chunk holds a written page
+  WrittenPages(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges, std::uint64_t size, std::uint32_t chunk_size)
+      : page(detail::pages_in(size), 0), chunk((size + chunk_size - 1) / chunk_size, 0) {
+    for (auto& [b, e] : ranges)
+      for (std::uint64_t p = b / detail::kPageSize; p * detail::kPageSize < e && p < page.size(); ++p) {
+        page[p] = 1;
+        chunk[p * detail::kPageSize / chunk_size] = 1;
+      }
+  }
+};
+
+enum class Plan : std::uint8_t { inherit, patch, whole };
+
+// Work estimate for parallel_for: scattered pages cost far more than their
+// bytes (a page-table walk and often a fault each), so each counts as 16 KiB.
+constexpr std::uint64_t kPageWork = 16u << 10;
+
+}  // namespace
+
 SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& options) {
+  using detail::kPageSize;
   detail::check_name("snapshot", name);
   StoreImpl& store = *state_->store.impl_;
   const std::string ref = StoreImpl::ref(state_->name, name);
@@ -310,43 +379,48 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
     throw Error(Errc::invalid_argument, "session '" + state_->name + "' has no regions to snapshot as '" + name +
                                             "'; track() or alloc() memory first");
 
-  Manifest m;
+  Manifest m = std::move(state_->spare);
+  state_->spare = Manifest{};
+  m.regions.clear();
+  m.chunks.clear();
+  m.page_hashes.clear();
+  m.overlays.clear();
+  m.untrusted.clear();
+  m.paged = true;
   m.session = state_->name;
   m.name = name;
   m.parent = state_->head;
   m.label = options.label;
   m.chunk_size = store.chunk_size;
+  const std::uint32_t pages_per_chunk = detail::pages_in(m.chunk_size);
   std::vector<const char*> src;
-  // Chunks with no page written since the base snapshot are taken from its
-  // manifest; only the others (`todo`) are read.
-  std::vector<char> from_base;
+  // Per region: the pages written since the base, when the tracker knows them.
+  std::vector<std::optional<WrittenPages>> written(state_->regions.size());
+  std::vector<const ManifestRegion*> base_regions(state_->regions.size(), nullptr);
   bool tracked_any = false;
-  for (auto& r : state_->regions) {
-    std::uint64_t count = (r->size() + m.chunk_size - 1) / m.chunk_size;
-    const std::size_t first = m.chunks.size();
-    m.regions.push_back({r->name(), r->size(), r->sdk_owned(), first, count});
-    auto base = static_cast<const char*>(r->data());
+  std::uint64_t written_bytes = 0;
+  for (std::size_t ri = 0; ri < state_->regions.size(); ++ri) {
+    Region& r = *state_->regions[ri];
+    std::uint64_t count = (r.size() + m.chunk_size - 1) / m.chunk_size;
+    m.regions.push_back({r.name(), r.size(), r.sdk_owned(), m.chunks.size(), count});
+    auto base = static_cast<const char*>(r.data());
     for (std::uint64_t i = 0; i < count; ++i) {
       ChunkRef c;
-      c.length = static_cast<std::uint32_t>(std::min<std::uint64_t>(m.chunk_size, r->size() - i * m.chunk_size));
+      c.length = static_cast<std::uint32_t>(std::min<std::uint64_t>(m.chunk_size, r.size() - i * m.chunk_size));
       m.chunks.push_back(c);
       src.push_back(base + i * m.chunk_size);
-      from_base.push_back(0);
     }
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
-    if (state_->written_since_base(*r, written)) {
-      tracked_any = true;
-      const ManifestRegion* br = state_->base_region(*r);
-      for (std::uint64_t i = 0; i < count; ++i) {
-        m.chunks[first + i] = state_->base->chunks[br->first_chunk + i];
-        from_base[first + i] = 1;
-      }
-      for (auto& [wb, we] : written)
-        for (std::uint64_t i = wb / m.chunk_size; i * m.chunk_size < we && i < count; ++i) from_base[first + i] = 0;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+    bool tracked = false;
+    if (state_->changed_since_base(r, ranges, &tracked)) {
+      tracked_any = tracked_any || tracked;
+      for (auto& [b, e] : ranges) written_bytes += e - b;
+      written[ri].emplace(ranges, r.size(), m.chunk_size);
+      base_regions[ri] = state_->base_region(r);
     }
   }
-
-  for (auto& c : m.chunks) detail::is_zero_chunk(c.hash, c.length);  // warm the zero-hash cache
+  m.index();
+  m.page_hashes.assign(m.first_page.back(), 0);
 
   std::lock_guard<std::mutex> guard(store.mu);
   StoreImpl::Lock lock(store, true);
@@ -357,37 +431,76 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
     // Replacing the head: the new version takes the old one's place in the
     // timeline instead of becoming its own parent.
     try {
-      m.parent = store.load_manifest(m.session, name).parent;
+      m.parent = store.load_manifest(m.session, name, nullptr, false).parent;
     } catch (const Error&) {
       m.parent.clear();
     }
   }
   store.packs->map_all();
 
-  // A chunk taken from the base must still be stored: the base snapshot may
-  // have been removed and its space reused since. Such chunks are read again.
-  std::vector<std::size_t> todo;
-  std::uint64_t total = 0;
-  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
-    auto& c = m.chunks[i];
-    if (from_base[i] && !c.is_zero()) {
-      const ChunkRef* live = store.find_chunk(c.hash, c.length);
-      if (live) {
-        c.pack = live->pack;
-        c.offset = live->offset;
-      } else {
-        from_base[i] = 0;
+  // Chunks with no page written since the base are taken from its manifest,
+  // provided the base is still stored exactly as the session knows it (it may
+  // have been removed and its space reused). A chunk with a few written pages
+  // keeps the base's stored bytes and gets those pages stored apart
+  // (overlays); other chunks are hashed and stored whole.
+  const Manifest* base = state_->base && state_->base->paged &&
+                                 store.manifest_indexed(state_->base->session, state_->base->name, state_->base->checksum)
+                             ? &*state_->base
+                             : nullptr;
+  std::vector<Plan> plan(m.chunks.size(), Plan::whole);
+  std::vector<std::size_t> base_chunk(m.chunks.size(), 0);
+  // Patched chunk i: its written pages are pages[page_from[i] .. page_from[i+1]).
+  std::vector<std::uint32_t> pages;
+  std::vector<std::uint32_t> page_from(m.chunks.size() + 1, 0);
+  for (std::size_t ri = 0; base && ri < m.regions.size(); ++ri) {
+    const ManifestRegion* br = base_regions[ri];
+    if (!written[ri] || !br) continue;
+    const ManifestRegion& mr = m.regions[ri];
+    for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
+      std::size_t i = mr.first_chunk + j, bi = br->first_chunk + j;
+      base_chunk[i] = bi;
+      page_from[i] = page_from[i + 1] = static_cast<std::uint32_t>(pages.size());
+      if (!base->trusted(bi)) continue;  // its stored copy is damaged: read the live bytes again
+      if (!written[ri]->chunk[j]) {
+        plan[i] = Plan::inherit;
+        continue;
       }
-    }
-    if (!from_base[i]) {
-      todo.push_back(i);
-      total += m.chunks[i].length;
+      for (std::uint32_t p = 0; p < m.pages_of(i); ++p)
+        if (written[ri]->page[j * pages_per_chunk + p]) pages.push_back(p);
+      std::size_t apart = base->first_overlay[bi + 1] - base->first_overlay[bi] + pages.size() - page_from[i];
+      if (apart * 4 <= m.pages_of(i)) plan[i] = Plan::patch;
+      else pages.resize(page_from[i]);
+      page_from[i + 1] = static_cast<std::uint32_t>(pages.size());
     }
   }
-  // Bytes todo[k] onward would need if every chunk were new: bounds the size
-  // of the pack blocks a thread asks for near the end of its slice.
-  std::vector<std::uint64_t> slot(todo.size() + 1, 0);
-  for (std::size_t k = 0; k < todo.size(); ++k) slot[k + 1] = slot[k] + detail::round_up_page(m.chunks[todo[k]].length);
+  // (Ranges are meaningful for patched chunks only.)
+  auto patch_count = [&](std::size_t i) { return page_from[i + 1] - page_from[i]; };
+  std::vector<std::size_t> todo;
+  std::vector<std::uint64_t> slot{0};  // slot[k]: bytes todo[0..k) could need at most
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
+    if (plan[i] == Plan::inherit) {
+      m.chunks[i] = base->chunks[base_chunk[i]];
+      std::copy_n(base->hashes_of(base_chunk[i]), m.pages_of(i), m.page_hashes.begin() + static_cast<std::ptrdiff_t>(m.first_page[i]));
+      continue;
+    }
+    std::uint64_t need = plan[i] == Plan::patch ? patch_count(i) * kPageSize : detail::round_up_page(m.chunks[i].length);
+    todo.push_back(i);
+    slot.push_back(slot.back() + need);
+    total += plan[i] == Plan::patch ? patch_count(i) * kPageWork : need;
+  }
+  // The overlays of patched chunk i go to patched[ov_from[i] ..], ov_count[i]
+  // of them (room for the base's and one per written page). Sized here, so
+  // that the workers allocate nothing.
+  std::vector<std::size_t> ov_from(m.chunks.size(), 0);
+  std::vector<std::uint32_t> ov_count(m.chunks.size(), 0);
+  std::size_t ov_room = 0;
+  for (std::size_t i : todo)
+    if (plan[i] == Plan::patch) {
+      ov_from[i] = ov_room;
+      ov_room += base->first_overlay[base_chunk[i] + 1] - base->first_overlay[base_chunk[i]] + patch_count(i);
+    }
+  std::vector<detail::Overlay> patched(ov_room);
 
   StoreImpl::AllocationScope allocation(store);
 
@@ -407,8 +520,8 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
     } block;
     // Blocks start at an eighth of what the slice could need (at least 1 MiB)
     // and double: few blocks for big snapshots, small ones for small snapshots.
-    std::uint64_t block_size = std::clamp((slot[e] - slot[b]) / 8, kMinBlock, kMaxBlock);
-    std::uint64_t step = kMinReserveStep, written = 0;
+    std::uint64_t block_size = detail::round_up_page(std::clamp((slot[e] - slot[b]) / 8, kMinBlock, kMaxBlock));
+    std::uint64_t step = kMinReserveStep, written_here = 0;
     std::unordered_map<detail::Hash128, std::size_t, detail::Hash128Hasher> mine;
     struct {
       std::uint64_t dst = 0;
@@ -422,17 +535,104 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
     auto close_block = [&] {
       if (!block.writer) return;
       flush();
-      block.writer->release(block.used, block.reserved - block.used);  // reserved but not needed
+      // Space reserved but not used stays allocated: it is free space the next
+      // snapshot fills without faulting its pages in again (gc punches it).
       block.writer->finish();  // on this thread: drains its own non-temporal stores
       block.writer.reset();
+    };
+    // Stores `len` bytes from `from`, whose page hashes are `hashes`, in free
+    // pack space; k: position in todo.
+    auto place = [&](std::size_t k, const char* from, std::uint64_t len, const std::uint64_t* hashes) -> detail::PageLoc {
+      std::uint64_t need = detail::round_up_page(len);
+      if (!block.writer || block.used + need > block.length) {
+        close_block();
+        std::uint64_t size = std::max(need, std::min(block_size, slot[e] - slot[k]));
+        block_size = std::min(block_size * 2, kMaxBlock);
+        auto placed = allocation.take(size);
+        block.at = placed.first;
+        block.length = size;
+        block.used = block.reserved = 0;
+        block.writer.emplace(std::move(placed.second));
+      }
+      if (block.used + need > block.reserved) {
+        // Reserve in growing steps: few calls for big snapshots, little
+        // over-reservation for small ones.
+        std::uint64_t take = std::min(std::max(step, block.used + need - block.reserved), block.length - block.reserved);
+        block.writer->reserve(block.reserved, take);
+        block.reserved += take;
+        step = std::min(step * 2, kMaxReserveStep);
+      }
+      if (run.len && run.src + run.len == from && run.dst + run.len == block.used && run.len < kMaxRun) {
+        run.len += len;
+      } else {
+        flush();
+        run = {block.used, from, len};
+      }
+      detail::PageLoc at{block.at.pack, block.at.offset + block.used};
+      block.writer->set_hashes(block.used, hashes, detail::pages_in(len));
+      block.used += need;
+      written_here += need;
+      return at;
     };
     try {
       for (std::size_t k = b; k < e; ++k) {
         const std::size_t i = todo[k];
         auto& c = m.chunks[i];
-        c.hash = detail::hash128(src[i], c.length);
-        if (detail::is_zero_chunk(c.hash, c.length) && detail::all_zero(src[i], c.length)) {
+        std::uint64_t* hashes = m.page_hashes.data() + m.first_page[i];
+        const std::uint32_t npages = m.pages_of(i);
+        if (k + 1 < e && plan[todo[k + 1]] == Plan::patch) {
+          // Written pages are scattered: start loading the next chunk's
+          // while this one is hashed, instead of stalling on each in turn.
+          const std::size_t next = todo[k + 1];
+          for (std::uint32_t x = page_from[next]; x < page_from[next + 1]; ++x)
+            for (std::uint64_t line = 0; line < 512; line += 64) __builtin_prefetch(src[next] + pages[x] * kPageSize + line);
+        }
+        if (plan[i] == Plan::patch) {
+          // The base's stored bytes, with the written pages that changed
+          // stored apart.
+          const std::size_t bi = base_chunk[i];
+          detail::ChunkView was = detail::view_of(*base, bi);
+          c = *was.ref;
+          std::copy_n(was.pages, npages, hashes);
+          detail::Overlay* ov = patched.data() + ov_from[i];
+          std::uint32_t n_ov = static_cast<std::uint32_t>(was.overlay_count);
+          std::copy_n(was.overlays, n_ov, ov);
+          for (std::uint32_t x = page_from[i]; x < page_from[i + 1]; ++x) {
+            const std::uint32_t p = pages[x];
+            const char* now = src[i] + p * kPageSize;
+            const std::uint32_t len = was.page_length(p);
+            const std::uint64_t h = detail::page_hash(now, len);
+            if (h == was.pages[p]) {
+              // Written but perhaps unchanged: compare with the stored page.
+              detail::PageLoc at = was.location(p);
+              const char* old = at.pack ? store.packs->mapped(at.pack, at.offset, len) : nullptr;
+              if (at.pack ? old && std::memcmp(old, now, len) == 0 : detail::all_zero(now, len)) continue;
+            }
+            hashes[p] = h;
+            detail::Overlay o{i, p, 0, 0};
+            if (!(h == detail::zero_page_hash(len) && detail::all_zero(now, len))) {
+              detail::PageLoc at = place(k, now, len, &h);
+              o.pack = at.pack;
+              o.offset = at.offset;
+            }
+            std::uint32_t pos = 0;
+            while (pos < n_ov && ov[pos].page < p) ++pos;
+            if (pos == n_ov || ov[pos].page != p) {
+              std::copy_backward(ov + pos, ov + n_ov, ov + n_ov + 1);
+              ++n_ov;
+            }
+            ov[pos] = o;
+          }
+          for (std::uint32_t x = 0; x < n_ov; ++x) ov[x].chunk = i;
+          ov_count[i] = n_ov;
+          c.hash = detail::tree_hash(hashes, npages);
+          continue;
+        }
+        detail::hash_pages(src[i], c.length, hashes);
+        c.hash = detail::tree_hash(hashes, npages);
+        if (detail::is_zero_tree(c.hash, c.length) && detail::all_zero(src[i], c.length)) {
           c.pack = 0;
+          c.offset = 0;
           continue;
         }
         // Reuse a stored copy only if it holds exactly these bytes: a hash match
@@ -452,36 +652,10 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
           c.offset = known->offset;
           continue;
         }
-        std::uint64_t need = detail::round_up_page(c.length);
-        if (!block.writer || block.used + need > block.length) {
-          close_block();
-          std::uint64_t size = std::max(need, std::min(block_size, slot[e] - slot[k]));
-          block_size = std::min(block_size * 2, kMaxBlock);
-          auto placed = allocation.take(size);
-          block.at = placed.first;
-          block.length = size;
-          block.used = block.reserved = 0;
-          block.writer.emplace(std::move(placed.second));
-        }
-        if (block.used + need > block.reserved) {
-          // Reserve in growing steps: few calls for big snapshots, little
-          // over-reservation for small ones.
-          std::uint64_t take = std::min(std::max(step, block.used + need - block.reserved), block.length - block.reserved);
-          block.writer->reserve(block.reserved, take);
-          block.reserved += take;
-          step = std::min(step * 2, kMaxReserveStep);
-        }
-        if (run.len && run.src + run.len == src[i] && run.dst + run.len == block.used && run.len < kMaxRun) {
-          run.len += c.length;
-        } else {
-          flush();
-          run = {block.used, src[i], c.length};
-        }
-        c.pack = block.at.pack;
-        c.offset = block.at.offset + block.used;
+        detail::PageLoc at = place(k, src[i], c.length, hashes);
+        c.pack = at.pack;
+        c.offset = at.offset;
         mine.emplace(c.hash, i);
-        block.used += need;
-        written += need;
       }
       close_block();
     } catch (...) {
@@ -489,11 +663,22 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
       if (block.writer) block.writer->finish();
       throw;
     }
-    stored += written;
+    stored += written_here;
   });
 
-  std::uint64_t extent = stored.load();
-  m.stored_bytes = extent;
+  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
+    if (plan[i] == Plan::inherit) {
+      for (std::uint32_t k = base->first_overlay[base_chunk[i]]; k < base->first_overlay[base_chunk[i] + 1]; ++k) {
+        m.overlays.push_back(base->overlays[k]);
+        m.overlays.back().chunk = i;
+      }
+    } else if (plan[i] == Plan::patch) {
+      m.overlays.insert(m.overlays.end(), patched.begin() + static_cast<std::ptrdiff_t>(ov_from[i]),
+                        patched.begin() + static_cast<std::ptrdiff_t>(ov_from[i] + ov_count[i]));
+    }
+  }
+  m.index();
+  m.stored_bytes = stored.load();
   m.chunks_read = todo.size();
   m.flags = tracked_any ? detail::kManifestTrackedWrites : 0;
   m.time_ns = detail::now_ns();
@@ -501,32 +686,40 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   allocation.commit();
   store.index_published(store.manifest_path(m.session, m.name), m);
   // Live memory now equals this snapshot: track writes relative to it.
-  state_->rearm();
-  state_->base = m;
+  state_->rearm(written_bytes);
+  state_->replace_base(std::move(m));
   state_->last_snapshot = std::chrono::steady_clock::now();
   state_->head = name;
-  return detail::info_from_manifest(m);
+  return detail::info_from_manifest(*state_->base);
 }
 
 void Session::restore(const std::string& name) {
+  using detail::kPageSize;
   StoreImpl& store = *state_->store.impl_;
   const std::string ref = StoreImpl::ref(state_->name, name);
   // Under the shared lock nobody can reuse the space of this snapshot's data
   // while it is read.
   std::lock_guard<std::mutex> guard(store.mu);
   StoreImpl::Lock lock(store, false);
-  Manifest m = store.load_manifest(state_->name, name);
+  const Manifest* base = state_->base ? &*state_->base : nullptr;
+  // Rolling back to the base (the usual case: one snapshot, many trials)
+  // needs no reading and decoding of its manifest when it is unchanged.
+  std::optional<Manifest> loaded;
+  if (!base || base->name != name || !store.manifest_unchanged(*base)) loaded = store.load_manifest(state_->name, name);
+  const Manifest& m = loaded ? *loaded : *base;
+  const std::uint32_t pages_per_chunk = detail::pages_in(m.chunk_size);
 
-  // What to copy: [lo, hi) of chunk `chunk` of the target. Every check happens
-  // before the first byte of live memory changes.
+  // What to copy: pages [p0, p1) of chunk `chunk` of the target. Every check
+  // happens before the first byte of live memory changes.
   struct Job {
     std::size_t chunk;
-    std::uint32_t lo, hi;
+    std::uint32_t p0, p1;
   };
   std::vector<Job> jobs;
   std::vector<char*> dst(m.chunks.size());
   std::vector<const ManifestRegion*> region_of(m.chunks.size());
   std::vector<detail::AddrRange> unprotect;  // tracked ranges about to be mostly overwritten
+  std::uint64_t written_bytes = 0;
   for (auto& mr : m.regions) {
     Region* live = nullptr;
     for (auto& r : state_->regions)
@@ -538,94 +731,143 @@ void Session::restore(const std::string& name) {
       throw Error(Errc::invalid_argument, "region '" + mr.name + "' is " + std::to_string(live->size()) + " bytes now but " +
                                               std::to_string(mr.size) + " bytes in snapshot '" + ref +
                                               "'; resize it to match before restoring (nothing was changed)");
-    for (std::uint64_t i = 0; i < mr.chunk_count; ++i) {
-      dst[mr.first_chunk + i] = static_cast<char*>(live->data()) + i * m.chunk_size;
-      region_of[mr.first_chunk + i] = &mr;
+    for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
+      dst[mr.first_chunk + j] = static_cast<char*>(live->data()) + j * m.chunk_size;
+      region_of[mr.first_chunk + j] = &mr;
     }
-    std::uint64_t full_bytes = 0;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
-    if (state_->written_since_base(*live, written)) {
+    std::uint64_t copy_bytes = 0;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+    const ManifestRegion* br = nullptr;
+    std::optional<WrittenPages> w;
+    bool tracked = false;
+    if (state_->changed_since_base(*live, ranges, &tracked)) {
       // Live memory is the base snapshot except the pages written since: copy
-      // the chunks in which the target differs from the base, and the written
-      // pages of the others.
-      const ManifestRegion* br = state_->base_region(*live);
-      std::vector<char> whole(mr.chunk_count, 0);
-      for (std::uint64_t i = 0; i < mr.chunk_count; ++i) {
-        auto& t = m.chunks[mr.first_chunk + i];
-        auto& b = state_->base->chunks[br->first_chunk + i];
-        if (!(t.hash == b.hash) || t.length != b.length) {
-          whole[i] = 1;
-          jobs.push_back({mr.first_chunk + i, 0, t.length});
-          full_bytes += t.length;
-        }
+      // the pages in which the target differs from the base, and the written
+      // pages.
+      br = state_->base_region(*live);
+      for (auto& [b, e] : ranges) written_bytes += e - b;
+      w.emplace(ranges, mr.size, m.chunk_size);
+    }
+    for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
+      const std::size_t i = mr.first_chunk + j;
+      const std::uint32_t n = m.pages_of(i) ? m.pages_of(i) : detail::pages_in(m.chunks[i].length);
+      auto add = [&](std::uint32_t p0, std::uint32_t p1) {
+        jobs.push_back({i, p0, p1});
+        copy_bytes += std::min<std::uint64_t>(p1 * kPageSize, m.chunks[i].length) - p0 * kPageSize;
+      };
+      if (!br) {
+        add(0, n);
+        continue;
       }
-      for (auto& [wb, we] : written)
-        for (std::uint64_t i = wb / m.chunk_size; i * m.chunk_size < we && i < mr.chunk_count; ++i) {
-          if (whole[i]) continue;
-          std::uint64_t cb = i * m.chunk_size;
-          auto lo = static_cast<std::uint32_t>(std::max(wb, cb) - cb);
-          auto hi = static_cast<std::uint32_t>(std::min<std::uint64_t>(we, cb + m.chunks[mr.first_chunk + i].length) - cb);
-          if (lo < hi) jobs.push_back({mr.first_chunk + i, lo, hi});
+      const ChunkRef &t = m.chunks[i], &b = base->chunks[br->first_chunk + j];
+      const bool same_kind = m.paged == base->paged && t.length == b.length && base->trusted(br->first_chunk + j);
+      if (same_kind && t.hash == b.hash && !w->chunk[j]) continue;
+      if (!same_kind || (!m.paged && !(t.hash == b.hash))) {
+        add(0, n);
+        continue;
+      }
+      // Page by page: differing page hashes, or written since the base.
+      const std::uint64_t *th = m.paged ? m.hashes_of(i) : nullptr, *bh = m.paged ? base->hashes_of(br->first_chunk + j) : nullptr;
+      const bool chunk_same = t.hash == b.hash;
+      for (std::uint32_t p = 0; p < n;) {
+        auto needed = [&](std::uint32_t q) { return w->page[j * pages_per_chunk + q] || (!chunk_same && th[q] != bh[q]); };
+        if (!needed(p)) {
+          ++p;
+          continue;
         }
-    } else {
-      for (std::uint64_t i = 0; i < mr.chunk_count; ++i) jobs.push_back({mr.first_chunk + i, 0, m.chunks[mr.first_chunk + i].length});
-      full_bytes = mr.size;
+        std::uint32_t q = p + 1;
+        while (q < n && needed(q)) ++q;
+        add(p, q);
+        p = q;
+      }
     }
     // Writing most of a tracked region page by page would take one protection
     // fault per page: lift the protection first (it is restored afterwards).
     auto& t = state_->tracks[live];
-    if (t.tracked.first != t.tracked.second && full_bytes > mr.size / 8) unprotect.push_back(t.tracked);
+    if (t.tracked.first != t.tracked.second && copy_bytes > mr.size / 8) unprotect.push_back(t.tracked);
   }
 
+  // Check every byte about to be copied: page by page against the page
+  // hashes, or (older formats) whole chunks.
   store.packs->refresh_mappings();
-  std::vector<const char*> src(m.chunks.size(), nullptr);
-  std::vector<std::size_t> sources;  // distinct non-zero chunks some job reads
-  std::uint64_t verify_bytes = 0, copy_bytes = 0;
+  std::uint64_t copy_bytes = 0, work = 0;
+  std::vector<std::size_t> touched;
   for (auto& j : jobs) {
-    auto& c = m.chunks[j.chunk];
-    copy_bytes += j.hi - j.lo;
-    if (c.is_zero() || src[j.chunk]) continue;
-    try {
-      src[j.chunk] = store.packs->read(c.pack, c.offset, c.length);
-    } catch (const Error& e) {
-      throw Error(e.code(), "cannot restore '" + ref + "': " + e.what() + " (live memory was not changed)");
+    copy_bytes += std::min<std::uint64_t>(j.p1 * kPageSize, m.chunks[j.chunk].length) - j.p0 * kPageSize;
+    work += std::max<std::uint64_t>(kPageWork, (j.p1 - j.p0) * kPageSize);
+    if (touched.empty() || touched.back() != j.chunk) touched.push_back(j.chunk);
+  }
+  auto damaged = [&](std::size_t chunk, std::uint64_t lo, std::uint64_t hi, const std::string& why) {
+    auto* mr = region_of[chunk];
+    std::uint64_t off = (chunk - mr->first_chunk) * m.chunk_size;
+    return Error(Errc::corrupt, "snapshot '" + ref + "' is damaged: region '" + mr->name + "' bytes [" + std::to_string(off + lo) + ", " +
+                                    std::to_string(off + hi) + ") " + why +
+                                    "; live memory was not changed — restore another snapshot and run `dvr verify`");
+  };
+  try {
+    for (std::size_t i : touched) detail::map_chunk(*store.packs, detail::view_of(m, i));
+  } catch (const Error& e) {
+    throw Error(e.code(), "cannot restore '" + ref + "': " + e.what() + " (live memory was not changed)");
+  }
+  for (std::size_t i : touched)
+    if (!m.trusted(i)) throw damaged(i, 0, m.chunks[i].length, "do not match the checksum in its manifest");
+  if (!m.paged) {
+    std::string why;
+    std::size_t bad = detail::first_damaged(*store.packs, m, touched, &why);
+    if (bad != SIZE_MAX) throw damaged(touched[bad], 0, m.chunks[touched[bad]].length, "fail their checksum: " + why);
+  } else {
+    std::atomic<std::size_t> bad{SIZE_MAX};
+    std::atomic<std::uint32_t> bad_page{0};
+    detail::parallel_for(jobs.size(), work, [&](std::size_t b, std::size_t e) {
+      for (std::size_t k = b; k < e && bad.load() == SIZE_MAX; ++k) {
+        detail::ChunkView v = detail::view_of(m, jobs[k].chunk);
+        for (std::uint32_t p = jobs[k].p0; p < jobs[k].p1; ++p) {
+          detail::PageLoc at = v.location(p);
+          std::uint32_t len = v.page_length(p);
+          const char* bytes = at.pack ? store.packs->mapped(at.pack, at.offset, len) : nullptr;
+          std::uint64_t h = bytes ? detail::page_hash(bytes, len) : detail::zero_page_hash(len);
+          if ((at.pack && !bytes) || h != v.pages[p]) {
+            std::size_t none = SIZE_MAX;
+            if (bad.compare_exchange_strong(none, k)) bad_page = p;
+            return;
+          }
+        }
+      }
+    });
+    if (bad.load() != SIZE_MAX) {
+      const Job& j = jobs[bad.load()];
+      std::uint64_t lo = std::uint64_t{bad_page.load()} * kPageSize;
+      detail::PageLoc at = detail::view_of(m, j.chunk).location(bad_page.load());
+      throw damaged(j.chunk, lo, std::min<std::uint64_t>(lo + kPageSize, m.chunks[j.chunk].length),
+                    "fail their checksum (" + store.packs->path_of(at.pack) + " offset " + std::to_string(at.offset) + ")");
     }
-    sources.push_back(j.chunk);
-    verify_bytes += c.length;
-  }
-
-  std::vector<const char*> checked_data;
-  std::vector<const ChunkRef*> checked_refs;
-  for (std::size_t i : sources) {
-    checked_data.push_back(src[i]);
-    checked_refs.push_back(&m.chunks[i]);
-  }
-  if (std::size_t k = detail::first_damaged(checked_data, checked_refs, verify_bytes); k != SIZE_MAX) {
-    std::size_t bad = sources[k];
-    auto& c = m.chunks[bad];
-    auto* mr = region_of[bad];
-    std::uint64_t off = (bad - mr->first_chunk) * m.chunk_size;
-    throw Error(Errc::corrupt, "snapshot '" + ref + "' is damaged: region '" + mr->name + "' bytes [" + std::to_string(off) + ", " +
-                                   std::to_string(off + c.length) + ") fail their checksum (" + store.packs->path_of(c.pack) +
-                                   " offset " + std::to_string(c.offset) +
-                                   "); live memory was not changed — restore another snapshot and run `dvr verify`");
   }
 
   // From here on live memory changes; the tracker is re-armed at the end.
   for (auto& r : unprotect) state_->tracker->unprotect(r);
-  detail::parallel_for(jobs.size(), copy_bytes, [&](std::size_t b, std::size_t e) {
+  detail::parallel_for(jobs.size(), work, [&](std::size_t b, std::size_t e) {
     for (std::size_t k = b; k < e; ++k) {
       const Job& j = jobs[k];
-      char* to = dst[j.chunk] + j.lo;
-      std::size_t len = j.hi - j.lo;
-      if (src[j.chunk])
-        detail::copy_nt(to, src[j.chunk] + j.lo, len);
-      else
-        detail::zero_nt(to, len);
+      detail::ChunkView v = detail::view_of(m, j.chunk);
+      const std::uint64_t end = std::min<std::uint64_t>(j.p1 * kPageSize, v.ref->length);
+      if (!v.overlay_count) {
+        // Pages stored together: one copy.
+        char* to = dst[j.chunk] + j.p0 * kPageSize;
+        if (v.ref->is_zero()) detail::zero_nt(to, end - j.p0 * kPageSize);
+        else detail::copy_nt(to, store.packs->mapped(v.ref->pack, v.ref->offset + j.p0 * kPageSize, end - j.p0 * kPageSize), end - j.p0 * kPageSize);
+        continue;
+      }
+      for (std::uint32_t p = j.p0; p < j.p1; ++p) {
+        detail::PageLoc at = v.location(p);
+        std::uint32_t len = v.page_length(p);
+        char* to = dst[j.chunk] + p * kPageSize;
+        if (at.pack) detail::copy_nt(to, store.packs->mapped(at.pack, at.offset, len), len);
+        else detail::zero_nt(to, len);
+      }
     }
   });
-  state_->rearm();
-  state_->base = std::move(m);
+  state_->rearm(written_bytes + copy_bytes);
+  if (loaded) state_->replace_base(std::move(*loaded));
   state_->head = name;
 }
 

@@ -15,6 +15,7 @@
 
 #include "dvr/dvr.hpp"
 #include "memops.hpp"
+#include "chunks.hpp"
 #include "store_impl.hpp"
 
 namespace dvr {
@@ -215,7 +216,42 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive) : fd_(-1) {
 
 StoreImpl::Lock::~Lock() { ::flock(fd_, LOCK_UN); }
 
-Manifest StoreImpl::load_manifest(const std::string& session, const std::string& name, std::string* raw) const {
+void StoreImpl::hydrate(Manifest& m) const {
+  if (!m.paged || m.hydrated()) return;
+  m.page_hashes.assign(m.first_page.back(), 0);
+  m.untrusted.clear();
+  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
+    ChunkView v = view_of(m, i);
+    std::uint64_t* out = m.page_hashes.data() + m.first_page[i];
+    const std::uint32_t n = v.page_count();
+    bool have = true;
+    if (v.ref->is_zero()) {
+      for (std::uint32_t p = 0; p < n; ++p) out[p] = zero_page_hash(v.page_length(p));
+    } else {
+      have = packs->stored_hashes(v.ref->pack, v.ref->offset, n, out);
+    }
+    for (std::size_t k = 0; k < v.overlay_count && have; ++k) {
+      const Overlay& o = v.overlays[k];
+      if (o.pack) have = packs->stored_hashes(o.pack, o.offset, 1, out + o.page);
+      else out[o.page] = zero_page_hash(v.page_length(o.page));
+    }
+    if (have && tree_hash(out, n) == v.ref->hash) continue;
+    // No page hash file, or one that disagrees with the manifest: hash the
+    // stored pages themselves. If they disagree too, the chunk is damaged,
+    // which every reader finds when it checks the pages it uses.
+    try {
+      for (std::uint32_t p = 0; p < n; ++p) {
+        PageLoc at = v.location(p);
+        if (at.pack) out[p] = page_hash(packs->read(at.pack, at.offset, v.page_length(p)), v.page_length(p));
+      }
+    } catch (const Error&) {
+      // Unreadable: left for the reader's checks to report.
+    }
+    if (!(tree_hash(out, n) == v.ref->hash)) m.untrusted.push_back(i);
+  }
+}
+
+Manifest StoreImpl::load_manifest(const std::string& session, const std::string& name, std::string* raw, bool with_page_hashes) const {
   check_name("session", session);
   check_name("snapshot", name);
   std::string file = manifest_path(session, name);
@@ -237,6 +273,7 @@ Manifest StoreImpl::load_manifest(const std::string& session, const std::string&
                                    "' with chunk size " + std::to_string(m.chunk_size) +
                                    "; it was moved or belongs to another store — remove it with `dvr rm`");
   if (raw) *raw = std::move(bytes);
+  if (with_page_hashes) hydrate(m);
   return m;
 }
 
@@ -265,13 +302,25 @@ std::vector<std::string> StoreImpl::snapshot_names(const std::string& session) c
   return out;
 }
 
-void StoreImpl::publish_manifest(const Manifest& m) {
+void StoreImpl::publish_manifest(Manifest& m) {
   if (!path_exists(session_dir(m.session))) {
     make_private_dir(session_dir(m.session));
     fsync_dir(sessions_dir());  // the new session directory must survive a crash too
   }
   require_real_dir(session_dir(m.session));
-  write_file_atomic(tmp_dir(), manifest_path(m.session, m.name), encode_manifest(m));
+  encode_manifest(m, encoded_);
+  m.checksum = manifest_checksum(encoded_);
+  write_file_atomic(tmp_dir(), manifest_path(m.session, m.name), encoded_);
+}
+
+bool StoreImpl::manifest_unchanged(const Manifest& m) const {
+  FileKey key;
+  return key_of(manifest_path(m.session, m.name), key) && key.checksum == m.checksum;
+}
+
+bool StoreImpl::manifest_indexed(const std::string& session, const std::string& name, std::uint64_t checksum) const {
+  auto it = indexed_.find(manifest_path(session, name));
+  return it != indexed_.end() && it->second.key.checksum == checksum;
 }
 
 std::string StoreImpl::read_epoch() const {
@@ -303,32 +352,51 @@ bool StoreImpl::key_of(const std::string& file, FileKey& key) {
   }
 }
 
-std::vector<ChunkRef> StoreImpl::distinct_refs(const Manifest& m) {
-  std::vector<ChunkRef> refs;
-  std::set<std::pair<std::uint32_t, std::uint64_t>> seen;
+std::vector<StoreImpl::Ref> StoreImpl::refs_of(const Manifest& m) {
+  std::vector<Ref> refs;
+  refs.reserve(m.chunks.size() + m.overlays.size());
   for (auto& c : m.chunks)
-    if (!c.is_zero() && seen.emplace(c.pack, c.offset).second) refs.push_back(c);
+    if (!c.is_zero()) refs.push_back({c.offset, c.pack, c.length});
+  for (auto& o : m.overlays)
+    if (o.pack != 0) refs.push_back({o.offset, o.pack, static_cast<std::uint32_t>(kPageSize)});
   return refs;
 }
 
-void StoreImpl::add_refs(const std::vector<ChunkRef>& refs) {
-  for (auto& c : refs) {
-    auto& l = live_[{c.pack, c.offset}];
-    if (l.refs++ == 0) {
-      l.length = c.length;
-      l.hash = c.hash;
+std::vector<StoreImpl::Ref> StoreImpl::add_refs(const Manifest& m) {
+  std::vector<Ref> refs = refs_of(m);
+  std::size_t chunk = 0;
+  for (std::size_t k = 0; k < refs.size(); ++k) {
+    const Ref& r = refs[k];
+    Live& l = uses_[location_key(r.pack, r.offset)];
+    // Uses of one location may differ in length (a chunk, and a region's
+    // shorter tail chunk that deduplicated onto its start): the largest counts.
+    if (l.refs++ == 0 || r.length > l.length) {
+      l.length = std::max<std::uint64_t>(l.length, r.length);
+      live_[{r.pack, r.offset}] = l.length;
     }
-    index_.emplace(c.hash, c);
+    // The first refs are the stored chunks, in order. A chunk with overlays is
+    // not stored whole at its location: its hash must not lead dedup there.
+    while (chunk < m.chunks.size() && m.chunks[chunk].is_zero()) ++chunk;
+    if (chunk >= m.chunks.size()) continue;  // an overlay page
+    const ChunkRef& c = m.chunks[chunk++];
+    if (!l.indexed && !m.has_overlays(chunk - 1)) {
+      l.indexed = true;
+      l.hash = c.hash;
+      index_.emplace(c.hash, c);
+    }
   }
+  return refs;
 }
 
-void StoreImpl::drop_refs(const std::vector<ChunkRef>& refs) {
-  for (auto& c : refs) {
-    auto it = live_.find({c.pack, c.offset});
-    if (it == live_.end() || --it->second.refs > 0) continue;
-    auto ix = index_.find(it->second.hash);
-    if (ix != index_.end() && ix->second.pack == c.pack && ix->second.offset == c.offset) index_.erase(ix);
-    live_.erase(it);
+void StoreImpl::drop_refs(const std::vector<Ref>& refs) {
+  for (auto& r : refs) {
+    std::uint64_t key = location_key(r.pack, r.offset);
+    Live* l = uses_.find(key);
+    if (!l || --l->refs > 0) continue;
+    auto ix = l->indexed ? index_.find(l->hash) : index_.end();
+    if (ix != index_.end() && ix->second.pack == r.pack && ix->second.offset == r.offset) index_.erase(ix);
+    uses_.erase(key);
+    live_.erase({r.pack, r.offset});
   }
 }
 
@@ -338,6 +406,7 @@ void StoreImpl::refresh_index() {
     forked_ = false;
     index_.clear();
     live_.clear();
+    uses_.clear();
     indexed_.clear();
     unreadable_.clear();
     index_epoch_ = epoch;
@@ -377,9 +446,7 @@ void StoreImpl::refresh_index() {
     if (indexed_.count(file)) continue;
     try {
       Manifest m = decode_manifest(read_file(file), file);
-      auto refs = distinct_refs(m);
-      add_refs(refs);
-      indexed_[file] = {key, std::move(refs)};
+      indexed_[file] = {key, add_refs(m)};
     } catch (const Error&) {
       // Contributes nothing to dedup; verify reports it. While it exists, its
       // data cannot be told apart from free space, so allocate() reuses none.
@@ -403,9 +470,7 @@ void StoreImpl::index_published(const std::string& file, const Manifest& m) {
     drop_refs(it->second.refs);
     indexed_.erase(it);
   }
-  auto refs = distinct_refs(m);
-  add_refs(refs);
-  indexed_[file] = {key, std::move(refs)};
+  indexed_[file] = {key, add_refs(m)};
 }
 
 bool StoreImpl::range_free(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const {
@@ -414,7 +479,7 @@ bool StoreImpl::range_free(std::uint32_t pack, std::uint64_t offset, std::uint64
   if (next != live_.end() && next->first.first == pack && next->first.second < offset + length) return false;
   if (next != live_.begin()) {
     auto prev = std::prev(next);
-    if (prev->first.first == pack && prev->first.second + round_up_page(prev->second.length) > offset) return false;
+    if (prev->first.first == pack && prev->first.second + round_up_page(prev->second) > offset) return false;
   }
   for (auto& f : in_flight_)
     if (f.pack == pack && f.offset < offset + length && offset < f.offset + f.length) return false;
@@ -452,7 +517,7 @@ StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Pla
       std::uint64_t b, e;
       if (have_live && (!have_fly || it->first.second <= fl->offset)) {
         b = it->first.second;
-        e = b + round_up_page(it->second.length);
+        e = b + round_up_page(it->second);
         ++it;
       } else {
         b = fl->offset;
@@ -495,16 +560,25 @@ std::pair<StoreImpl::Placement, PackWriter> StoreImpl::AllocationScope::take(std
   return {p, store_.packs->writer(p.pack, p.offset, length)};
 }
 
-std::size_t first_damaged(const std::vector<const char*>& data, const std::vector<const ChunkRef*>& refs, std::uint64_t bytes) {
+std::size_t first_damaged(Packs& packs, const Manifest& m, const std::vector<std::size_t>& which, std::string* why) {
+  std::uint64_t bytes = 0;
+  for (std::size_t i : which) {
+    map_chunk(packs, view_of(m, i));
+    bytes += m.chunks[i].length;
+  }
   std::atomic<std::size_t> first{SIZE_MAX};
-  parallel_for(refs.size(), bytes, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i)
-      if (!(hash128(data[i], refs[i]->length) == refs[i]->hash)) {
-        std::size_t cur = first.load();
-        while (i < cur && !first.compare_exchange_weak(cur, i)) {
-        }
-        return;
+  std::mutex mu;
+  parallel_for(which.size(), bytes, [&](std::size_t b, std::size_t e) {
+    for (std::size_t k = b; k < e && k < first.load(); ++k) {
+      std::string bad = check_chunk(packs, view_of(m, which[k]));
+      if (bad.empty()) continue;
+      std::lock_guard<std::mutex> lock(mu);
+      if (k < first.load()) {
+        first = k;
+        *why = std::move(bad);
       }
+      return;
+    }
   });
   return first.load();
 }
@@ -519,7 +593,7 @@ SnapshotInfo info_from_manifest(const Manifest& m) {
   i.logical_bytes = m.logical_bytes();
   i.stored_bytes = m.stored_bytes;
   i.chunks = m.chunks.size();
-  for (auto& c : m.chunks) i.zero_chunks += c.is_zero() ? 1 : 0;
+  for (std::size_t k = 0; k < m.chunks.size(); ++k) i.zero_chunks += m.zero_chunk(k) ? 1 : 0;
   for (auto& r : m.regions) i.regions.push_back({r.name, r.size, r.sdk_owned});
   i.tracking = (m.flags & kManifestTrackedWrites) ? "write_protect" : "hash";
   i.chunks_read = m.chunks_read;
@@ -572,7 +646,7 @@ std::vector<SnapshotInfo> Store::list(const std::string& session) const {
   std::vector<SnapshotInfo> out;
   for (auto& name : impl_->snapshot_names(session)) {
     try {
-      out.push_back(detail::info_from_manifest(impl_->load_manifest(session, name)));
+      out.push_back(detail::info_from_manifest(impl_->load_manifest(session, name, nullptr, false)));
     } catch (const Error& e) {
       if (e.code() == Errc::not_found) continue;  // removed while listing
       SnapshotInfo bad;
@@ -603,7 +677,7 @@ std::vector<SnapshotInfo> Store::list() const {
 }
 
 SnapshotInfo Store::info(const std::string& session, const std::string& snapshot) const {
-  return detail::info_from_manifest(impl_->load_manifest(session, snapshot));
+  return detail::info_from_manifest(impl_->load_manifest(session, snapshot, nullptr, false));
 }
 
 void Store::remove(const std::string& session, const std::string& snapshot) {
@@ -650,17 +724,16 @@ GcReport Store::gc() {
   // snapshots share it.
   std::map<std::uint32_t, std::map<std::uint64_t, std::uint64_t>> live;
   auto add_live = [&](const Manifest& m) {
-    for (auto& c : m.chunks)
-      if (!c.is_zero()) {
-        auto& end = live[c.pack][c.offset];
-        end = std::max(end, c.offset + round_up_page(c.length));
-      }
+    for (auto& r : StoreImpl::refs_of(m)) {
+      auto& end = live[r.pack][r.offset];
+      end = std::max(end, r.offset + round_up_page(r.length));
+    }
   };
   std::vector<std::string> damaged;
   for (auto& session : impl_->session_names()) {
     for (auto& name : impl_->snapshot_names(session)) {
       try {
-        add_live(impl_->load_manifest(session, name));
+        add_live(impl_->load_manifest(session, name, nullptr, false));
       } catch (const Error& e) {
         if (e.code() == Errc::not_found) continue;
         damaged.push_back(StoreImpl::ref(session, name));
@@ -694,6 +767,7 @@ GcReport Store::gc() {
     if (it == live.end()) {
       if (::unlink(file.c_str()) == 0) ++report.packs_removed;
       else if (errno != ENOENT) throw_errno(errno, "gc cannot remove unused pack " + file);
+      ::unlink((file.substr(0, file.size() - 5) + ".hash").c_str());  // its page hashes
       continue;
     }
     auto& ranges = it->second;
@@ -732,11 +806,17 @@ VerifyReport Store::verify(const Progress& progress) const {
 
   // Pass 1: every distinct stored chunk, checked once however many snapshots
   // share it (memory grows with distinct chunks, not with references).
-  using Key = std::tuple<std::uint32_t, std::uint64_t, std::uint32_t, std::uint64_t, std::uint64_t>;
-  auto key_of_ref = [](const ChunkRef& c) { return Key{c.pack, c.offset, c.length, c.hash.lo, c.hash.hi}; };
+  // A chunk is known by where it is stored and what it should hold (for a
+  // chunk with overlays, where those pages are stored too).
+  using Key = std::tuple<std::uint32_t, std::uint64_t, std::uint32_t, std::uint64_t, std::uint64_t, std::uint64_t, bool>;
+  auto key_of_chunk = [](const ChunkView& v) {
+    const ChunkRef& c = *v.ref;
+    return Key{c.pack, c.offset, c.length, c.hash.lo, c.hash.hi, v.overlay_count ? hash64(v.overlays, v.overlay_count * sizeof(Overlay)) : 0,
+               v.paged};
+  };
   struct Loc {
-    ChunkRef ref;
-    const char* data = nullptr;
+    std::optional<OwnedChunk> chunk;
+    bool readable = false;
     std::string error;
     bool damage = true;  // false: an I/O or permission problem, not proven damage
   };
@@ -755,16 +835,21 @@ VerifyReport Store::verify(const Progress& progress) const {
       }
       ++report.snapshots;
       readable.emplace_back(session, name);
-      for (auto& c : m.chunks)
-        if (!c.is_zero()) locs[key_of_ref(c)].ref = c;
+      for (std::size_t i = 0; i < m.chunks.size(); ++i) {
+        ChunkView v = view_of(m, i);
+        if (v.all_zero() && !v.paged) continue;
+        auto& loc = locs[key_of_chunk(v)];
+        if (!loc.chunk) loc.chunk.emplace(v);
+      }
     }
   }
   std::vector<Loc*> work;
   std::uint64_t total = 0;
   for (auto& [key, loc] : locs) {
     try {
-      loc.data = impl_->packs->read(loc.ref.pack, loc.ref.offset, loc.ref.length);
-      total += loc.ref.length;
+      map_chunk(*impl_->packs, loc.chunk->view());
+      loc.readable = true;
+      total += loc.chunk->ref.length;
     } catch (const Error& e) {
       loc.error = e.what();
       loc.damage = e.code() == Errc::corrupt;
@@ -776,10 +861,13 @@ VerifyReport Store::verify(const Progress& progress) const {
   parallel_for(work.size(), total, [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; ++i) {
       Loc& loc = *work[i];
-      if (!loc.data) continue;
-      if (!(hash128(loc.data, loc.ref.length) == loc.ref.hash))
-        loc.error = "checksum mismatch in " + impl_->packs->path_of(loc.ref.pack) + " at offset " + std::to_string(loc.ref.offset);
-      auto now = done.fetch_add(loc.ref.length) + loc.ref.length;
+      if (!loc.readable) continue;
+      try {
+        loc.error = check_chunk(*impl_->packs, loc.chunk->view());
+      } catch (const Error& e) {
+        loc.error = e.what();
+      }
+      auto now = done.fetch_add(loc.chunk->ref.length) + loc.chunk->ref.length;
       if (progress && (i % 256 == 0 || i + 1 == e)) {
         std::lock_guard<std::mutex> g(progress_mu);
         progress(now, total);
@@ -795,7 +883,7 @@ VerifyReport Store::verify(const Progress& progress) const {
   for (auto& [session, name] : any_bad ? readable : decltype(readable){}) {
     Manifest m;
     try {
-      m = impl_->load_manifest(session, name);
+      m = impl_->load_manifest(session, name, nullptr, false);
     } catch (const Error&) {
       continue;  // changed meanwhile; its first pass stands
     }
@@ -804,8 +892,7 @@ VerifyReport Store::verify(const Progress& progress) const {
     for (auto& r : m.regions)
       for (std::uint64_t i = 0; i < r.chunk_count; ++i) {
         auto& c = m.chunks[r.first_chunk + i];
-        if (c.is_zero()) continue;
-        auto it = locs.find(key_of_ref(c));
+        auto it = locs.find(key_of_chunk(view_of(m, r.first_chunk + i)));
         if (it == locs.end() || it->second.error.empty()) continue;
         damage = damage || it->second.damage;
         items.push_back("region '" + r.name + "' bytes [" + std::to_string(i * m.chunk_size) + ", " +
@@ -821,21 +908,6 @@ VerifyReport Store::verify(const Progress& progress) const {
   }
   return report;
 }
-
-namespace {
-
-// Pointer to chunk `c`'s stored bytes after checking its checksum; nullptr for
-// the all-zero chunk. Throws corrupt naming `what`.
-const char* checked_chunk(detail::StoreImpl& impl, const detail::ChunkRef& c, const std::string& what) {
-  if (c.is_zero()) return nullptr;
-  const char* p = impl.packs->read(c.pack, c.offset, c.length);
-  if (!(detail::hash128(p, c.length) == c.hash))
-    throw Error(Errc::corrupt, what + " is damaged: a chunk in " + impl.packs->path_of(c.pack) + " at offset " +
-                                   std::to_string(c.offset) + " fails its checksum; run `dvr verify`");
-  return p;
-}
-
-}  // namespace
 
 std::vector<RegionDiff> Store::diff(const std::string& session_a, const std::string& snapshot_a, const std::string& session_b,
                                     const std::string& snapshot_b) const {
@@ -856,7 +928,6 @@ std::vector<RegionDiff> Store::diff(const std::string& session_a, const std::str
   for (auto& r : a.regions) names.push_back(r.name);
   for (auto& r : b.regions)
     if (!find(a, r.name)) names.push_back(r.name);
-  static const std::vector<char> zeros(16u << 20, 0);
   for (auto& n : names) {
     const ManifestRegion *x = find(a, n), *y = find(b, n);
     RegionDiff d;
@@ -872,17 +943,24 @@ std::vector<RegionDiff> Store::diff(const std::string& session_a, const std::str
       continue;
     }
     std::uint64_t common = std::min(x->size, y->size);
+    std::vector<char> ba, bb;
     for (std::uint64_t i = 0; i * a.chunk_size < common; ++i) {
       const ChunkRef& ca = a.chunks[x->first_chunk + i];
       const ChunkRef& cb = b.chunks[y->first_chunk + i];
       std::uint64_t len = std::min<std::uint64_t>(a.chunk_size, common - i * a.chunk_size);
-      if (ca.hash == cb.hash && ca.length == cb.length) continue;
-      const char* pa = checked_chunk(*impl_, ca, ra);
-      const char* pb = checked_chunk(*impl_, cb, rb);
-      if (!pa) pa = zeros.data();
-      if (!pb) pb = zeros.data();
+      bool same_kind = a.paged == b.paged && ca.length == cb.length;
+      if (same_kind && ca.hash == cb.hash) continue;
+      // Both chunks are read (and checked) whole; with page hashes on both
+      // sides, pages whose hashes agree are not compared byte by byte.
+      ba.resize(ca.length);
+      bb.resize(cb.length);
+      read_chunk(*impl_->packs, view_of(a, x->first_chunk + i), ba.data(), "snapshot '" + ra + "'");
+      read_chunk(*impl_->packs, view_of(b, y->first_chunk + i), bb.data(), "snapshot '" + rb + "'");
+      const char *pa = ba.data(), *pb = bb.data();
+      const bool by_page = same_kind && a.paged;
       for (std::uint64_t off = 0; off < len; off += kPageSize) {
         std::uint64_t n2 = std::min<std::uint64_t>(kPageSize, len - off), differ = 0;
+        if (by_page && a.hashes_of(x->first_chunk + i)[off / kPageSize] == b.hashes_of(y->first_chunk + i)[off / kPageSize]) continue;
         if (std::memcmp(pa + off, pb + off, n2) == 0) continue;
         for (std::uint64_t k = 0; k < n2; ++k) differ += pa[off + k] != pb[off + k];
         d.bytes_differ += differ;
@@ -908,9 +986,11 @@ std::optional<SnapshotInfo> Store::latest(const std::string& session, std::vecto
     try {
       if (it->damaged) throw Error(Errc::corrupt, it->damage);
       Manifest m = impl_->load_manifest(session, it->name);
-      std::set<std::pair<std::uint32_t, std::uint64_t>> seen;
-      for (auto& c : m.chunks)
-        if (!c.is_zero() && seen.emplace(c.pack, c.offset).second) checked_chunk(*impl_, c, "snapshot '" + ref + "'");
+      std::vector<std::size_t> all(m.chunks.size());
+      for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+      std::string why;
+      if (first_damaged(*impl_->packs, m, all, &why) != SIZE_MAX)
+        throw Error(Errc::corrupt, "snapshot '" + ref + "' is damaged: " + why + "; run `dvr verify`");
       return info_from_manifest(m);
     } catch (const Error& e) {
       if (e.code() == Errc::not_found) continue;

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "dvr/store.hpp"
+#include "flat_map.hpp"
 #include "manifest.hpp"
 #include "os.hpp"
 #include "pack.hpp"
@@ -20,8 +21,7 @@ namespace dvr::detail {
 inline constexpr std::uint32_t kStoreFormatVersion = 1;
 inline constexpr const char* kSuperblockName = "DVRSTORE";
 inline constexpr const char* kManifestSuffix = ".snap";
-inline constexpr std::uint64_t kInitialPackSize = 64ull << 20;  // packs start small...
-inline constexpr std::uint64_t kMaxPackSize = 4ull << 30;       // ...and double up to this
+inline constexpr std::uint64_t kInitialPackSize = 64ull << 20;  // packs start small, and double up to kMaxPackSize
 
 /// Throws invalid_argument unless `name` is 1–128 characters of [A-Za-z0-9._-]
 /// not starting with '.', so it can never name anything outside its directory.
@@ -55,17 +55,29 @@ class StoreImpl {
   /// "session/name" for messages.
   static std::string ref(const std::string& s, const std::string& n) { return s + "/" + n; }
 
-  /// Reads and checks a manifest. Throws not_found or corrupt.
-  /// `raw`, when given, receives the file's bytes.
-  Manifest load_manifest(const std::string& session, const std::string& name, std::string* raw = nullptr) const;
+  /// Reads and checks a manifest, and (unless told not to) fills in its page
+  /// hashes. Throws not_found or corrupt. `raw`, when given, receives the
+  /// file's bytes.
+  Manifest load_manifest(const std::string& session, const std::string& name, std::string* raw = nullptr,
+                         bool with_page_hashes = true) const;
+  /// Fills m.page_hashes from the page hash files; where those are missing or
+  /// disagree with a chunk's hash, from the stored pages themselves.
+  void hydrate(Manifest& m) const;
 
   /// Session directories with valid names, unsorted.
   std::vector<std::string> session_names() const;
   /// Snapshot names of a session, unsorted (from the directory).
   std::vector<std::string> snapshot_names(const std::string& session) const;
 
-  /// Publishes `m` atomically (replacing an existing one of that name).
-  void publish_manifest(const Manifest& m);
+  /// Publishes `m` atomically (replacing an existing one of that name) and
+  /// sets m.checksum.
+  void publish_manifest(Manifest& m);
+  /// True when the published manifest of m.session/m.name is `m` (its
+  /// checksum matches): then `m` may be used instead of reading it again.
+  bool manifest_unchanged(const Manifest& m) const;
+  /// True when the index holds this version of session/name: then every
+  /// location it references is in use and unchanged. Call after refresh_index().
+  bool manifest_indexed(const std::string& session, const std::string& name, std::uint64_t checksum) const;
 
   /// Brings the chunk index and the map of live pack space up to date with
   /// every published manifest (new, replaced and removed ones). Call with the
@@ -108,6 +120,15 @@ class StoreImpl {
     std::optional<Placement> next_;
   };
 
+  /// A stored range a manifest uses: a chunk, or a page stored apart.
+  struct Ref {
+    std::uint64_t offset = 0;
+    std::uint32_t pack = 0;
+    std::uint32_t length = 0;
+  };
+  /// The ranges `m` uses (a location shared by several chunks appears once per chunk).
+  static std::vector<Ref> refs_of(const Manifest& m);
+
   /// Marks that stored data was freed (gc): every process rebuilds its index.
   void bump_epoch();
 
@@ -137,24 +158,28 @@ class StoreImpl {
   };
   struct Indexed {
     FileKey key;
-    std::vector<ChunkRef> refs;  // stored chunks, one per distinct location
+    std::vector<Ref> refs;  // stored chunks and overlay pages
   };
   struct Live {
     std::uint64_t length = 0;
     std::uint32_t refs = 0;  // manifests referencing this location
+    bool indexed = false;    // `hash` is in index_ for this location
     Hash128 hash;
   };
   bool range_free(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const;
-  void add_refs(const std::vector<ChunkRef>& refs);
-  void drop_refs(const std::vector<ChunkRef>& refs);
-  static std::vector<ChunkRef> distinct_refs(const Manifest& m);
+  // Counts the uses of `m` (and indexes its whole chunks for dedup); returns
+  // what drop_refs() needs to take them back.
+  std::vector<Ref> add_refs(const Manifest& m);
+  void drop_refs(const std::vector<Ref>& refs);
+  static std::uint64_t location_key(std::uint32_t pack, std::uint64_t offset) { return std::uint64_t{pack} << 32 | offset / kPageSize; }
   static bool key_of(const std::string& file, FileKey& key);
 
   mutable Fd lock_fd_;
   mutable pid_t owner_pid_ = 0;   // process that opened lock_fd_
   mutable bool forked_ = false;  // used from a forked child: re-read everything
   std::unordered_map<Hash128, ChunkRef, Hash128Hasher> index_;     // hash -> a live location
-  std::map<std::pair<std::uint32_t, std::uint64_t>, Live> live_;   // (pack, offset) -> use
+  FlatMap<Live> uses_;  // location_key(pack, offset) -> use
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint64_t> live_;  // (pack, offset) -> length in use, in order
   std::map<std::string, Indexed> indexed_;                         // manifest path -> its chunks
   std::set<std::string> unreadable_;                               // manifests that failed to decode
   // While a manifest is unreadable its data cannot be told from free space;
@@ -165,13 +190,15 @@ class StoreImpl {
     std::uint64_t offset, length;
   };
   std::vector<InFlight> in_flight_;
+  std::string encoded_;  // publish_manifest()'s buffer, kept for the next one
   std::string index_epoch_;
 };
 
 SnapshotInfo info_from_manifest(const Manifest& m);
 
-/// Re-hashes data[i] against refs[i] (all `bytes` of it, on every core) and
-/// returns the lowest i whose checksum fails, or SIZE_MAX when all pass.
-std::size_t first_damaged(const std::vector<const char*>& data, const std::vector<const ChunkRef*>& refs, std::uint64_t bytes);
+/// Checks chunks[i] of `m` for every i in `which` (mapping them first, then
+/// hashing on every core). Returns the lowest position in `which` that fails
+/// with *why set, or SIZE_MAX when all pass. Throws what Packs::read throws.
+std::size_t first_damaged(Packs& packs, const Manifest& m, const std::vector<std::size_t>& which, std::string* why);
 
 }  // namespace dvr::detail

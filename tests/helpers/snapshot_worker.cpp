@@ -65,7 +65,8 @@ Modes:
 Options:
   --mib M          region scale (default 1): r0 = M MiB + 4097, r1 = 300001,
                    r2 = 5*M MiB - 3 bytes
-  --chunk-size B   chunk size when this creates the store (default: library's)
+  --chunk-size B   chunk size when this creates the store (default 64 KiB, the
+                   content's unit)
 
 Exit status:
   0  everything succeeded
@@ -228,7 +229,9 @@ Options parse(int argc, char** argv) {
 
 dvr::Store open_store(const Options& o) {
   dvr::StoreOptions so;
-  if (o.chunk_size) so.chunk_size = o.chunk_size;
+  // By default the chunks are the content's units, so that tests can reason
+  // about which chunks a snapshot shares (see `describe`).
+  so.chunk_size = o.chunk_size ? o.chunk_size : static_cast<std::uint32_t>(kUnit);
   return dvr::Store::open(o.store_path, so);
 }
 

@@ -10,7 +10,7 @@ import time
 import pytest
 from conftest import DVR_ERROR, PACK_METADATA_SLACK, REGION_SIZES, SNAPSHOT_BYTES, describe, run, worker_error
 
-CHUNK = 64 * 1024
+CHUNK = 64 * 1024  # the worker creates stores with its 64 KiB content unit
 SNAPSHOT_FIELDS = {"session", "name", "parent", "label", "time_ns", "logical_bytes", "stored_bytes", "chunks",
                    "zero_chunks", "chunks_read", "tracking", "damaged", "regions"}
 STAT_FIELDS = {"path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes",

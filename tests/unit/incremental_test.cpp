@@ -8,6 +8,7 @@
 #include <random>
 
 #include "manifest.hpp"
+#include "chunks.hpp"
 #include "test_support.hpp"
 
 using namespace dvr;
@@ -137,7 +138,7 @@ TEST_CASE("incremental: random writes, snapshots and restores match plain copies
   for (std::uint64_t seed = 101; seed <= 106; ++seed) random_history(Tracking::hash, seed);
 }
 
-TEST_CASE("incremental: a snapshot after a small change reads only the chunks written", "[incremental]") {
+TEST_CASE("incremental: a snapshot after a small change reads and stores only the pages written", "[incremental]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   Session s(store, "inc");
@@ -151,13 +152,15 @@ TEST_CASE("incremental: a snapshot after a small change reads only the chunks wr
   CHECK(first.chunks_read == first.chunks);
   CHECK(first.tracking == "hash");  // nothing to compare with yet
   auto* p = static_cast<unsigned char*>(r.data());
-  p[5] ^= 1;                          // chunk 0
-  p[10 * 65536 + 3] ^= 1;             // chunk 10
-  std::memset(p + 20 * 65536 - 2, 9, 4);  // chunks 19 and 20
+  const std::size_t cs = store.chunk_size();
+  p[5] ^= 1;                           // chunk 0
+  p[2 * cs + 3] ^= 1;                  // chunk 2
+  std::memset(p + 5 * cs - 2, 9, 4);   // chunks 4 and 5
   auto second = s.snapshot("b");
   CHECK(second.tracking == "write_protect");
   CHECK(second.chunks_read == 4);
-  CHECK(second.stored_bytes == 4 * 65536);
+  // Four pages changed (the memset spans two), each stored apart from its chunk.
+  CHECK(second.stored_bytes == 4 * 4096);
   CHECK(store.info("inc", "b").chunks_read == 4);
   auto third = s.snapshot("c");  // nothing written since b
   CHECK(third.chunks_read == 0);
@@ -205,9 +208,10 @@ TEST_CASE("incremental: a failed restore keeps the record of what was written", 
   dvrtest::fill_random(p + 100000, 5000, 22);
   s.snapshot("bad");  // its new chunk is damaged below
   auto m = dvr::detail::decode_manifest(dvrtest::read_file(dvrtest::manifest_path(store, "keep", "bad")), "bad");
-  auto& c = m.chunks[100000 / m.chunk_size];
-  REQUIRE(!c.is_zero());
-  dvrtest::flip_byte(dvrtest::pack_path(store, c.pack), c.offset + 10);
+  // The page holding byte 100000, wherever "bad" keeps it.
+  auto at = dvr::detail::view_of(m, 100000 / m.chunk_size).location((100000 % m.chunk_size) / 4096);
+  REQUIRE(at.pack != 0);
+  dvrtest::flip_byte(dvrtest::pack_path(store, at.pack), at.offset + 10);
   p[7] ^= 1;        // written after "bad"
   p[100000] ^= 1;   // ... and in the damaged chunk, which a rollback to "bad" must read
   // (Where nothing was written a rollback does not read the stored copy at all:

@@ -37,7 +37,11 @@ Manifest sample() {
     c.length = i < 2 ? kCs : (i == 2 ? 5 : 100);
     c.offset = i == 1 ? 0 : 4096ull * (i + 1);
     m.chunks.push_back(c);
+    m.page_hashes.push_back(0x5151515151515151ull * (i + 3));  // one page per chunk (kCs is a page)
   }
+  // Page 0 of chunk 3 is stored apart; page 0 of chunk 2 is all zero.
+  m.overlays.push_back({2, 0, 0, 0});
+  m.overlays.push_back({3, 0, 7, 4096ull * 9});
   return m;
 }
 
@@ -88,6 +92,21 @@ TEST_CASE("manifest: encode/decode round trip keeps every field", "[manifest]") 
   }
   CHECK(d.chunks[1].is_zero());
   CHECK_FALSE(d.chunks[0].is_zero());
+  CHECK(d.paged);
+  CHECK(d.page_hashes.empty());  // not in the file: hydrated from page hash files
+  CHECK_FALSE(d.hydrated());
+  REQUIRE(d.overlays.size() == 2);
+  CHECK(d.overlays[1].chunk == 3);
+  CHECK(d.overlays[1].page == 0);
+  CHECK(d.overlays[1].pack == 7);
+  CHECK(d.overlays[1].offset == 4096ull * 9);
+  CHECK(d.has_overlays(2));
+  CHECK(d.has_overlays(3));
+  CHECK_FALSE(d.has_overlays(0));
+  CHECK(d.pages_of(0) == 1);
+  CHECK(d.zero_chunk(1));
+  CHECK_FALSE(d.zero_chunk(0));
+  CHECK(d.checksum == dvr::detail::manifest_checksum(bytes));
   // Encoding is deterministic: the decoded manifest encodes to the same bytes.
   CHECK(encode_manifest(d) == bytes);
 }
@@ -212,6 +231,28 @@ TEST_CASE("manifest: tables that contradict each other are corrupt even with a v
     Manifest m = sample();
     m.chunks.push_back(m.chunks[0]);
     CHECK(catch_error([&] { decode_manifest(encode_manifest(m), "x"); }).code == Errc::corrupt);
+  }
+  SECTION("an overlay on a page the chunk does not have") {
+    Manifest m = sample();
+    m.overlays[1].page = 1;
+    CHECK(catch_error([&] { decode_manifest(encode_manifest(m), "x"); }).code == Errc::corrupt);
+  }
+  SECTION("an overlay on a chunk that does not exist") {
+    Manifest m = sample();
+    m.overlays[1].chunk = 4;
+    CHECK(catch_error([&] { decode_manifest(encode_manifest(m), "x"); }).code == Errc::corrupt);
+  }
+  SECTION("an overlay at an offset that is not a page boundary") {
+    Manifest m = sample();
+    m.overlays[1].offset = 4096 * 9 + 1;
+    CHECK(catch_error([&] { decode_manifest(encode_manifest(m), "x"); }).code == Errc::corrupt);
+  }
+  SECTION("overlays out of order") {
+    Manifest m = sample();
+    std::swap(m.overlays[0], m.overlays[1]);
+    auto e = catch_error([&] { decode_manifest(encode_manifest(m), "x"); });
+    CHECK(e.code == Errc::corrupt);
+    CHECK_THAT(e.what, Catch::Contains("order"));
   }
   SECTION("bad magic") {
     std::string b = good;

@@ -140,9 +140,9 @@ TEST_CASE("space: snapshots of a big session that change little need no new pack
   auto packs_after_base = dvrtest::pack_files(store).size();
   auto bytes_after_base = dvrtest::pack_allocated(store);
   for (int i = 0; i < 8; ++i) {
-    data[static_cast<std::size_t>(i) * 7919 * 4096 % size] ^= 0xFF;  // one chunk changes
+    data[static_cast<std::size_t>(i) * 7919 * 4096 % size] ^= 0xFF;  // one page changes
     auto info = s.snapshot("v" + std::to_string(i));
-    CHECK(info.stored_bytes == store.chunk_size());
+    CHECK(info.stored_bytes == 4096);
   }
   CHECK(dvrtest::pack_files(store).size() == packs_after_base);
   CHECK(dvrtest::pack_allocated(store) <= bytes_after_base + 8 * store.chunk_size() + (2u << 20));

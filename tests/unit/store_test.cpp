@@ -26,8 +26,8 @@ TEST_CASE("store: a new store is private (directory 0700, files 0600) and has a 
   CHECK(mode_of(dir.store() + "/tmp") == 0700);
   std::string sb = dvrtest::read_file(dir.store() + "/DVRSTORE");
   CHECK(sb.size() == 4096);
-  CHECK_THAT(sb, Catch::Contains("chunk_size 65536"));
-  CHECK(store.chunk_size() == 65536);
+  CHECK_THAT(sb, Catch::Contains("chunk_size 262144"));
+  CHECK(store.chunk_size() == 262144);
 
   auto data = dvrtest::random_bytes(100000, 1);
   Session s(store, "sess");
@@ -43,7 +43,7 @@ TEST_CASE("store: a new store is private (directory 0700, files 0600) and has a 
   }
   auto st = store.stats();
   CHECK(st.format_version == 1);
-  CHECK(st.chunk_size == 65536);
+  CHECK(st.chunk_size == 262144);
   CHECK(st.sessions == 1);
   CHECK(st.snapshots == 1);
   CHECK(st.logical_bytes == 100000);
@@ -61,7 +61,7 @@ TEST_CASE("store: reopening keeps the chunk size it was created with and the sna
     auto info = s.snapshot("one");
     CHECK(info.chunks == 4);
   }
-  Store again = Store::open(dir.store());  // default options ask for 64 KiB
+  Store again = Store::open(dir.store());  // default options ask for 256 KiB
   CHECK(again.chunk_size() == 16384);
   Store again2 = Store::open(dir.store(), {.chunk_size = 1u << 20, .create = false});
   CHECK(again2.chunk_size() == 16384);
@@ -185,7 +185,7 @@ TEST_CASE("store: a damaged superblock is refused with a clear code", "[store]")
     CHECK(catch_error([&] { Store::open(dir.store()); }).code == Errc::corrupt);
   }
   SECTION("chunk size not a power of two") {
-    edit("chunk_size 65536", "chunk_size 65537");
+    edit("chunk_size 262144", "chunk_size 262145");
     auto e = catch_error([&] { Store::open(dir.store()); });
     CHECK(e.code == Errc::corrupt);
     CHECK_THAT(e.what, Catch::Contains("DVRSTORE"));

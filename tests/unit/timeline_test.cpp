@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
+#include "chunks.hpp"
 #include "manifest.hpp"
 #include "test_support.hpp"
 
@@ -87,8 +88,9 @@ TEST_CASE("timeline: latest() skips newer damaged snapshots and names them", "[t
   auto m3 = dvrtest::read_file(dvrtest::manifest_path(store, "rec", "three"));
   dvrtest::write_file(dvrtest::manifest_path(store, "rec", "three"), m3.substr(0, m3.size() - 3));
   auto m2 = detail::decode_manifest(dvrtest::read_file(dvrtest::manifest_path(store, "rec", "two")), "two");
-  auto& c = m2.chunks[0];  // byte 100 lives in chunk 0, which only "two" has
-  dvrtest::flip_byte(dvrtest::pack_path(store, c.pack), c.offset + 1);
+  auto at = detail::view_of(m2, 0).location(0);  // byte 100's page, which only "two" has
+  REQUIRE(at.pack != 0);
+  dvrtest::flip_byte(dvrtest::pack_path(store, at.pack), at.offset + 1);
   std::vector<std::string> skipped;
   auto found = store.latest("rec", &skipped);
   REQUIRE(found.has_value());

@@ -35,8 +35,10 @@ const char* medium_name(Medium medium) noexcept;
 
 struct StoreOptions {
   /// Chunk size used when a new store is created (power of two, 4 KiB–16 MiB).
-  /// An existing store keeps the chunk size it was created with.
-  std::uint32_t chunk_size = 64 * 1024;
+  /// An existing store keeps the chunk size it was created with. The chunk is
+  /// the unit of deduplication between snapshots; changes within a chunk are
+  /// stored page by page (docs/incremental.md), so large chunks cost little.
+  std::uint32_t chunk_size = 256 * 1024;
   /// Create the store if the directory does not exist or is empty.
   bool create = true;
 };

@@ -1,0 +1,83 @@
+#include "chunks.hpp"
+
+#include <cstring>
+
+#include "dvr/error.hpp"
+#include "memops.hpp"
+#include "pack.hpp"
+
+namespace dvr::detail {
+
+PageLoc ChunkView::location(std::uint32_t page) const {
+  for (std::size_t k = 0; k < overlay_count; ++k)
+    if (overlays[k].page == page) return {overlays[k].pack, overlays[k].offset};
+  if (ref->is_zero()) return {0, 0};
+  return {ref->pack, ref->offset + std::uint64_t{page} * kPageSize};
+}
+
+ChunkView view_of(const Manifest& m, std::size_t chunk) {
+  ChunkView v;
+  v.ref = &m.chunks[chunk];
+  v.paged = m.paged;
+  if (m.paged && m.hydrated()) v.pages = m.hashes_of(chunk);
+  v.overlays = m.overlays.data() + m.first_overlay[chunk];
+  v.overlay_count = m.first_overlay[chunk + 1] - m.first_overlay[chunk];
+  return v;
+}
+
+OwnedChunk::OwnedChunk(const ChunkView& v) : ref(*v.ref), paged(v.paged), overlays(v.overlays, v.overlays + v.overlay_count) {
+  if (v.paged) pages.assign(v.pages, v.pages + v.page_count());
+}
+
+void map_chunk(Packs& packs, const ChunkView& c) {
+  if (!c.ref->is_zero()) packs.read(c.ref->pack, c.ref->offset, c.ref->length);
+  for (std::size_t k = 0; k < c.overlay_count; ++k)
+    if (c.overlays[k].pack != 0) packs.read(c.overlays[k].pack, c.overlays[k].offset, kPageSize);
+}
+
+std::string check_chunk(const Packs& packs, const ChunkView& c) {
+  const ChunkRef& ref = *c.ref;
+  auto where = [&](PageLoc at) { return packs.path_of(at.pack) + " at offset " + std::to_string(at.offset); };
+  auto bytes = [&](PageLoc at, std::uint32_t len) {
+    const char* p = packs.mapped(at.pack, at.offset, len);
+    if (!p) throw Error(Errc::corrupt, "cannot read " + std::to_string(len) + " bytes in " + where(at) + " (missing or short pack file)");
+    return p;
+  };
+  if (!c.paged) {
+    if (ref.is_zero()) return is_zero_chunk(ref.hash, ref.length) ? "" : "an all-zero chunk has the wrong checksum in its manifest";
+    return hash128(bytes({ref.pack, ref.offset}, ref.length), ref.length) == ref.hash ? "" : "checksum mismatch in " + where({ref.pack, ref.offset});
+  }
+  const std::uint32_t n = c.page_count();
+  if (!(tree_hash(c.pages, n) == ref.hash)) return "the page hashes in its manifest do not match the chunk's hash";
+  for (std::uint32_t p = 0; p < n; ++p) {
+    PageLoc at = c.location(p);
+    std::uint32_t len = c.page_length(p);
+    if (at.pack == 0) {
+      if (c.pages[p] != zero_page_hash(len)) return "an all-zero page has the wrong checksum in its manifest";
+      continue;
+    }
+    if (page_hash(bytes(at, len), len) != c.pages[p]) return "checksum mismatch in " + where(at);
+  }
+  return "";
+}
+
+void read_chunk(Packs& packs, const ChunkView& c, char* out, const std::string& what) {
+  map_chunk(packs, c);
+  if (std::string why = check_chunk(packs, c); !why.empty())
+    throw Error(Errc::corrupt, what + " is damaged: " + why + "; run `dvr verify`");
+  const ChunkRef& ref = *c.ref;
+  if (!c.paged) {
+    if (ref.is_zero()) std::memset(out, 0, ref.length);
+    else std::memcpy(out, packs.read(ref.pack, ref.offset, ref.length), ref.length);
+    return;
+  }
+  for (std::uint32_t p = 0; p < c.page_count(); ++p) {
+    PageLoc at = c.location(p);
+    std::uint32_t len = c.page_length(p);
+    char* to = out + std::uint64_t{p} * kPageSize;
+    if (at.pack == 0) std::memset(to, 0, len);
+    else std::memcpy(to, packs.read(at.pack, at.offset, len), len);
+  }
+}
+
+}  // namespace dvr::detail
