@@ -64,8 +64,8 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
   // The shared lock keeps writers and gc away until the pin is in place.
   StoreImpl::Lock lock(*impl_, false);
   std::string bytes;
+  impl_->packs->refresh_mappings();  // before page hashes are read from the packs
   Manifest m = impl_->load_manifest(session, snapshot, &bytes);
-  impl_->packs->refresh_mappings();
 
   if (options.verify) {
     std::vector<std::size_t> all(m.chunks.size());

@@ -65,6 +65,12 @@ Hash128 tree_hash(const std::uint64_t* page_hashes, std::size_t count) noexcept 
 }
 
 std::uint64_t zero_page_hash(std::size_t len) {
+  // Nearly always a whole page: computed once, no lock.
+  static const std::uint64_t whole = [] {
+    std::vector<char> zeros(kPageSize, 0);
+    return page_hash(zeros.data(), zeros.size());
+  }();
+  if (len == kPageSize) return whole;
   return cached_by_length<std::uint64_t>(len, [](std::size_t n) {
     std::vector<char> zeros(n, 0);
     return page_hash(zeros.data(), n);

@@ -102,9 +102,9 @@ std::string Packs::hash_path_of(std::uint32_t pack) const {
   return dir_ + name;
 }
 
-std::uint64_t* Packs::hash_map(std::uint32_t pack, bool writable) {
+Packs::HashMap* Packs::hash_map(std::uint32_t pack, bool writable) {
   auto it = hash_maps_.find(pack);
-  if (it != hash_maps_.end() && (it->second.writable || !writable)) return it->second.addr;
+  if (it != hash_maps_.end() && (it->second.writable || !writable)) return &it->second;
   if (it != hash_maps_.end()) {
     ::munmap(it->second.addr, kHashFileSize);
     hash_maps_.erase(it);
@@ -125,17 +125,21 @@ std::uint64_t* Packs::hash_map(std::uint32_t pack, bool writable) {
     h.addr = static_cast<std::uint64_t*>(addr);
     h.writable = writable;
     h.ino = static_cast<std::uint64_t>(st.st_ino);
-  } catch (const Error&) {
-    return nullptr;  // missing (a pack written before page hash files), unreadable: hashes are recomputed
+  } catch (const Error& e) {
+    // A link, FIFO or device planted in its place is reported like anywhere
+    // in the store. Missing (a pack written before page hash files) or not
+    // writable: the hashes are recomputed from the data when needed.
+    if (e.code() == Errc::corrupt) throw;
+    return nullptr;
   }
-  return hash_maps_.emplace(pack, std::move(h)).first->second.addr;
+  return &hash_maps_.emplace(pack, std::move(h)).first->second;
 }
 
 bool Packs::stored_hashes(std::uint32_t pack, std::uint64_t offset, std::size_t pages, std::uint64_t* out) {
   if (offset % kPageSize != 0 || offset / kPageSize + pages > kHashFileSize / 8) return false;
-  const std::uint64_t* h = hash_map(pack, false);
+  const HashMap* h = hash_map(pack, false);
   if (!h) return false;
-  std::memcpy(out, h + offset / kPageSize, pages * 8);
+  std::memcpy(out, h->addr + offset / kPageSize, pages * 8);
   return true;
 }
 
@@ -231,7 +235,8 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
   if (offset < kPackHeaderSize || offset + length > slot->size)
     throw Error(Errc::io, "internal error: write of [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
                               ") outside " + path);
-  return PackWriter(slot.get(), offset, length, hash_map(pack, true));
+  HashMap* h = hash_map(pack, true);
+  return PackWriter(slot.get(), offset, length, h ? h->addr : nullptr, h ? h->fd.get() : -1);
 }
 
 void Packs::end_writes() { retired_.clear(); }
@@ -250,8 +255,8 @@ void Packs::forget_populated() {
     if (w) std::fill(w->populated.begin(), w->populated.end(), 0);
 }
 
-PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes)
-    : map_(map), offset_(offset), length_(length), hashes_(hashes) {
+PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd)
+    : map_(map), offset_(offset), length_(length), hash_file_(hashes), hashes_(hashes), hash_fd_(hash_fd) {
   base_ = map_->map->address() + offset;
   memcpy_ = reinterpret_cast<void*>(pmem2_get_memcpy_fn(map_->map->get()));
 }
@@ -269,6 +274,13 @@ void PackWriter::reserve(std::uint64_t rel, std::uint64_t len) {
     FileSizeSignalGuard guard;
     int err = ::posix_fallocate(map_->fd.get(), off, static_cast<off_t>(len));
     if (err != 0) throw_errno(err, "cannot reserve " + std::to_string(len) + " bytes in " + map_->path);
+    // The page hashes of the range, likewise (8 bytes per page). They are
+    // best effort: without room for them, readers hash the data instead.
+    if (hashes_) {
+      std::uint64_t hb = (offset_ + rel) / kPageSize * 8 / kPageSize * kPageSize;
+      std::uint64_t he = round_up_page((offset_ + rel + len + kPageSize - 1) / kPageSize * 8);
+      if (::posix_fallocate(hash_fd_, static_cast<off_t>(hb), static_cast<off_t>(he - hb)) != 0) hashes_ = nullptr;
+    }
   }
   // Populate the page tables in one call rather than one fault per page.
   std::uint64_t first = (offset_ + rel) / kPageSize, last = (offset_ + rel + len - 1) / kPageSize;
@@ -304,7 +316,7 @@ void PackWriter::finish() {
     // them is published). Best effort: a lost hash is recomputed when read.
     auto page = [](std::uint64_t byte) { return byte & ~(kPageSize - 1); };
     std::uint64_t b = page(hash_lo_ * 8), e = hash_hi_ * 8;
-    ::msync(reinterpret_cast<char*>(hashes_) + b, e - b, MS_SYNC);
+    ::msync(reinterpret_cast<char*>(hash_file_) + b, e - b, MS_SYNC);
     hash_lo_ = UINT64_MAX;
     hash_hi_ = 0;
   }

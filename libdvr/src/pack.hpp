@@ -111,8 +111,8 @@ class Packs {
     std::uint64_t ino = 0;
   };
   // The page hash file of `pack`, mapped (writable: created if missing);
-  // nullptr when it cannot be.
-  std::uint64_t* hash_map(std::uint32_t pack, bool writable);
+  // nullptr when it cannot be. Throws corrupt for a file planted in its place.
+  HashMap* hash_map(std::uint32_t pack, bool writable);
   std::string hash_path_of(std::uint32_t pack) const;
   std::map<std::uint32_t, HashMap> hash_maps_;
   std::map<std::uint32_t, ReadMap> reads_;
@@ -138,13 +138,15 @@ class PackWriter {
 
  private:
   friend class Packs;
-  PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes);
+  PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd);
   Packs::WriteMap* map_;
   std::uint64_t offset_, length_;
   char* base_;
   void* memcpy_;
   std::uint64_t end_ = 0;  // end of the bytes copied so far
-  std::uint64_t* hashes_;  // the pack's page hash file, or nullptr
+  std::uint64_t* hash_file_;  // the pack's page hash file, or nullptr
+  std::uint64_t* hashes_;     // the same while there is room to write hashes, else nullptr
+  int hash_fd_;
   std::uint64_t hash_lo_ = UINT64_MAX, hash_hi_ = 0;  // pages whose hashes were set
 };
 

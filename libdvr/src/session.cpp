@@ -35,6 +35,10 @@ namespace {
 struct RegionTrack {
   detail::AddrRange tracked{0, 0};       // registered whole pages; empty: not tracked
   std::vector<detail::AddrRange> edges;  // partial pages at unaligned ends: always compared
+  // The tracker's record is relative to the session's base only after a
+  // snapshot or restore covered the region: memory tracked (or allocated)
+  // since then is compared by hashing until one does.
+  bool synced = false;
   std::string why;                       // why it is not tracked
 };
 
@@ -131,7 +135,8 @@ const ManifestRegion* Session::State::base_region(const Region& r) const {
 
 bool Session::State::written_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
   auto it = tracks.find(&r);
-  if (!base_region(r) || it == tracks.end() || it->second.tracked.first == it->second.tracked.second) return false;
+  if (!base_region(r) || it == tracks.end() || it->second.tracked.first == it->second.tracked.second || !it->second.synced)
+    return false;
   std::vector<detail::AddrRange> pages;
   if (!tracker->written(it->second.tracked, pages)) {
     // The memory was unmapped and mapped again (or this is a forked child):
@@ -682,14 +687,25 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   m.chunks_read = todo.size();
   m.flags = tracked_any ? detail::kManifestTrackedWrites : 0;
   m.time_ns = detail::now_ns();
-  store.publish_manifest(m);  // the commit point
+  std::exception_ptr after_commit;
+  try {
+    store.publish_manifest(m);  // the commit point
+  } catch (const Error& e) {
+    // Only syncing the directory may have failed after the rename: then the
+    // snapshot exists, and its space must not be given back.
+    if (!store.manifest_unchanged(m)) throw;
+    after_commit = std::make_exception_ptr(Error(e.code(), "snapshot '" + ref + "' was taken, but " + e.what() +
+                                                                 "; it may not survive a crash of the machine"));
+  }
   allocation.commit();
   store.index_published(store.manifest_path(m.session, m.name), m);
+  for (auto& [region, t] : state_->tracks) t.synced = true;
   // Live memory now equals this snapshot: track writes relative to it.
   state_->rearm(written_bytes);
   state_->replace_base(std::move(m));
   state_->last_snapshot = std::chrono::steady_clock::now();
   state_->head = name;
+  if (after_commit) std::rethrow_exception(after_commit);
   return detail::info_from_manifest(*state_->base);
 }
 
@@ -705,6 +721,7 @@ void Session::restore(const std::string& name) {
   // Rolling back to the base (the usual case: one snapshot, many trials)
   // needs no reading and decoding of its manifest when it is unchanged.
   std::optional<Manifest> loaded;
+  store.packs->refresh_mappings();  // before page hashes are read from the packs
   if (!base || base->name != name || !store.manifest_unchanged(*base)) loaded = store.load_manifest(state_->name, name);
   const Manifest& m = loaded ? *loaded : *base;
   const std::uint32_t pages_per_chunk = detail::pages_in(m.chunk_size);
@@ -760,7 +777,8 @@ void Session::restore(const std::string& name) {
         continue;
       }
       const ChunkRef &t = m.chunks[i], &b = base->chunks[br->first_chunk + j];
-      const bool same_kind = m.paged == base->paged && t.length == b.length && base->trusted(br->first_chunk + j);
+      const bool same_kind =
+          m.paged == base->paged && t.length == b.length && base->trusted(br->first_chunk + j) && m.trusted(i);
       if (same_kind && t.hash == b.hash && !w->chunk[j]) continue;
       if (!same_kind || (!m.paged && !(t.hash == b.hash))) {
         add(0, n);
@@ -820,6 +838,12 @@ void Session::restore(const std::string& name) {
     std::atomic<std::uint32_t> bad_page{0};
     detail::parallel_for(jobs.size(), work, [&](std::size_t b, std::size_t e) {
       for (std::size_t k = b; k < e && bad.load() == SIZE_MAX; ++k) {
+        if (k + 1 < e) {
+          // Scattered pages: start loading the next job's while this one is hashed.
+          detail::PageLoc next = detail::view_of(m, jobs[k + 1].chunk).location(jobs[k + 1].p0);
+          if (const char* ahead = next.pack ? store.packs->mapped(next.pack, next.offset, kPageSize) : nullptr)
+            for (std::uint64_t line = 0; line < 512; line += 64) __builtin_prefetch(ahead + line);
+        }
         detail::ChunkView v = detail::view_of(m, jobs[k].chunk);
         for (std::uint32_t p = jobs[k].p0; p < jobs[k].p1; ++p) {
           detail::PageLoc at = v.location(p);
@@ -867,6 +891,9 @@ void Session::restore(const std::string& name) {
     }
   });
   state_->rearm(written_bytes + copy_bytes);
+  for (auto& mr : m.regions)
+    for (auto& r : state_->regions)
+      if (r->name() == mr.name) state_->tracks[r.get()].synced = true;
   if (loaded) state_->replace_base(std::move(*loaded));
   state_->head = name;
 }

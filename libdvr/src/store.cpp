@@ -230,10 +230,10 @@ void StoreImpl::hydrate(Manifest& m) const {
     } else {
       have = packs->stored_hashes(v.ref->pack, v.ref->offset, n, out);
     }
-    for (std::size_t k = 0; k < v.overlay_count && have; ++k) {
+    for (std::size_t k = 0; k < v.overlay_count; ++k) {
       const Overlay& o = v.overlays[k];
-      if (o.pack) have = packs->stored_hashes(o.pack, o.offset, 1, out + o.page);
-      else out[o.page] = zero_page_hash(v.page_length(o.page));
+      if (!o.pack) out[o.page] = zero_page_hash(v.page_length(o.page));
+      else if (have) have = packs->stored_hashes(o.pack, o.offset, 1, out + o.page);
     }
     if (have && tree_hash(out, n) == v.ref->hash) continue;
     // No page hash file, or one that disagrees with the manifest: hash the
@@ -242,7 +242,8 @@ void StoreImpl::hydrate(Manifest& m) const {
     try {
       for (std::uint32_t p = 0; p < n; ++p) {
         PageLoc at = v.location(p);
-        if (at.pack) out[p] = page_hash(packs->read(at.pack, at.offset, v.page_length(p)), v.page_length(p));
+        out[p] = at.pack ? page_hash(packs->read(at.pack, at.offset, v.page_length(p)), v.page_length(p))
+                         : zero_page_hash(v.page_length(p));
       }
     } catch (const Error&) {
       // Unreadable: left for the reader's checks to report.
@@ -811,8 +812,10 @@ VerifyReport Store::verify(const Progress& progress) const {
   using Key = std::tuple<std::uint32_t, std::uint64_t, std::uint32_t, std::uint64_t, std::uint64_t, std::uint64_t, bool>;
   auto key_of_chunk = [](const ChunkView& v) {
     const ChunkRef& c = *v.ref;
-    return Key{c.pack, c.offset, c.length, c.hash.lo, c.hash.hi, v.overlay_count ? hash64(v.overlays, v.overlay_count * sizeof(Overlay)) : 0,
-               v.paged};
+    std::uint64_t where = 0;  // where the overlays are (not which chunk they belong to)
+    for (std::size_t k = 0; k < v.overlay_count; ++k)
+      where = hash64(&v.overlays[k].offset, 8) ^ (where * 0x9E3779B97F4A7C15ull) ^ (std::uint64_t{v.overlays[k].pack} << 32 | v.overlays[k].page);
+    return Key{c.pack, c.offset, c.length, c.hash.lo, c.hash.hi, where, v.paged};
   };
   struct Loc {
     std::optional<OwnedChunk> chunk;

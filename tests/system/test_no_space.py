@@ -9,6 +9,7 @@ killing the process)."""
 import errno
 import os
 import resource
+import shutil
 import signal
 
 import pytest
@@ -149,3 +150,44 @@ def test_a_snapshot_that_adds_little_fits_into_little_free_space(tmpfs, make_sto
     assert proc.returncode == 0, f"a snapshot adding {adds(small)} bytes failed with {free} bytes free:\n" + describe(proc)
     store.check("s", *base, small)
     assert store.verify()["ok"]
+
+
+def test_a_fresh_snapshot_into_nearly_full_space_fails_cleanly_or_fits(tmpfs, make_store):
+    """With little room left, a snapshot either fits or fails with no_space:
+    never a crash, never a visible half-written snapshot. The free space at
+    which it starts to fit is found by bisection (each try on a new store),
+    then every page-sized step just below it is tried: there the data fits but
+    the page hash pages written beside it may not (they must be reserved too,
+    and are only a cache when they cannot be)."""
+    probe = make_store(name="probe", parent=tmpfs)
+    probe.snap("s", "a", "fill-0001")
+    need_kib = probe.dvr_json("info", "s/fill-0001")["stored_bytes"] // 1024
+    shutil.rmtree(probe.path)
+    filler = tmpfs / "filler"
+
+    def attempt(free_kib):
+        store = make_store(name=f"store-{free_kib}", parent=tmpfs)
+        store.snap("s", "a")
+        fill_up(filler)
+        os.truncate(filler, max(0, filler.stat().st_size - free_kib * 1024))
+        proc = store.snap("s", "fill-0001", expect=None)
+        assert proc.returncode in (0, DVR_ERROR), f"{free_kib} KiB free:\n" + describe(proc)
+        if proc.returncode == DVR_ERROR:
+            assert_says_full_and_what_to_do(proc.stderr)
+        committed = ["a"] + (["fill-0001"] if proc.returncode == 0 else [])
+        assert [x["name"] for x in store.ls("s")] == committed, "a half-written snapshot became visible"
+        os.unlink(filler)
+        store.check("s", *committed)
+        shutil.rmtree(store.path)
+        return proc.returncode == 0
+
+    lo, hi = need_kib // 2 // 4 * 4, (need_kib + need_kib // 4) // 4 * 4
+    assert not attempt(lo) and attempt(hi)
+    while hi - lo > 4:
+        mid = (lo + hi) // 8 * 4
+        if attempt(mid):
+            hi = mid
+        else:
+            lo = mid
+    for free_kib in range(hi - 64, hi, 4):
+        attempt(free_kib)

@@ -224,3 +224,106 @@ TEST_CASE("incremental: a failed restore keeps the record of what was written", 
   auto expect = dvrtest::random_bytes(r.size(), 21);
   CHECK(dvrtest::diff(p, expect.data(), r.size()) == "");
 }
+
+namespace {
+// Removes every page hash file of the store (they are a cache).
+void drop_page_hash_files(const Store& store) {
+  for (auto& f : dvrtest::tree(store.path() + "/packs"))
+    if (f.size() > 5 && f.compare(f.size() - 5, 5, ".hash") == 0) std::remove((store.path() + "/packs/" + f).c_str());
+}
+}  // namespace
+
+TEST_CASE("incremental: a region tracked again under the same name is compared, not taken as unchanged", "[incremental]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  Session s(store, "again");
+  auto& first = s.alloc("r", 9000);
+  std::memset(first.data(), 0xAB, first.size());
+  s.snapshot("ab");
+  // Fresh zero memory under the same name and size: the tracker has seen no
+  // write to it, yet it differs from the base in every byte.
+  s.untrack("r");
+  auto& second = s.alloc("r", 9000);
+  s.restore("ab");
+  std::vector<unsigned char> expect(9000, 0xAB);
+  CHECK(dvrtest::diff(second.data(), expect.data(), expect.size()) == "");
+
+  std::vector<unsigned char> a(65536, 'A'), b(65536, 'B');
+  s.track("t", a.data(), a.size());
+  s.snapshot("with-a");
+  s.untrack("t");
+  s.track("t", b.data(), b.size());
+  s.snapshot("with-b");  // must hold b's bytes, though no write to b was seen
+  std::vector<unsigned char> c(65536, 0);
+  Session t(store, "again");
+  t.alloc("r", 9000);
+  t.track("t", c.data(), c.size());
+  t.restore("with-b");
+  CHECK(dvrtest::diff(c, b) == "");
+}
+
+TEST_CASE("incremental: a chunk whose stored pages fail their hashes is never restored, even if no page looks different",
+          "[incremental]") {
+  TempDir dir;
+  std::vector<unsigned char> a(1u << 20), b;
+  {
+    Store store = Store::open(dir.store());
+    Session s(store, "s");
+    auto& r = s.alloc("r", a.size());
+    dvrtest::fill_random(r.data(), r.size(), 31);
+    std::memset(static_cast<char*>(r.data()) + 5 * 4096, 0, 4096);  // page 5 all zero in "a"
+    a.assign(static_cast<unsigned char*>(r.data()), static_cast<unsigned char*>(r.data()) + r.size());
+    s.snapshot("a");
+    std::memset(static_cast<char*>(r.data()) + 5 * 4096, 0x5A, 4096);
+    s.snapshot("b");  // page 5 stored apart
+    b.assign(static_cast<unsigned char*>(r.data()), static_cast<unsigned char*>(r.data()) + r.size());
+  }
+  Store store = Store::open(dir.store());
+  auto m = detail::decode_manifest(dvrtest::read_file(dvrtest::manifest_path(store, "s", "b")), "b");
+  auto at = detail::view_of(m, 0).location(5);
+  REQUIRE(at.pack != 0);
+  // The overlay page loses its bytes (all zero, like "a"'s page), and the page
+  // hash cache is gone, so hashing the stored pages gives "a"'s hashes.
+  std::string pack = dvrtest::read_file(dvrtest::pack_path(store, at.pack));
+  std::memset(pack.data() + at.offset, 0, 4096);
+  dvrtest::write_file(dvrtest::pack_path(store, at.pack), pack);
+  drop_page_hash_files(store);
+  Session s(store, "s");
+  auto& r = s.alloc("r", a.size());
+  s.restore("a");
+  REQUIRE(dvrtest::diff(r.data(), a.data(), a.size()) == "");
+  auto e = dvrtest::catch_error([&] { s.restore("b"); });
+  CHECK(e.code == Errc::corrupt);
+  CHECK_THAT(e.what, Catch::Contains("s/b"));
+  CHECK(dvrtest::diff(r.data(), a.data(), a.size()) == "");  // unchanged
+  CHECK_FALSE(store.verify().ok());
+}
+
+TEST_CASE("incremental: without page hash files, snapshots with all-zero overlay pages stay intact", "[incremental]") {
+  TempDir dir;
+  std::vector<unsigned char> data = dvrtest::random_bytes(1u << 20, 41);
+  {
+    Store store = Store::open(dir.store());
+    for (Tracking mode : {Tracking::write_protect, Tracking::hash}) {
+      Session s(store, mode == Tracking::hash ? "h" : "w", {.tracking = mode});
+      auto copy = data;
+      s.track("r", copy.data(), copy.size());
+      s.snapshot("a");
+      std::memset(copy.data() + 3 * 4096, 0, 4096);  // becomes an all-zero overlay
+      CHECK(s.snapshot("b").stored_bytes == 0);
+    }
+  }
+  Store store = Store::open(dir.store());
+  drop_page_hash_files(store);
+  CHECK(store.verify().ok());
+  auto want = data;
+  std::memset(want.data() + 3 * 4096, 0, 4096);
+  for (const char* session : {"w", "h"}) {
+    Session s(store, session);
+    std::vector<unsigned char> live(data.size(), 7);
+    s.track("r", live.data(), live.size());
+    s.restore("b");
+    CHECK(dvrtest::diff(live, want) == "");
+    CHECK(store.latest(session)->name == "b");
+  }
+}

@@ -65,7 +65,7 @@ struct SnapshotInfo {
   /// How it was taken: "write_protect" (only chunks with written pages were
   /// read; the rest came from the parent), or "hash" (all memory was read).
   std::string tracking;
-  std::uint64_t chunks_read = 0;   // chunks hashed to take it
+  std::uint64_t chunks_read = 0;   // chunks hashed (whole or page by page) to take it
   /// Set when the manifest cannot be read or fails its checksum; `damage` says
   /// why. Damaged snapshots are listed so that nothing disappears silently; they
   /// cannot be restored. `dvr verify` also checks their chunk data.
