@@ -472,7 +472,15 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
       }
       for (std::uint32_t p = 0; p < m.pages_of(i); ++p)
         if (written[ri]->page[j * pages_per_chunk + p]) pages.push_back(p);
-      std::size_t apart = base->first_overlay[bi + 1] - base->first_overlay[bi] + pages.size() - page_from[i];
+      // Pages stored apart afterwards: the base's overlays and the written
+      // pages that are not among them.
+      std::size_t apart = base->first_overlay[bi + 1] - base->first_overlay[bi];
+      for (std::size_t x = page_from[i]; x < pages.size(); ++x) {
+        bool already = false;
+        for (std::uint32_t k = base->first_overlay[bi]; k < base->first_overlay[bi + 1] && !already; ++k)
+          already = base->overlays[k].page == pages[x];
+        apart += already ? 0 : 1;
+      }
       if (apart * 4 <= m.pages_of(i)) plan[i] = Plan::patch;
       else pages.resize(page_from[i]);
       page_from[i + 1] = static_cast<std::uint32_t>(pages.size());

@@ -788,10 +788,14 @@ GcReport Store::gc() {
     }
     punch(cursor, size);
   }
-  // Pack files half-created by a crash.
-  for (auto& f : list_dir(impl_->path + "/packs"))
-    if (f.size() > 4 && f.compare(f.size() - 4, 4, ".new") == 0 && ::unlink((impl_->path + "/packs/" + f).c_str()) == 0)
+  // Pack files half-created by a crash, and page hash files whose pack is gone.
+  for (auto& f : list_dir(impl_->path + "/packs")) {
+    std::string file = impl_->path + "/packs/" + f;
+    bool orphan = f.size() > 5 && f.compare(f.size() - 5, 5, ".hash") == 0 &&
+                  !path_exists(file.substr(0, file.size() - 5) + ".pack");
+    if (((f.size() > 4 && f.compare(f.size() - 4, 4, ".new") == 0) || orphan) && ::unlink(file.c_str()) == 0)
       ++report.temp_files_removed;
+  }
   fsync_dir(impl_->path + "/packs");
   impl_->packs->refresh_mappings();
   for (auto id : impl_->packs->ids()) report.bytes_after += file_allocated(impl_->packs->path_of(id));

@@ -109,7 +109,7 @@ TEST_CASE("clone: its data stays intact after the snapshot is removed, until the
   CHECK(store.stats().pack_bytes < used);
 }
 
-TEST_CASE("clone: a pin left by a crashed process is removed by gc; damage is refused with verify", "[clone]") {
+TEST_CASE("clone: a pin left by a crashed process is removed by gc, and damage is refused with verify", "[clone]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   auto a = dvrtest::random_bytes(1u << 20, 5);

@@ -83,7 +83,7 @@ TEST_CASE("tracker: never-touched pages and MADV_DONTNEED are never missed", "[d
   CHECK(w == std::vector<AddrRange>{{mem.page(8), mem.page(12)}});
 }
 
-TEST_CASE("tracker: reprotect forgets our own writes; unmapped memory is reported as untracked", "[dirty]") {
+TEST_CASE("tracker: reprotect forgets our own writes, and unmapped memory is reported as untracked", "[dirty]") {
   std::string why;
   auto t = WriteTracker::open(&why);
   if (!t) {

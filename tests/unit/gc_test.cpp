@@ -15,7 +15,7 @@ using dvrtest::diff;
 using dvrtest::TempDir;
 namespace fs = std::filesystem;
 
-TEST_CASE("gc: removing a 16 MiB snapshot and collecting frees its space; the rest restores bit-exact", "[gc]") {
+TEST_CASE("gc: removing a 16 MiB snapshot and collecting frees its space, and the rest restores bit-exact", "[gc]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   const std::uint64_t mib = 1 << 20;
@@ -151,7 +151,7 @@ TEST_CASE("gc: leftover files in STORE/tmp are removed and counted", "[gc]") {
   CHECK(store.gc().temp_files_removed == 0);
 }
 
-TEST_CASE("gc: refuses with corrupt while a manifest is damaged, naming it; works after it is removed", "[gc]") {
+TEST_CASE("gc: refuses with corrupt while a manifest is damaged, naming it, and works after it is removed", "[gc]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   auto a = dvrtest::random_bytes(4 * store.chunk_size(), 1140);
@@ -329,7 +329,7 @@ TEST_CASE("reuse: chunks shared with another session survive removal of the snap
   CHECK(b.verify().ok());
 }
 
-TEST_CASE("reuse: replace frees the old content; snapshotting the old content again stores and restores it", "[gc][reuse]") {
+TEST_CASE("reuse: replace frees the old content, and snapshotting the old content again stores and restores it", "[gc][reuse]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   const std::size_t size = 512 * 1024 + 3;

@@ -337,7 +337,7 @@ TEST_CASE("snapshot: changing one byte stores one page", "[snapshot][dedup]") {
   }
 }
 
-TEST_CASE("snapshot: an existing name is already_exists; replace=true replaces it", "[snapshot]") {
+TEST_CASE("snapshot: an existing name is already_exists, and replace=true replaces it", "[snapshot]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   auto v1 = dvrtest::random_bytes(100000, 800);
@@ -421,7 +421,7 @@ TEST_CASE("snapshot: head() and parent links follow snapshots and restores", "[s
   CHECK(again.snapshot("e").parent == "b");
 }
 
-TEST_CASE("snapshot: label, time and sizes are recorded; list() is ordered by time", "[snapshot]") {
+TEST_CASE("snapshot: label, time and sizes are recorded, and list() is ordered by time", "[snapshot]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   auto live = dvrtest::random_bytes(70000, 830);
@@ -459,7 +459,7 @@ TEST_CASE("snapshot: label, time and sizes are recorded; list() is ordered by ti
   CHECK(info.parent == "yy");
 }
 
-TEST_CASE("snapshot: untrack() forgets a region; snapshots and restores follow the live set", "[snapshot]") {
+TEST_CASE("snapshot: untrack() forgets a region, and snapshots and restores follow the live set", "[snapshot]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   auto a = dvrtest::random_bytes(5000, 840);
@@ -517,7 +517,7 @@ TEST_CASE("snapshot: restore leaves regions the snapshot does not record untouch
   CHECK(diff(b.data(), b0.data(), b.size()) == "");
 }
 
-TEST_CASE("snapshot: a snapshot the store cannot hold is no_space; nothing is published, earlier ones stay intact",
+TEST_CASE("snapshot: a snapshot the store cannot hold is no_space, and nothing is published, earlier ones stay intact",
           "[snapshot][no_space]") {
   // The file-size limit stands in for a full file system: growing a pack past
   // it fails with EFBIG, which the store reports as no_space.

@@ -89,7 +89,7 @@ TEST_CASE("store: chunk sizes that are not powers of two in [4 KiB, 16 MiB] are 
   }
 }
 
-TEST_CASE("store: an empty existing directory becomes a store; a trailing slash is ignored", "[store]") {
+TEST_CASE("store: an empty existing directory becomes a store, and a trailing slash is ignored", "[store]") {
   TempDir dir;
   REQUIRE(::mkdir(dir.store().c_str(), 0700) == 0);
   Store a = Store::open(dir.store() + "/");
@@ -361,7 +361,7 @@ TEST_CASE("store: data freed by gc in one Store object is not reused by another'
   CHECK(b.verify().ok());
 }
 
-TEST_CASE("store: sessions() lists sessions with snapshots, sorted; list() covers all of them", "[store]") {
+TEST_CASE("store: sessions() lists sessions with snapshots, sorted, and list() covers all of them", "[store]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   CHECK(store.sessions().empty());
