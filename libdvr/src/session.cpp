@@ -536,6 +536,7 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
     std::uint64_t block_size = detail::round_up_page(std::clamp((slot[e] - slot[b]) / 8, kMinBlock, kMaxBlock));
     std::uint64_t step = kMinReserveStep, written_here = 0;
     std::unordered_map<detail::Hash128, std::size_t, detail::Hash128Hasher> mine;
+    std::vector<std::uint32_t> changed;  // pages of the current patched chunk that changed
     struct {
       std::uint64_t dst = 0;
       const char* src = nullptr;
@@ -610,6 +611,7 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
           detail::Overlay* ov = patched.data() + ov_from[i];
           std::uint32_t n_ov = static_cast<std::uint32_t>(was.overlay_count);
           std::copy_n(was.overlays, n_ov, ov);
+          changed.clear();
           for (std::uint32_t x = page_from[i]; x < page_from[i + 1]; ++x) {
             const std::uint32_t p = pages[x];
             const char* now = src[i] + p * kPageSize;
@@ -622,9 +624,32 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
               if (at.pack ? old && std::memcmp(old, now, len) == 0 : detail::all_zero(now, len)) continue;
             }
             hashes[p] = h;
+            changed.push_back(p);
+          }
+          c.hash = detail::tree_hash(hashes, npages);
+          if (changed.empty()) {
+            ov_count[i] = n_ov;
+            for (std::uint32_t x = 0; x < n_ov; ++x) ov[x].chunk = i;
+            continue;
+          }
+          // Back to content stored whole before (a trial undone by hand, say):
+          // point at that copy, after comparing the bytes.
+          if (const ChunkRef* known = store.find_chunk(c.hash, c.length)) {
+            const char* stored_copy = store.packs->mapped(known->pack, known->offset, c.length);
+            if (stored_copy && std::memcmp(stored_copy, src[i], c.length) == 0) {
+              c.pack = known->pack;
+              c.offset = known->offset;
+              ov_count[i] = 0;
+              continue;
+            }
+          }
+          for (std::uint32_t p : changed) {
+            const char* now = src[i] + p * kPageSize;
+            const std::uint32_t len = was.page_length(p);
+            const std::uint64_t h = hashes[p];
             detail::Overlay o{i, p, 0, 0};
             if (!(h == detail::zero_page_hash(len) && detail::all_zero(now, len))) {
-              detail::PageLoc at = place(k, now, len, &h);
+              detail::PageLoc at = place(k, now, len, &hashes[p]);
               o.pack = at.pack;
               o.offset = at.offset;
             }
@@ -638,7 +663,6 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
           }
           for (std::uint32_t x = 0; x < n_ov; ++x) ov[x].chunk = i;
           ov_count[i] = n_ov;
-          c.hash = detail::tree_hash(hashes, npages);
           continue;
         }
         detail::hash_pages(src[i], c.length, hashes);
