@@ -138,10 +138,12 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
     throw Error(Errc::permission, "store " + path + " is owned by uid " + std::to_string(st.st_uid) + ", not by you (uid " +
                                       std::to_string(::geteuid()) + "); use a store of your own (--store DIR or $DVR_STORE)");
   if (!path_exists(sb_path)) {
-    if (!only_lock_or_empty())
+    // Files but no superblock: not a store — unless another process has just
+    // finished creating it (superblock first, then its directories).
+    if (!only_lock_or_empty() && !path_exists(sb_path))
       throw Error(Errc::invalid_argument, path + " is not a Memory DVR store (it holds files but no " + kSuperblockName +
                                               "); choose an empty or new directory for the store");
-    if (!options.create) throw Error(Errc::not_found, "no store at " + path + " (empty directory)");
+    if (!options.create && !path_exists(sb_path)) throw Error(Errc::not_found, "no store at " + path + " (empty directory)");
   }
   if ((st.st_mode & 077) != 0 && ::chmod(path.c_str(), 0700) != 0)
     throw_errno(errno, "cannot make store " + path + " private (mode 0700)");
