@@ -13,6 +13,7 @@
 #include <mutex>
 #include <cstring>
 
+#include "memops.hpp"
 #include "os.hpp"
 
 #ifndef MADV_POPULATE_WRITE
@@ -296,9 +297,19 @@ void PackWriter::reserve(std::uint64_t rel, std::uint64_t len) {
 }
 
 void PackWriter::copy(std::uint64_t rel, const void* src, std::size_t len) {
-  reinterpret_cast<pmem2_memcpy_fn>(memcpy_)(base_ + rel, src, len,
-                                             PMEM2_F_MEM_NONTEMPORAL | PMEM2_F_MEM_NODRAIN | PMEM2_F_MEM_NOFLUSH);
-  end_ = std::max(end_, rel + len);
+  // Large copies through libpmem2: non-temporal, flushed as they go (on
+  // page-granularity media it copies without PMEM2_F_MEM_NOFLUSH
+  // non-temporally and msyncs the range; with it, it falls back to a cached
+  // memmove, ~20% slower for a full snapshot). Small ones (pages stored
+  // apart): non-temporal too, but flushed all together in finish() — one
+  // msync per page would cost more than the copy.
+  if (len < kSmallCopy) {
+    copy_nt(base_ + rel, src, len);  // streaming stores, like libpmem2's
+    unflushed_lo_ = std::min(unflushed_lo_, rel);
+    unflushed_hi_ = std::max(unflushed_hi_, rel + len);
+    return;
+  }
+  reinterpret_cast<pmem2_memcpy_fn>(memcpy_)(base_ + rel, src, len, PMEM2_F_MEM_NONTEMPORAL | PMEM2_F_MEM_NODRAIN);
 }
 
 void PackWriter::set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count) {
@@ -320,10 +331,9 @@ void PackWriter::finish() {
     hash_lo_ = UINT64_MAX;
     hash_hi_ = 0;
   }
-  // The copies asked for no flush: flush everything written once (cache
-  // lines on PMem, one msync on page-granularity media), then drain.
-  if (end_) pmem2_get_flush_fn(map_->map->get())(base_, end_);
-  end_ = 0;
+  if (unflushed_lo_ < unflushed_hi_) pmem2_get_flush_fn(map_->map->get())(base_ + unflushed_lo_, unflushed_hi_ - unflushed_lo_);
+  unflushed_lo_ = UINT64_MAX;
+  unflushed_hi_ = 0;
   pmem2_get_drain_fn(map_->map->get())();
 }
 

@@ -128,9 +128,9 @@ class PackWriter {
   /// Makes [rel, rel+len) writable: reserves it on the file system (throws
   /// no_space, leaving it free space) and populates its page tables.
   void reserve(std::uint64_t rel, std::uint64_t len);
-  /// Copies with non-temporal stores (PMEM2_F_MEM_NONTEMPORAL) into a
-  /// reserved range; persistence is completed by finish() (one flush for the
-  /// whole extent: on page-granularity media each flush is an msync).
+  /// Copies into a reserved range (large copies non-temporal and flushed as
+  /// they go, small ones flushed together by finish()); finish() completes
+  /// persistence.
   void copy(std::uint64_t rel, const void* src, std::size_t len);
   /// Records the page hashes of the pages copied at rel (page-aligned).
   void set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count);
@@ -143,7 +143,8 @@ class PackWriter {
   std::uint64_t offset_, length_;
   char* base_;
   void* memcpy_;
-  std::uint64_t end_ = 0;  // end of the bytes copied so far
+  static constexpr std::size_t kSmallCopy = 64u << 10;
+  std::uint64_t unflushed_lo_ = UINT64_MAX, unflushed_hi_ = 0;  // small copies not flushed yet
   std::uint64_t* hash_file_;  // the pack's page hash file, or nullptr
   std::uint64_t* hashes_;     // the same while there is room to write hashes, else nullptr
   int hash_fd_;

@@ -87,8 +87,7 @@ struct Session::State {
   // *tracked tells which of the two it was.
   bool changed_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out, bool* tracked);
   // After a successful snapshot or restore: protect the written pages again.
-  // `written` estimates how many bytes were written since they were protected.
-  void rearm(std::uint64_t written);
+  void rearm();
   const ManifestRegion* base_region(const Region& r) const;
 };
 
@@ -184,37 +183,16 @@ bool Session::State::changed_since_base(const Region& r, std::vector<std::pair<s
   return true;
 }
 
-void Session::State::rearm(std::uint64_t written) {
+void Session::State::rearm() {
   if (!tracker) return;
-  // Protecting a gigabyte of written pages again takes ~10 ms: split the work
-  // into page-aligned pieces and use every core. For a few pages, one thread:
-  // protecting pages while another CPU runs this process makes every page
-  // table walk flush that CPU's TLB too (an interrupt each), which costs far
-  // more than the walk.
-  constexpr std::uintptr_t kPiece = 64u << 20;
-  struct Piece {
-    RegionTrack* track;
-    const Region* region;
-    detail::AddrRange range;
-  };
-  std::vector<Piece> pieces;
-  std::uint64_t bytes = 0;
+  // One thread: protecting a fully written GiB again takes ~2 ms that way,
+  // but longer on two, because protecting pages while another CPU runs this
+  // process makes every page-table walk interrupt that CPU to flush its TLB.
   for (auto& [region, t] : tracks) {
-    if (t.tracked.first == t.tracked.second) continue;
-    for (std::uintptr_t b = t.tracked.first; b < t.tracked.second; b += kPiece)
-      pieces.push_back({&t, region, {b, std::min(b + kPiece, t.tracked.second)}});
-    bytes += t.tracked.second - t.tracked.first;
-  }
-  std::vector<char> lost(pieces.size(), 0);
-  detail::parallel_for(pieces.size(), written < (64u << 20) ? 0 : bytes / 64, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) lost[i] = !tracker->reprotect(pieces[i].range);
-  });
-  for (std::size_t i = 0; i < pieces.size(); ++i) {
-    RegionTrack& t = *pieces[i].track;
-    if (!lost[i] || t.tracked.first == t.tracked.second) continue;
+    if (t.tracked.first == t.tracked.second || tracker->reprotect(t.tracked)) continue;
     tracker->remove(t.tracked);
     t.tracked = {0, 0};
-    t.why = "region '" + pieces[i].region->name() + "' was remapped; write tracking was lost";
+    t.why = "region '" + region->name() + "' was remapped; write tracking was lost";
   }
 }
 
@@ -403,7 +381,6 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   std::vector<std::optional<WrittenPages>> written(state_->regions.size());
   std::vector<const ManifestRegion*> base_regions(state_->regions.size(), nullptr);
   bool tracked_any = false;
-  std::uint64_t written_bytes = 0;
   for (std::size_t ri = 0; ri < state_->regions.size(); ++ri) {
     Region& r = *state_->regions[ri];
     std::uint64_t count = (r.size() + m.chunk_size - 1) / m.chunk_size;
@@ -419,7 +396,6 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
     bool tracked = false;
     if (state_->changed_since_base(r, ranges, &tracked)) {
       tracked_any = tracked_any || tracked;
-      for (auto& [b, e] : ranges) written_bytes += e - b;
       written[ri].emplace(ranges, r.size(), m.chunk_size);
       base_regions[ri] = state_->base_region(r);
     }
@@ -733,7 +709,7 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   store.index_published(store.manifest_path(m.session, m.name), m);
   for (auto& [region, t] : state_->tracks) t.synced = true;
   // Live memory now equals this snapshot: track writes relative to it.
-  state_->rearm(written_bytes);
+  state_->rearm();
   state_->replace_base(std::move(m));
   state_->last_snapshot = std::chrono::steady_clock::now();
   state_->head = name;
@@ -768,7 +744,6 @@ void Session::restore(const std::string& name) {
   std::vector<char*> dst(m.chunks.size());
   std::vector<const ManifestRegion*> region_of(m.chunks.size());
   std::vector<detail::AddrRange> unprotect;  // tracked ranges about to be mostly overwritten
-  std::uint64_t written_bytes = 0;
   for (auto& mr : m.regions) {
     Region* live = nullptr;
     for (auto& r : state_->regions)
@@ -794,7 +769,6 @@ void Session::restore(const std::string& name) {
       // the pages in which the target differs from the base, and the written
       // pages.
       br = state_->base_region(*live);
-      for (auto& [b, e] : ranges) written_bytes += e - b;
       w.emplace(ranges, mr.size, m.chunk_size);
     }
     for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
@@ -922,7 +896,7 @@ void Session::restore(const std::string& name) {
       }
     }
   });
-  state_->rearm(written_bytes + copy_bytes);
+  state_->rearm();
   for (auto& mr : m.regions)
     for (auto& r : state_->regions)
       if (r->name() == mr.name) state_->tracks[r.get()].synced = true;
