@@ -35,6 +35,7 @@ struct Figure {
   std::string note;
   std::string peer = "memcpy";
   std::string tracking;  // for the 1% figures: the tracking mode measured
+  std::string json_extra;  // more ",\"key\":value" fields for the JSON line
 };
 
 // Private (anonymous or copied-on-write) memory of this process, in bytes.
@@ -224,7 +225,7 @@ int main(int argc, char** argv) {
       figures.push_back({"snapshot_1pct_" + label, inc_s, snap_s,
                          std::to_string(read) + " of " + std::to_string(n / store.chunk_size()) + " chunks read, " +
                              std::to_string(added / 4096) + " pages stored",
-                         "snapshot_full", label});
+                         "snapshot_full", label, ",\"stored_bytes\":" + std::to_string(added) + ",\"chunks_read\":" + std::to_string(read)});
       figures.push_back({"restore_1pct_" + label, back_s, restore_s, "rollback after 1% of pages were written", "restore_full", label});
     }
 
@@ -245,7 +246,9 @@ int main(int argc, char** argv) {
       figures.push_back({"clone_open", open_s, restore_s,
                          "then read all, write 1% of pages: private memory +" + format_bytes(grown) + " (" +
                              json_number(100.0 * grown / static_cast<double>(n)) + "% of the snapshot)",
-                         "restore_full"});
+                         "restore_full", "",
+                         ",\"private_growth_bytes\":" + std::to_string(static_cast<std::uint64_t>(grown)) +
+                             ",\"private_growth_fraction\":" + json_number(grown / static_cast<double>(n))});
     }
 
     if (json) {
@@ -255,7 +258,7 @@ int main(int argc, char** argv) {
         std::cout << "{\"name\":" << json_string(f.name) << ",\"value\":" << json_number(f.value)
                   << ",\"unit\":\"s\",\"peer\":" << json_string(f.peer) << ",\"peer_value\":" << json_number(f.peer_value)
                   << ",\"ratio\":" << json_number(f.peer_value / f.value) << ",\"bytes\":" << n
-                  << (f.tracking.empty() ? std::string() : ",\"tracking\":" + json_string(f.tracking)) << "}\n";
+                  << (f.tracking.empty() ? std::string() : ",\"tracking\":" + json_string(f.tracking)) << f.json_extra << "}\n";
     } else {
       std::printf("dvr-bench: %s of pre-faulted memory, store %s (%s), best of %d\n\n", format_bytes(static_cast<double>(n)).c_str(),
                   store.path().c_str(), medium_name(store.medium()), repeat);

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,16 @@ def kill(proc):
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
+
+
+@pytest.fixture(params=["disk", "dram"])
+def crash_store(request, make_store):
+    """A store on the test's tmp directory (a disk file system) and one on
+    /dev/shm (tmpfs, the default store location)."""
+    if request.param == "disk":
+        yield make_store()
+        return
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="dvr-system-test-") as shm:
+        yield make_store(parent=shm)

@@ -10,7 +10,6 @@ processes. Set DVR_CRASH_SEED to replay a run; the seed is printed on failure.
 import os
 import random
 import subprocess
-import tempfile
 import time
 from collections import Counter
 
@@ -51,19 +50,6 @@ def run_and_kill(store, args, delay, before_kill=None):
     # The worker writes each line with one write(): only whole lines were printed.
     lines = out.split("\n")[:-1]
     return lines, seen
-
-
-@pytest.fixture(params=["disk", "dram"])
-def crash_store(request, make_store):
-    """A store on the test's tmp directory (a disk file system) and one on
-    /dev/shm (tmpfs, the default store location)."""
-    if request.param == "disk":
-        yield make_store()
-        return
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm")
-    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="dvr-system-test-") as shm:
-        yield make_store(parent=shm)
 
 
 def test_sigkill_during_snapshot_remove_and_gc_keeps_every_committed_snapshot(crash_store):

@@ -21,7 +21,6 @@ import os
 import random
 import re
 import subprocess
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -37,19 +36,6 @@ def seeded_rng():
     seed = int(os.environ.get("DVR_CRASH_SEED", random.randrange(1 << 31)))
     print(f"DVR_CRASH_SEED={seed}")
     return random.Random(seed), seed
-
-
-@pytest.fixture(params=["disk", "dram"])
-def crash_store(request, make_store):
-    """A store on the test's tmp directory (a disk file system) and one on
-    /dev/shm (tmpfs, the default store location)."""
-    if request.param == "disk":
-        yield make_store()
-        return
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm")
-    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="dvr-system-test-") as shm:
-        yield make_store(parent=shm)
 
 
 class Worker:
@@ -332,7 +318,7 @@ def test_killed_clone_holders_leave_pins_that_gc_removes_without_freeing_live_da
     its space back."""
     store = crash_store
     rng, seed = seeded_rng()
-    names = make_history(store)
+    make_history(store)
 
     held = {n: hold_clone(store, n) for n in ("autosave-11", "named-8", "base-2")}
     assert len(pins(store)) == 3, pins(store)
