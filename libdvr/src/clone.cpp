@@ -24,13 +24,14 @@ struct Clone::State {
   std::string session, snapshot;
   std::vector<std::unique_ptr<Region>> regions;
   std::vector<std::pair<void*, std::size_t>> maps;  // one reservation per region
-  detail::Fd pin;                                   // flock()ed while the clone lives
-  std::string pin_path;
+  detail::Fd pin_lock;                              // flock()ed while the clone lives
+  std::string pin_path, lock_path;
 
   ~State() {
     regions.clear();
     for (auto& [p, n] : maps) ::munmap(p, n);
     if (!pin_path.empty()) ::unlink(pin_path.c_str());
+    if (!lock_path.empty()) ::unlink(lock_path.c_str());
   }
 };
 
@@ -78,18 +79,28 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
   auto state = std::make_unique<Clone::State>();
   state->session = session;
   state->snapshot = snapshot;
-  // Pin the data: the manifest in pins/, locked for the clone's life. It is
-  // a hard link to the snapshot's manifest file (a copy where the file system
-  // has no hard links), made in tmp/ and locked before it is renamed into
-  // pins/, so gc never sees it unlocked. Nobody can replace the manifest
-  // meanwhile: writers need the exclusive lock.
-  std::string tmp = impl_->tmp_dir() + "/" + random_hex() + ".pin";
+  // Pin the data: the manifest in pins/ (PIN.snap), with a lock file of its
+  // own (PIN.lock) flocked for the clone's life; gc deletes a pin whose lock
+  // nobody holds. The lock is in place before the pin appears, so gc never
+  // sees a live pin unlocked. The pin is a hard link to the snapshot's
+  // manifest file (a copy where the file system has no hard links); nobody
+  // can replace that file meanwhile: writers need the exclusive store lock.
+  const std::string pin_name = impl_->pins_dir() + "/" + random_hex();
   {
-    Fd fd;
-    if (::link(impl_->manifest_path(session, snapshot).c_str(), tmp.c_str()) == 0) {
-      fd = open_or_throw(tmp, O_RDONLY);
-    } else {
-      fd = open_or_throw(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
+    std::string tmp_lock = impl_->tmp_dir() + "/" + random_hex() + ".lock";
+    Fd lock = open_or_throw(tmp_lock, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (::flock(lock.get(), LOCK_SH) != 0 || ::rename(tmp_lock.c_str(), (pin_name + ".lock").c_str()) != 0) {
+      int err = errno;
+      ::unlink(tmp_lock.c_str());
+      throw_errno(err, "cannot lock a pin for a clone of '" + ref + "' in " + impl_->pins_dir());
+    }
+    state->pin_lock = std::move(lock);
+    state->lock_path = pin_name + ".lock";
+  }
+  {
+    std::string tmp = impl_->tmp_dir() + "/" + random_hex() + ".pin";
+    if (::link(impl_->manifest_path(session, snapshot).c_str(), tmp.c_str()) != 0) {
+      Fd fd = open_or_throw(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
       try {
         write_all(fd.get(), bytes.data(), bytes.size(), tmp);
       } catch (...) {
@@ -97,18 +108,12 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
         throw;
       }
     }
-    if (::flock(fd.get(), LOCK_SH) != 0) {
-      int err = errno;
-      ::unlink(tmp.c_str());
-      throw_errno(err, "cannot lock " + tmp);
-    }
-    std::string pin = impl_->pins_dir() + "/" + random_hex() + kManifestSuffix;
+    std::string pin = pin_name + kManifestSuffix;
     if (::rename(tmp.c_str(), pin.c_str()) != 0) {
       int err = errno;
       ::unlink(tmp.c_str());
       throw_errno(err, "cannot pin the data of '" + ref + "' in " + pin);
     }
-    state->pin = std::move(fd);
     state->pin_path = pin;
   }
 

@@ -716,10 +716,22 @@ GcReport Store::gc() {
 
   // Pins of clones whose process is gone: nobody holds their lock any more.
   for (auto& pin : impl_->pin_files()) {
-    int fd = ::open(pin.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(pin.c_str()) == 0) ++report.temp_files_removed;
-    ::close(fd);
+    // Live while its lock file is locked (by the clone's process).
+    std::string lock = pin.substr(0, pin.size() - std::strlen(kManifestSuffix)) + ".lock";
+    int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    bool dead = fd < 0 ? errno == ENOENT : ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (dead && ::unlink(pin.c_str()) == 0) ++report.temp_files_removed;
+    if (dead) ::unlink(lock.c_str());
+    if (fd >= 0) ::close(fd);
+  }
+  // Lock files whose pin never appeared (a clone killed while opening).
+  for (auto& f : list_dir(impl_->pins_dir())) {
+    if (f.size() <= 5 || f.compare(f.size() - 5, 5, ".lock") != 0) continue;
+    std::string lock = impl_->pins_dir() + "/" + f;
+    if (path_exists(lock.substr(0, lock.size() - 5) + kManifestSuffix)) continue;
+    int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(lock.c_str()) == 0) ++report.temp_files_removed;
+    if (fd >= 0) ::close(fd);
   }
 
   // What is live: every byte range some manifest (or live clone) references.

@@ -291,8 +291,18 @@ def make_history(store):
 
 
 def pins(store):
+    """The pinned manifests (each pin also has a lock file, checked by pin_files())."""
     d = store.path / "pins"
-    return sorted(os.listdir(d)) if d.is_dir() else []
+    return sorted(f for f in os.listdir(d) if f.endswith(".snap")) if d.is_dir() else []
+
+
+def pin_files(store):
+    """Everything in pins/: every pin must come with its lock file and nothing else."""
+    d = store.path / "pins"
+    files = sorted(os.listdir(d)) if d.is_dir() else []
+    snaps = [f[:-5] for f in files if f.endswith(".snap")]
+    assert files == sorted([s + ".snap" for s in snaps] + [s + ".lock" for s in snaps]), files
+    return files
 
 
 def hold_clone(store, name):
@@ -338,7 +348,7 @@ def test_killed_clone_holders_leave_pins_that_gc_removes_without_freeing_live_da
         assert not lines or lines[0] == "cloned base-1", f"DVR_CRASH_SEED={seed} kill {it}: {lines}"
 
     gc = store.gc()
-    assert pins(store) == [] and store.tmp_files() == [], (pins(store), store.tmp_files(), gc)
+    assert pin_files(store) == [] and store.tmp_files() == [], (pin_files(store), store.tmp_files(), gc)
     assert gc["temp_files_removed"] >= 3, gc
     report = store.verify()
     assert report["ok"], report
@@ -350,7 +360,7 @@ def test_killed_clone_holders_leave_pins_that_gc_removes_without_freeing_live_da
     store.gc()  # nothing else left to reclaim
     store.dvr("rm", f"{SESSION}/base-2")
     gc = store.gc()
-    assert pins(store) == [], pins(store)
+    assert pin_files(store) == [], pin_files(store)
     assert gc["bytes_after"] < gc["bytes_before"], f"the space of base-2 was not reclaimed: {gc}"
     store.check(SESSION)
     assert store.verify()["ok"]
@@ -396,7 +406,7 @@ def test_live_clone_survives_rm_gc_and_new_snapshots_of_its_snapshot(crash_store
         release_clone(w, target)
     finally:
         kill(w.proc)
-    assert pins(store) == [], "a clone closed normally left its pin"
+    assert pin_files(store) == [], "a clone closed normally left its pin or lock file"
     store.gc()
     store.check(SESSION)
     assert store.verify()["ok"]

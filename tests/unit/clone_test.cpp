@@ -1,5 +1,6 @@
 // Thin clones: copy-on-write views of snapshots.
 #include <sys/file.h>
+#include <sys/wait.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -130,4 +131,29 @@ TEST_CASE("clone: a pin left by a crashed process is removed by gc, and damage i
   CHECK(e.code == Errc::corrupt);
   CHECK(e.what.find("p/two") != std::string::npos);
   CHECK(dvrtest::tree(store.path() + "/pins").empty());  // nothing left pinned by the failed clone
+}
+
+TEST_CASE("clone: the pin of a killed clone is removed by gc while another clone of the same snapshot lives", "[clone]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  auto a = dvrtest::random_bytes(1u << 20, 6);
+  Session s(store, "p");
+  s.track("a", a.data(), a.size());
+  s.snapshot("one");
+  Clone alive = s.clone("one");
+  pid_t child = ::fork();
+  if (child == 0) {
+    Store again = Store::open(dir.store());
+    Clone doomed = again.open_snapshot("p", "one");
+    ::_exit(0);  // no destructor: its pin stays, its lock goes with the process
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(dvrtest::tree(store.path() + "/pins").size() == 4);  // two pins, two lock files
+  store.gc();
+  CHECK(dvrtest::tree(store.path() + "/pins").size() == 2);  // the live clone's
+  store.remove("p", "one");
+  store.gc();
+  CHECK(dvrtest::diff(alive.region("a").data(), a.data(), a.size()) == "");
 }
