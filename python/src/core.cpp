@@ -1,0 +1,520 @@
+// memdvr._core — pybind11 bindings of libdvr (Store, Session, Clone).
+//
+// The friendly numpy-facing API lives in python/memdvr/__init__.py; this module
+// stays close to the C++ API. Ownership rules:
+//  * track(name, obj) holds a Py_buffer on obj while the region is tracked, so
+//    the object (and its memory) stays alive and cannot be resized.
+//  * alloc(name, size) and Clone.buffer(name) return memoryviews onto memory
+//    the SDK owns; each view keeps its owner (the Session or the Clone) alive,
+//    and untrack()/close() refuse while such a view is still referenced.
+//  * The GIL is released around snapshot, restore, clone, gc and verify.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <dvr/dvr.hpp>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// ---------------------------------------------------------------- exceptions
+
+struct ExcTypes {
+  PyObject* base = nullptr;
+  PyObject* by_code[8] = {};
+};
+ExcTypes g_exc;
+
+PyObject* exception_for(dvr::Errc code) {
+  auto i = static_cast<std::size_t>(code);
+  if (i < std::size(g_exc.by_code) && g_exc.by_code[i]) return g_exc.by_code[i];
+  return g_exc.base;
+}
+
+[[noreturn]] void invalid(const std::string& message) {
+  throw dvr::Error(dvr::Errc::invalid_argument, message);
+}
+
+void register_exceptions(py::module_& m) {
+  g_exc.base = PyErr_NewExceptionWithDoc(
+      "memdvr.DvrError",
+      "Base class of every memdvr error. `code` is the C++ dvr::Errc name "
+      "(\"not_found\", \"corrupt\", ...); str(e) is the C++ message.",
+      PyExc_Exception, nullptr);
+  if (!g_exc.base) throw py::error_already_set();
+  PyObject_SetAttrString(g_exc.base, "code", py::str("").ptr());
+  m.add_object("DvrError", py::handle(g_exc.base));
+
+  struct Def {
+    dvr::Errc code;
+    const char* name;
+    PyObject* builtin;  // second base, so `except ValueError` etc. also work
+    const char* doc;
+  };
+  const Def defs[] = {
+      {dvr::Errc::not_found, "NotFound", PyExc_LookupError,
+       "Unknown session, snapshot, region or store."},
+      {dvr::Errc::already_exists, "AlreadyExists", nullptr,
+       "A snapshot or region of that name exists already."},
+      {dvr::Errc::corrupt, "Corrupt", nullptr,
+       "Data or metadata failed its checksum, or is malformed."},
+      {dvr::Errc::no_space, "NoSpace", PyExc_OSError,
+       "The store's file system is full (or a file-size limit was hit)."},
+      {dvr::Errc::invalid_argument, "InvalidArgument", PyExc_ValueError,
+       "Bad name, size mismatch, overlapping region, read-only or "
+       "non-contiguous buffer, ..."},
+      {dvr::Errc::io, "DvrIOError", PyExc_OSError, "Any other operating-system error."},
+      {dvr::Errc::unsupported, "Unsupported", nullptr,
+       "Newer store format, or a missing kernel or file-system feature."},
+      {dvr::Errc::permission, "PermissionDenied", PyExc_PermissionError,
+       "Store owned by another user, or not accessible."},
+  };
+  for (const Def& d : defs) {
+    py::tuple bases = d.builtin ? py::make_tuple(py::handle(g_exc.base), py::handle(d.builtin))
+                                : py::make_tuple(py::handle(g_exc.base));
+    std::string full = std::string("memdvr.") + d.name;
+    PyObject* type = PyErr_NewExceptionWithDoc(full.c_str(), d.doc, bases.ptr(), nullptr);
+    if (!type) throw py::error_already_set();
+    PyObject_SetAttrString(type, "code", py::str(dvr::errc_name(d.code)).ptr());
+    g_exc.by_code[static_cast<std::size_t>(d.code)] = type;  // one reference kept for good
+    m.add_object(d.name, py::handle(type));
+  }
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const dvr::Error& e) {
+      PyErr_SetString(exception_for(e.code()), e.what());
+    }
+  });
+}
+
+// ---------------------------------------------------------------- helpers
+
+dvr::Tracking parse_tracking(const std::string& s) {
+  if (s == "write_protect") return dvr::Tracking::write_protect;
+  if (s == "hash") return dvr::Tracking::hash;
+  invalid("unknown tracking mode '" + s + "': use \"write_protect\" or \"hash\"");
+}
+
+std::string type_name(py::handle obj) {
+  return py::str(py::type::handle_of(obj).attr("__name__"));
+}
+
+// A Py_buffer held for as long as a region is tracked.
+struct HeldBuffer {
+  Py_buffer view{};
+  bool held = false;
+  HeldBuffer() = default;
+  HeldBuffer(const HeldBuffer&) = delete;
+  HeldBuffer& operator=(const HeldBuffer&) = delete;
+  ~HeldBuffer() {
+    if (held) PyBuffer_Release(&view);
+  }
+};
+
+// The exporter behind every memoryview onto SDK-owned memory (alloc()ed regions,
+// clone regions). `owner` keeps the Session or Clone alive; `token` tells the
+// owner that some view may still point into the memory.
+struct MemoryOwner {
+  py::object owner;
+  void* data = nullptr;
+  std::size_t size = 0;
+  bool readonly = false;
+  std::shared_ptr<int> token;
+};
+
+py::memoryview view_of(py::object owner, void* data, std::size_t size, bool readonly,
+                       std::shared_ptr<int> token) {
+  auto holder = std::make_unique<MemoryOwner>();
+  holder->owner = std::move(owner);
+  holder->data = data;
+  holder->size = size;
+  holder->readonly = readonly;
+  holder->token = std::move(token);
+  py::object exporter = py::cast(std::move(holder));
+  PyObject* mv = PyMemoryView_FromObject(exporter.ptr());
+  if (!mv) throw py::error_already_set();
+  return py::reinterpret_steal<py::memoryview>(mv);
+}
+
+py::dict region_info_dict(const dvr::RegionInfo& r) {
+  py::dict d;
+  d["name"] = r.name;
+  d["size"] = r.size;
+  d["sdk_owned"] = r.sdk_owned;
+  return d;
+}
+
+py::dict snapshot_info_dict(const dvr::SnapshotInfo& i) {
+  py::dict d;
+  d["session"] = i.session;
+  d["name"] = i.name;
+  d["parent"] = i.parent;
+  d["label"] = i.label;
+  d["time_ns"] = i.time_ns;
+  d["logical_bytes"] = i.logical_bytes;
+  d["stored_bytes"] = i.stored_bytes;
+  d["chunks"] = i.chunks;
+  d["zero_chunks"] = i.zero_chunks;
+  py::list regions;
+  for (const auto& r : i.regions) regions.append(region_info_dict(r));
+  d["regions"] = regions;
+  d["tracking"] = i.tracking;
+  d["chunks_read"] = i.chunks_read;
+  d["damaged"] = i.damaged;
+  d["damage"] = i.damage;
+  return d;
+}
+
+// ---------------------------------------------------------------- Session
+
+struct PySession {
+  // Declared before `session` so that they are released after it: the library
+  // lets go of the memory first, then Python gets its buffers back.
+  std::map<std::string, std::unique_ptr<HeldBuffer>> buffers;
+  std::map<std::string, py::object> objects;  // the tracked Python objects
+  std::map<std::string, std::shared_ptr<int>> tokens;  // alloc()ed regions
+  std::optional<dvr::Session> session;
+
+  dvr::Session& get() {
+    if (!session) invalid("memdvr: the session is closed");
+    return *session;
+  }
+
+  void check_no_views(const std::string& region) {
+    auto it = tokens.find(region);
+    if (it != tokens.end() && it->second.use_count() > 1)
+      invalid("region '" + region + "' of session '" + get().name() +
+              "' is still referenced by " + std::to_string(it->second.use_count() - 1) +
+              " Python buffer(s) (arrays or memoryviews from alloc()/array()): delete them "
+              "before untracking it or closing the session");
+  }
+
+  void forget(const std::string& region) {
+    tokens.erase(region);
+    objects.erase(region);
+    buffers.erase(region);
+  }
+};
+
+void session_track(PySession& s, const std::string& name, py::object obj) {
+  dvr::Session& session = s.get();
+  auto held = std::make_unique<HeldBuffer>();
+  if (PyObject_GetBuffer(obj.ptr(), &held->view, PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    invalid("cannot track region '" + name + "': a " + type_name(obj) +
+            " does not expose a buffer (track a numpy array, bytearray or memoryview)");
+  }
+  held->held = true;
+  if (held->view.readonly)
+    invalid("cannot track region '" + name + "': the " + type_name(obj) +
+            " is read-only (a bytes object, or an array with writeable=False); "
+            "track a writable buffer");
+  if (!PyBuffer_IsContiguous(&held->view, 'C'))
+    invalid("cannot track region '" + name + "': the " + type_name(obj) +
+            " is not C-contiguous (a strided slice such as a[::2], or a transposed "
+            "array); track np.ascontiguousarray(a) instead");
+  session.track(name, held->view.buf, static_cast<std::size_t>(held->view.len));
+  s.buffers[name] = std::move(held);
+  s.objects[name] = std::move(obj);
+}
+
+py::memoryview session_alloc(py::object self, const std::string& name, std::size_t size) {
+  auto& s = self.cast<PySession&>();
+  dvr::Region& r = s.get().alloc(name, size);
+  auto token = std::make_shared<int>(0);
+  s.tokens[name] = token;
+  return view_of(self, r.data(), r.size(), false, token);
+}
+
+py::object session_buffer(py::object self, const std::string& name) {
+  auto& s = self.cast<PySession&>();
+  dvr::Region& r = s.get().region(name);
+  if (auto it = s.objects.find(name); it != s.objects.end()) return it->second;
+  return view_of(self, r.data(), r.size(), false, s.tokens[name]);
+}
+
+// ---------------------------------------------------------------- Clone
+
+struct PyClone {
+  std::unique_ptr<dvr::Clone> clone;
+};
+
+py::list regions_list(const std::vector<dvr::Region*>& regions) {
+  py::list out;
+  for (const dvr::Region* r : regions)
+    out.append(region_info_dict({r->name(), r->size(), r->sdk_owned()}));
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "memdvr._core: bindings of the Memory DVR C++ library (use the memdvr package)";
+  m.attr("__version__") = dvr::version();
+  register_exceptions(m);
+
+  py::class_<MemoryOwner>(m, "_MemoryOwner", py::buffer_protocol())
+      .def_buffer([](MemoryOwner& o) {
+        return py::buffer_info(o.data, 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(o.size)}, {1}, o.readonly);
+      });
+
+  // ---- Store
+  py::class_<dvr::Store>(m, "Store", "A handle to an open store (a directory of snapshots).")
+      .def_static(
+          "open",
+          [](const std::string& path, std::optional<std::uint32_t> chunk_size, bool create) {
+            dvr::StoreOptions o;
+            if (chunk_size) o.chunk_size = *chunk_size;
+            o.create = create;
+            return dvr::Store::open(path, o);
+          },
+          py::arg("path"), py::arg("chunk_size") = py::none(), py::arg("create") = true,
+          "Opens (and with create=True creates) the store in `path`.")
+      .def_static("default_path", &dvr::Store::default_path,
+                  "$DVR_STORE if set, else /dev/shm/dvr-<uid>, else $HOME/.local/share/dvr.")
+      .def_property_readonly("path", &dvr::Store::path)
+      .def_property_readonly("medium", [](const dvr::Store& s) { return dvr::medium_name(s.medium()); })
+      .def_property_readonly("chunk_size", &dvr::Store::chunk_size)
+      .def("sessions", &dvr::Store::sessions, "Sessions with at least one snapshot, sorted.")
+      .def(
+          "list",
+          [](const dvr::Store& s, std::optional<std::string> session) {
+            auto infos = session ? s.list(*session) : s.list();
+            py::list out;
+            for (const auto& i : infos) out.append(snapshot_info_dict(i));
+            return out;
+          },
+          py::arg("session") = py::none(), "Snapshots (dicts), oldest first; damaged ones marked.")
+      .def(
+          "info",
+          [](const dvr::Store& s, const std::string& session, const std::string& name) {
+            return snapshot_info_dict(s.info(session, name));
+          },
+          py::arg("session"), py::arg("name"))
+      .def("remove", &dvr::Store::remove, py::arg("session"), py::arg("name"))
+      .def(
+          "gc",
+          [](dvr::Store& s) {
+            dvr::GcReport r;
+            {
+              py::gil_scoped_release nogil;
+              r = s.gc();
+            }
+            py::dict d;
+            d["bytes_before"] = r.bytes_before;
+            d["bytes_after"] = r.bytes_after;
+            d["packs_removed"] = r.packs_removed;
+            d["temp_files_removed"] = r.temp_files_removed;
+            return d;
+          })
+      .def("verify",
+           [](const dvr::Store& s) {
+             dvr::VerifyReport r;
+             {
+               py::gil_scoped_release nogil;
+               r = s.verify();
+             }
+             py::dict d;
+             d["ok"] = r.ok();
+             d["snapshots"] = r.snapshots;
+             d["chunks"] = r.chunks;
+             d["bytes"] = r.bytes;
+             py::list problems;
+             for (const auto& p : r.problems) {
+               py::dict pd;
+               pd["session"] = p.session;
+               pd["snapshot"] = p.snapshot;
+               pd["what"] = p.what;
+               problems.append(pd);
+             }
+             d["problems"] = problems;
+             d["damaged_snapshots"] = r.damaged_snapshots();
+             return d;
+           })
+      .def("stats",
+           [](const dvr::Store& s) {
+             auto st = s.stats();
+             py::dict d;
+             d["path"] = st.path;
+             d["medium"] = dvr::medium_name(st.medium);
+             d["format_version"] = st.format_version;
+             d["chunk_size"] = st.chunk_size;
+             d["sessions"] = st.sessions;
+             d["snapshots"] = st.snapshots;
+             d["logical_bytes"] = st.logical_bytes;
+             d["pack_bytes"] = st.pack_bytes;
+             d["pack_files"] = st.pack_files;
+             return d;
+           })
+      .def(
+          "diff",
+          [](const dvr::Store& s, const std::string& sa, const std::string& a, const std::string& sb,
+             const std::string& b) {
+            std::vector<dvr::RegionDiff> diffs;
+            {
+              py::gil_scoped_release nogil;
+              diffs = s.diff(sa, a, sb, b);
+            }
+            py::list out;
+            for (const auto& r : diffs) {
+              py::dict d;
+              d["name"] = r.name;
+              d["size_a"] = r.size_a;
+              d["size_b"] = r.size_b;
+              d["only_in_a"] = r.only_in_a;
+              d["only_in_b"] = r.only_in_b;
+              d["bytes_differ"] = r.bytes_differ;
+              d["pages_differ"] = r.pages_differ;
+              out.append(d);
+            }
+            return out;
+          },
+          py::arg("session_a"), py::arg("snapshot_a"), py::arg("session_b"), py::arg("snapshot_b"))
+      .def(
+          "latest",
+          [](const dvr::Store& s, const std::string& session) -> py::object {
+            std::optional<dvr::SnapshotInfo> i;
+            {
+              py::gil_scoped_release nogil;
+              i = s.latest(session);
+            }
+            if (!i) return py::none();
+            return snapshot_info_dict(*i);
+          },
+          py::arg("session"))
+      .def(
+          "open_snapshot",
+          [](const dvr::Store& s, const std::string& session, const std::string& name, bool verify) {
+            auto c = std::make_unique<PyClone>();
+            {
+              py::gil_scoped_release nogil;
+              c->clone = std::make_unique<dvr::Clone>(s.open_snapshot(session, name, {.verify = verify}));
+            }
+            return c;
+          },
+          py::arg("session"), py::arg("name"), py::arg("verify") = true,
+          "A copy-on-write clone of a snapshot (see Clone).");
+
+  // ---- Session
+  py::class_<PySession>(m, "Session", "One application's named set of memory regions in a store.")
+      .def(py::init([](const dvr::Store& store, const std::string& name,
+                       std::optional<std::string> tracking) {
+             dvr::SessionOptions o;
+             if (tracking) o.tracking = parse_tracking(*tracking);
+             auto s = std::make_unique<PySession>();
+             s->session.emplace(store, name, o);
+             return s;
+           }),
+           py::arg("store"), py::arg("name"), py::arg("tracking") = py::none())
+      .def_property_readonly("name", [](PySession& s) { return s.get().name(); })
+      .def_property_readonly("store", [](PySession& s) { return s.get().store(); })
+      .def_property_readonly("head", [](PySession& s) { return s.get().head(); })
+      .def_property_readonly("closed", [](PySession& s) { return !s.session.has_value(); })
+      .def("track", &session_track, py::arg("name"), py::arg("buffer"),
+           "Tracks a writable C-contiguous buffer in place (zero-copy); holds a reference to it.")
+      .def("alloc", &session_alloc, py::arg("name"), py::arg("size"),
+           "Allocates an SDK-owned, zero-filled region; returns a writable memoryview onto it.")
+      .def(
+          "untrack",
+          [](PySession& s, const std::string& name) {
+            s.get().region(name);  // not_found first
+            s.check_no_views(name);
+            s.get().untrack(name);
+            s.forget(name);
+          },
+          py::arg("name"))
+      .def("buffer", &session_buffer, py::arg("name"),
+           "The tracked object, or a new memoryview onto an SDK-owned region.")
+      .def("regions", [](PySession& s) { return regions_list(s.get().regions()); })
+      .def(
+          "snapshot",
+          [](PySession& s, const std::string& name, const std::string& label, bool replace) {
+            dvr::Session& session = s.get();
+            dvr::SnapshotInfo info;
+            {
+              py::gil_scoped_release nogil;
+              info = session.snapshot(name, {.label = label, .replace = replace});
+            }
+            return snapshot_info_dict(info);
+          },
+          py::arg("name"), py::arg("label") = "", py::arg("replace") = false)
+      .def(
+          "restore",
+          [](PySession& s, const std::string& name) {
+            dvr::Session& session = s.get();
+            py::gil_scoped_release nogil;
+            session.restore(name);
+          },
+          py::arg("name"))
+      .def("list",
+           [](PySession& s) {
+             py::list out;
+             for (const auto& i : s.get().list()) out.append(snapshot_info_dict(i));
+             return out;
+           })
+      .def("latest",
+           [](PySession& s) -> py::object {
+             dvr::Session& session = s.get();
+             std::optional<dvr::SnapshotInfo> i;
+             {
+               py::gil_scoped_release nogil;
+               i = session.latest();
+             }
+             if (!i) return py::none();
+             return snapshot_info_dict(*i);
+           })
+      .def(
+          "clone",
+          [](PySession& s, const std::string& name, bool verify) {
+            dvr::Session& session = s.get();
+            auto c = std::make_unique<PyClone>();
+            {
+              py::gil_scoped_release nogil;
+              c->clone = std::make_unique<dvr::Clone>(session.clone(name, {.verify = verify}));
+            }
+            return c;
+          },
+          py::arg("name"), py::arg("verify") = true)
+      .def(
+          "tracking",
+          [](PySession& s, const std::string& region) {
+            return dvr::tracking_name(s.get().tracking(region));
+          },
+          py::arg("region"))
+      .def("tracking_note", [](PySession& s) { return s.get().tracking_note(); })
+      .def("close",
+           [](PySession& s) {
+             if (!s.session) return;
+             for (const auto& [name, token] : s.tokens) s.check_no_views(name);
+             s.session.reset();
+             s.tokens.clear();
+             s.objects.clear();
+             s.buffers.clear();
+           },
+           "Ends the session: forgets every region and releases the tracked buffers.");
+
+  // ---- Clone
+  py::class_<PyClone>(m, "Clone",
+                      "A copy-on-write view of one snapshot's regions. Writes stay private to "
+                      "the clone; it lives while it or a buffer of it is referenced.")
+      .def_property_readonly("session", [](PyClone& c) { return c.clone->session(); })
+      .def_property_readonly("snapshot", [](PyClone& c) { return c.clone->snapshot(); })
+      .def("regions", [](PyClone& c) { return regions_list(c.clone->regions()); })
+      .def(
+          "buffer",
+          [](py::object self, const std::string& name) {
+            auto& c = self.cast<PyClone&>();
+            dvr::Region& r = c.clone->region(name);
+            return view_of(self, r.data(), r.size(), false, nullptr);
+          },
+          py::arg("name"), "A writable (copy-on-write) memoryview onto region `name`.");
+}
