@@ -24,6 +24,9 @@ import dataclasses
 import datetime as _dt
 import math
 import os
+import pickle
+import re
+import struct
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -63,6 +66,42 @@ __all__ = [
 
 # (dtype, shape) of a region, when known.
 _Layout = Optional[Tuple[np.dtype, Tuple[int, ...]]]
+
+# Python objects stored with Session.put() live in SDK-owned regions under a
+# reserved prefix: "obj.NAME.pickle" holds a header and the pickle stream,
+# "obj.NAME.buf.K" the K-th out-of-band buffer (pickle protocol 5). The header
+# is _OBJ_MAGIC, the stream length, the buffer count, then each buffer's size
+# (buffer regions hold at least one byte, as regions must).
+_OBJ_PREFIX = "obj."
+_OBJ_MAGIC = b"MDVROBJ1"
+_OBJ_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+_OBJ_REGION_RE = re.compile(r"obj\.([A-Za-z0-9_-][A-Za-z0-9._-]*?)\.(?:pickle|buf\.[0-9]+)")
+
+
+def _check_object_name(name: Any) -> str:
+    if not isinstance(name, str) or not _OBJ_NAME_RE.fullmatch(name):
+        raise InvalidArgument(
+            f"invalid object name {name!r}: use 1-100 characters of [A-Za-z0-9._-], "
+            "not starting with '.'")
+    return name
+
+
+def _pickle_region(name: str) -> str:
+    return f"{_OBJ_PREFIX}{name}.pickle"
+
+
+def _buf_region(name: str, k: int) -> str:
+    return f"{_OBJ_PREFIX}{name}.buf.{k}"
+
+
+def _is_object_region(region: str) -> bool:
+    return _OBJ_REGION_RE.fullmatch(region) is not None
+
+
+def _check_not_reserved(name: str) -> None:
+    if isinstance(name, str) and name.startswith(_OBJ_PREFIX):
+        raise InvalidArgument(
+            f"region name '{name}' uses the prefix '{_OBJ_PREFIX}' reserved for put()/get() objects")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +306,7 @@ class Session:
         while it is tracked. Raises InvalidArgument (a ValueError) for
         read-only or non-contiguous buffers, AlreadyExists for a taken name.
         """
+        _check_not_reserved(name)
         self._core.track(name, buffer)
         if isinstance(buffer, np.ndarray):
             self._layouts[name] = (buffer.dtype, tuple(buffer.shape))
@@ -280,6 +320,7 @@ class Session:
         The array stays valid as long as it is referenced (it keeps the session
         alive); untrack(name) frees it once no other reference to it remains.
         """
+        _check_not_reserved(name)
         dtype = np.dtype(dtype)
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
         count = math.prod(shape)
@@ -291,6 +332,7 @@ class Session:
 
     def alloc(self, name: str, size: int) -> memoryview:
         """Allocates an SDK-owned, zero-filled region of ``size`` bytes; returns a writable memoryview."""
+        _check_not_reserved(name)
         mv = self._core.alloc(name, size)
         self._layouts[name] = None
         return mv
@@ -333,10 +375,144 @@ class Session:
     def restore(self, name: str) -> None:
         """Puts every region recorded in snapshot ``name`` back, bit-exact, in place.
 
-        Nothing changes on error (NotFound, Corrupt, InvalidArgument when a
-        region is missing or changed size). The GIL is released meanwhile.
+        Objects stored with put() come back as they were at the snapshot: their
+        regions are first re-allocated, created or dropped to match the
+        snapshot (objects put since are gone afterwards). Other regions must
+        match the snapshot's in name and size. Nothing changes on error
+        (NotFound, Corrupt, InvalidArgument when a region is missing or changed
+        size). The GIL is released meanwhile.
         """
-        self._core.restore(name)
+        info = self.info(name)
+        want = {r.name: r.size for r in info.regions if _is_object_region(r.name)}
+        have = {r.name: r.size for r in self.regions() if _is_object_region(r.name)}
+        others_want = {(r.name, r.size) for r in info.regions if not _is_object_region(r.name)}
+        others_have = {(r.name, r.size) for r in self.regions() if not _is_object_region(r.name)}
+        if want == have or others_want != others_have:
+            # Nothing to reconcile, or the core refuses anyway (its message).
+            self._core.restore(name)
+            return
+        # Regions to drop (not in the snapshot, or of another size) and to add.
+        drop = [r for r, size in have.items() if want.get(r) != size]
+        add = [r for r, size in want.items() if have.get(r) != size]
+        saved = {r: self._read_region(r) for r in drop}  # to undo on failure
+        dropped: List[str] = []
+        added: List[str] = []
+        try:
+            for r in drop:
+                self._core.untrack(r)
+                dropped.append(r)
+            for r in add:
+                self._core.alloc(r, want[r]).release()
+                added.append(r)
+            self._core.restore(name)
+        except BaseException:
+            for r in added:
+                self._core.untrack(r)
+            for r in dropped:
+                self._write_region_new(r, saved[r])
+            raise
+
+    # ------------------------------------------------------------ objects
+
+    def put(self, name: str, obj: Any) -> None:
+        """Stores any picklable ``obj`` as object ``name`` (replacing one of that name).
+
+        Uses pickle protocol 5 with large buffers (numpy arrays, PickleBuffer)
+        kept out of band: the stream and each buffer go into SDK-owned regions
+        ``obj.NAME.pickle`` and ``obj.NAME.buf.K``, so they are part of every
+        snapshot and unchanged arrays deduplicate across snapshots. ``name`` is
+        1-100 characters of [A-Za-z0-9._-] not starting with '.'. Raises
+        InvalidArgument for a bad name or an unpicklable object (the session is
+        then unchanged).
+        """
+        _check_object_name(name)
+        raws: List[memoryview] = []
+
+        def keep(pb: pickle.PickleBuffer) -> None:
+            try:
+                raws.append(pb.raw())
+            except BufferError:  # not contiguous: store a contiguous copy
+                raws.append(memoryview(bytes(pb)))
+
+        try:
+            stream = pickle.dumps(obj, protocol=5, buffer_callback=keep)
+        except Exception as e:  # PicklingError, TypeError, AttributeError, ...
+            raise InvalidArgument(
+                f"cannot put object '{name}' into session '{self.name}': "
+                f"a {type(obj).__name__} cannot be pickled ({type(e).__name__}: {e})") from e
+        sizes = [m.nbytes for m in raws]
+        header = (_OBJ_MAGIC + struct.pack("<QQ", len(stream), len(sizes))
+                  + struct.pack(f"<{len(sizes)}Q", *sizes))
+        live = {r.name: r.size for r in self.regions() if _is_object_region(r.name)}
+        targets = [(_pickle_region(name), len(header) + len(stream), [header, stream])]
+        targets += [(_buf_region(name, k), max(1, m.nbytes), [m]) for k, m in enumerate(raws)]
+        for region, size, parts in targets:
+            if live.get(region) not in (None, size):
+                self._core.untrack(region)
+                del live[region]
+            if region not in live:
+                self._core.alloc(region, size).release()
+            with self._core.buffer(region) as mv:
+                pos = 0
+                for part in parts:
+                    n = memoryview(part).nbytes
+                    mv[pos:pos + n] = memoryview(part).cast("B")
+                    pos += n
+        for region in self._object_regions(name):
+            if region.startswith(_buf_region(name, "")) and int(region.rsplit(".", 1)[1]) >= len(raws):
+                self._core.untrack(region)
+
+    def get(self, name: str) -> Any:
+        """Object ``name`` as last put (or restored), rebuilt from a copy of its regions.
+
+        The result shares no memory with the session: later put()/restore()
+        calls do not change it. Raises NotFound naming the object.
+        """
+        _check_object_name(name)
+        region = _pickle_region(name)
+        if region not in {r.name for r in self.regions()}:
+            raise NotFound(f"no object '{name}' in session '{self.name}' (put() it first, "
+                           f"or restore a snapshot that has it)")
+        with self._core.buffer(region) as mv:
+            head = bytes(mv[:len(_OBJ_MAGIC) + 16])
+            if head[:len(_OBJ_MAGIC)] != _OBJ_MAGIC:
+                raise Corrupt(f"object '{name}' in session '{self.name}': bad header")
+            stream_len, count = struct.unpack_from("<QQ", head, len(_OBJ_MAGIC))
+            start = len(head) + 8 * count
+            sizes = struct.unpack_from(f"<{count}Q", mv, len(head))
+            stream = bytes(mv[start:start + stream_len])
+        buffers = []
+        for k, size in enumerate(sizes):
+            with self._core.buffer(_buf_region(name, k)) as mv:
+                buffers.append(bytearray(mv[:size]))
+        return pickle.loads(stream, buffers=buffers)
+
+    def objects(self) -> List[str]:
+        """Names of the objects stored with put(), sorted."""
+        suffix = ".pickle"
+        return sorted(r.name[len(_OBJ_PREFIX):-len(suffix)] for r in self.regions()
+                      if r.name.endswith(suffix) and _is_object_region(r.name))
+
+    def delete(self, name: str) -> None:
+        """Removes object ``name`` from the session (snapshots keep it). Raises NotFound."""
+        _check_object_name(name)
+        regions = self._object_regions(name)
+        if _pickle_region(name) not in regions:
+            raise NotFound(f"no object '{name}' in session '{self.name}'")
+        for region in regions:
+            self._core.untrack(region)
+
+    def _object_regions(self, name: str) -> List[str]:
+        pattern = re.compile(re.escape(_OBJ_PREFIX + name) + r"\.(?:pickle|buf\.[0-9]+)")
+        return [r.name for r in self.regions() if pattern.fullmatch(r.name)]
+
+    def _read_region(self, region: str) -> bytes:
+        with self._core.buffer(region) as mv:
+            return bytes(mv)
+
+    def _write_region_new(self, region: str, data: bytes) -> None:
+        with self._core.alloc(region, len(data)) as mv:
+            mv[:] = data
 
     def list(self) -> List[SnapshotInfo]:
         """This session's snapshots, oldest first."""
