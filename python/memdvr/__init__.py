@@ -422,8 +422,8 @@ class Session:
         ``obj.NAME.pickle`` and ``obj.NAME.buf.K``, so they are part of every
         snapshot and unchanged arrays deduplicate across snapshots. ``name`` is
         1-100 characters of [A-Za-z0-9._-] not starting with '.'. Raises
-        InvalidArgument for a bad name or an unpicklable object (the session is
-        then unchanged).
+        InvalidArgument for a bad name or an unpicklable object, and NoSpace
+        when the regions cannot be allocated; the session is then unchanged.
         """
         _check_object_name(name)
         raws: List[memoryview] = []
@@ -446,12 +446,32 @@ class Session:
         live = {r.name: r.size for r in self.regions() if _is_object_region(r.name)}
         targets = [(_pickle_region(name), len(header) + len(stream), [header, stream])]
         targets += [(_buf_region(name, k), max(1, m.nbytes), [m]) for k, m in enumerate(raws)]
-        for region, size, parts in targets:
-            if live.get(region) not in (None, size):
-                self._core.untrack(region)
-                del live[region]
-            if region not in live:
+        # Every region is allocated before any byte is written, so a failure
+        # (NoSpace, say) leaves the object as it was: regions made here are
+        # dropped again and resized ones get their old size and bytes back.
+        created: List[str] = []
+        replaced: List[Tuple[str, bytes]] = []
+        try:
+            for region, size, _ in targets:
+                old = live.get(region)
+                if old == size:
+                    continue
+                if old is not None:
+                    with self._core.buffer(region) as mv:
+                        saved = bytes(mv)
+                    self._core.untrack(region)
+                    replaced.append((region, saved))
                 self._core.alloc(region, size).release()
+                created.append(region)
+        except BaseException:
+            for region in reversed(created):
+                self._core.untrack(region)
+            for region, saved in replaced:
+                self._core.alloc(region, len(saved)).release()
+                with self._core.buffer(region) as mv:
+                    mv[:] = saved
+            raise
+        for region, size, parts in targets:
             with self._core.buffer(region) as mv:
                 pos = 0
                 for part in parts:

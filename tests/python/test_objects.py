@@ -277,3 +277,36 @@ def test_failed_restore_puts_object_regions_back(session):
     assert session.get("b") == "later"
     session.restore("s1")
     np.testing.assert_array_equal(session.get("a")["v"], np.arange(10))
+
+
+def test_a_put_that_cannot_allocate_leaves_the_object_as_it_was(session):
+    session.put("a", {"v": np.arange(10), "w": np.ones(4)})
+    before = sorted((r.name, r.size) for r in session.regions())
+
+    class FailingAlloc:  # the third region allocation of the next put fails
+        def __init__(self, core):
+            self._c = core
+            self.calls = 0
+
+        def __getattr__(self, attr):
+            return getattr(self._c, attr)
+
+        def alloc(self, name, size):
+            self.calls += 1
+            if self.calls == 3:
+                raise memdvr.NoSpace("injected: out of memory")
+            return self._c.alloc(name, size)
+
+    core = session._core
+    session._core = FailingAlloc(core)
+    try:
+        with pytest.raises(memdvr.NoSpace, match="injected"):
+            session.put("a", {"v": np.arange(500), "w": np.ones(7), "x": np.zeros(3)})
+    finally:
+        session._core = core
+    assert sorted((r.name, r.size) for r in session.regions()) == before
+    got = session.get("a")
+    np.testing.assert_array_equal(got["v"], np.arange(10))
+    np.testing.assert_array_equal(got["w"], np.ones(4))
+    session.put("a", {"v": np.arange(500)})  # and a later put works
+    np.testing.assert_array_equal(session.get("a")["v"], np.arange(500))
