@@ -668,3 +668,9 @@ class Clone:
     def arrays(self) -> Dict[str, np.ndarray]:
         """Every region as a numpy array, by name."""
         return {n: self[n] for n in self.names()}
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext memdvr``: registers the ``%dvr`` line magic (see memdvr.magics)."""
+    from .magics import DvrMagics  # imported here so memdvr alone never imports IPython
+    ipython.register_magics(DvrMagics)
