@@ -1,0 +1,138 @@
+#!/usr/bin/python3
+"""memdvr against the ways a notebook saves and reloads an array.
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/memdvr_bench.py [--size 1G] [--repeat 3] [--json]
+
+For one float32 array of --size bytes, pre-faulted, all in one run:
+  restore_full        memdvr restore after every page changed   vs np.load (tmpfs), pickle.loads, regenerating
+  restore_1pct        memdvr rollback after 1% of pages changed vs the same peers
+  snapshot_full       memdvr snapshot after every page changed  vs np.save (tmpfs), pickle.dumps
+Each figure is the best of --repeat rounds. With --json, one object per line:
+{"name", "value" (s), "unit", "peer", "peer_value", "ratio" (peer/value), "bytes"}.
+"""
+
+import argparse
+import io
+import json
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import memdvr
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(text)
+
+
+def best(repeat, prepare, run):
+    """Best time of `run()` over `repeat` rounds, `prepare()` untimed before each."""
+    times = []
+    for i in range(repeat):
+        prepare(i)
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1G")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    n = parse_size(args.size) // 4 * 4
+    repeat = max(1, args.repeat)
+    work = tempfile.mkdtemp(prefix="memdvr-bench-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        rng = np.random.default_rng(7)
+        data = np.empty(n // 4, dtype=np.float32)
+        data[:] = 0  # pre-fault
+        pages = data.view(np.uint8)[: n // 4096 * 4096].reshape(-1, 4096)
+
+        def regenerate():
+            data[:] = rng.standard_normal(data.size, dtype=np.float32)
+
+        t = time.perf_counter()
+        regenerate()
+        regen_s = time.perf_counter() - t
+        regenerate_best = min(regen_s, best(max(1, repeat - 1), lambda i: None, regenerate))
+        expected = data.copy()
+
+        store = memdvr.Store(os.path.join(work, "store"))
+        s = memdvr.Session(store, "bench")
+        s.track("data", data)
+        s.snapshot("base")
+
+        def touch_every_page(i):
+            pages[:, 0] ^= np.uint8(1 + i)
+
+        last = ["base"]
+
+        def snapshot():
+            name = f"full-{len(last)}"
+            s.snapshot(name)
+            last.append(name)
+
+        snap_full = best(repeat, touch_every_page, snapshot)
+        for name in last[1:-1]:
+            s.remove(name)
+        data[:] = expected
+        s.snapshot("loaded")
+
+        npy = os.path.join(work, "data.npy")
+        save_s = best(repeat, lambda i: None, lambda: np.save(npy, data))
+        pickle_dumps_s = best(repeat, lambda i: None, lambda: pickle.dumps(data, protocol=5))
+        blob = pickle.dumps(data, protocol=5)
+        load_s = best(repeat, lambda i: None, lambda: np.load(npy))
+        pickle_loads_s = best(repeat, lambda i: None, lambda: pickle.loads(blob))
+        del blob
+
+        def ruin(i):
+            pages[:, 1] ^= np.uint8(3 + i)
+
+        restore_full = best(repeat, ruin, lambda: s.restore("loaded"))
+        assert np.array_equal(data, expected), "full restore was not bit-exact"
+
+        def one_percent(i):
+            pages[i % 100::100, 2] ^= np.uint8(5 + i)
+
+        restore_1pct = best(repeat, one_percent, lambda: s.restore("loaded"))
+        assert np.array_equal(data, expected), "rollback was not bit-exact"
+
+        figures = [
+            ("snapshot_full", snap_full, "np.save (tmpfs)", save_s),
+            ("snapshot_full", snap_full, "pickle.dumps", pickle_dumps_s),
+            ("restore_full", restore_full, "np.load (tmpfs)", load_s),
+            ("restore_full", restore_full, "pickle.loads", pickle_loads_s),
+            ("restore_full", restore_full, "regenerate", regenerate_best),
+            ("restore_1pct", restore_1pct, "np.load (tmpfs)", load_s),
+            ("restore_1pct", restore_1pct, "pickle.loads", pickle_loads_s),
+            ("restore_1pct", restore_1pct, "regenerate", regenerate_best),
+        ]
+        if args.json:
+            for name, value, peer, peer_value in figures:
+                print(json.dumps({"name": name, "value": value, "unit": "s", "peer": peer, "peer_value": peer_value,
+                                  "ratio": peer_value / value, "bytes": n, "tracking": s.tracking("data")}))
+        else:
+            print(f"memdvr-bench: {n / 2**30:.2f} GiB float32 array, store {store.path} ({store.medium}), "
+                  f"tracking {s.tracking('data')}, best of {repeat}\n")
+            print(f"  {'figure':16} {'time':>10}   {'peer':18} {'peer time':>10}   ratio (peer / ours)")
+            for name, value, peer, peer_value in figures:
+                print(f"  {name:16} {value * 1000:8.1f} ms   {peer:18} {peer_value * 1000:8.1f} ms   {peer_value / value:8.1f}x")
+        s.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
