@@ -610,14 +610,11 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
           }
           // Back to content stored whole before (a trial undone by hand, say):
           // point at that copy, after comparing the bytes.
-          if (const ChunkRef* known = store.find_chunk(c.hash, c.length)) {
-            const char* stored_copy = store.packs->mapped(known->pack, known->offset, c.length);
-            if (stored_copy && std::memcmp(stored_copy, src[i], c.length) == 0) {
-              c.pack = known->pack;
-              c.offset = known->offset;
-              ov_count[i] = 0;
-              continue;
-            }
+          if (const ChunkRef* known = store.find_chunk(c.hash, src[i], c.length)) {
+            c.pack = known->pack;
+            c.offset = known->offset;
+            ov_count[i] = 0;
+            continue;
           }
           for (std::uint32_t p : changed) {
             const char* now = src[i] + p * kPageSize;
@@ -648,14 +645,9 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
           c.offset = 0;
           continue;
         }
-        // Reuse a stored copy only if it holds exactly these bytes: a hash match
-        // alone could be a collision, and a damaged copy must not make a
-        // snapshot of intact memory unrestorable.
-        const ChunkRef* known = store.find_chunk(c.hash, c.length);
-        if (known) {
-          const char* stored_copy = store.packs->mapped(known->pack, known->offset, c.length);
-          if (!stored_copy || std::memcmp(stored_copy, src[i], c.length) != 0) known = nullptr;
-        }
+        // Reuse a stored copy, or one written by this snapshot, only if it
+        // holds exactly these bytes.
+        const ChunkRef* known = store.find_chunk(c.hash, src[i], c.length);
         if (!known) {
           auto it = mine.find(c.hash);
           if (it != mine.end() && std::memcmp(src[it->second], src[i], c.length) == 0) known = &m.chunks[it->second];
@@ -773,7 +765,7 @@ void Session::restore(const std::string& name) {
     }
     for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
       const std::size_t i = mr.first_chunk + j;
-      const std::uint32_t n = m.pages_of(i) ? m.pages_of(i) : detail::pages_in(m.chunks[i].length);
+      const std::uint32_t n = detail::pages_in(m.chunks[i].length);  // (older formats have no page hashes)
       auto add = [&](std::uint32_t p0, std::uint32_t p1) {
         jobs.push_back({i, p0, p1});
         copy_bytes += std::min<std::uint64_t>(p1 * kPageSize, m.chunks[i].length) - p0 * kPageSize;

@@ -460,9 +460,11 @@ void StoreImpl::refresh_index() {
     if (!unreadable_before.count(f)) quarantine_pack_ = 0;  // newly unreadable: it may reference that pack too
 }
 
-const ChunkRef* StoreImpl::find_chunk(const Hash128& h, std::uint32_t length) const {
+const ChunkRef* StoreImpl::find_chunk(const Hash128& h, const char* data, std::uint32_t length) const {
   auto it = index_.find(h);
-  return it != index_.end() && it->second.length == length ? &it->second : nullptr;
+  if (it == index_.end() || it->second.length != length) return nullptr;
+  const char* stored = packs->mapped(it->second.pack, it->second.offset, length);
+  return stored && std::memcmp(stored, data, length) == 0 ? &it->second : nullptr;
 }
 
 void StoreImpl::index_published(const std::string& file, const Manifest& m) {

@@ -83,8 +83,11 @@ class StoreImpl {
   /// every published manifest (new, replaced and removed ones). Call with the
   /// exclusive lock held.
   void refresh_index();
-  /// Location of a live stored chunk with this hash and length, or nullptr.
-  const ChunkRef* find_chunk(const Hash128& h, std::uint32_t length) const;
+  /// Location of a chunk stored whole with this hash that holds exactly the
+  /// `length` bytes at `data`, or nullptr. The bytes are compared: a hash match
+  /// alone could be a collision, and a damaged copy must not make a snapshot
+  /// of intact memory unrestorable. Thread-safe after Packs::map_all().
+  const ChunkRef* find_chunk(const Hash128& h, const char* data, std::uint32_t length) const;
   /// Registers a manifest just published as `file` (saves re-reading it).
   void index_published(const std::string& file, const Manifest& m);
 
