@@ -7,6 +7,8 @@ For one float32 array of --size bytes, pre-faulted, all in one run:
   restore_full        memdvr restore after every page changed   vs np.load (tmpfs), pickle.loads, regenerating
   restore_1pct        memdvr rollback after 1% of pages changed vs the same peers
   snapshot_full       memdvr snapshot after every page changed  vs np.save (tmpfs), pickle.dumps
+  sdk_*               the same three for an SDK-owned array (session.array(): page-aligned,
+                      where a tracked numpy array starts 16 bytes past a page boundary)
 Each figure is the best of --repeat rounds. With --json, one object per line:
 {"name", "value" (s), "unit", "peer", "peer_value", "ratio" (peer/value), "bytes"}.
 """
@@ -67,27 +69,6 @@ def main():
         regenerate_best = min(regen_s, best(max(1, repeat - 1), lambda i: None, regenerate))
         expected = data.copy()
 
-        store = memdvr.Store(os.path.join(work, "store"))
-        s = memdvr.Session(store, "bench")
-        s.track("data", data)
-        s.snapshot("base")
-
-        def touch_every_page(i):
-            pages[:, 0] ^= np.uint8(1 + i)
-
-        last = ["base"]
-
-        def snapshot():
-            name = f"full-{len(last)}"
-            s.snapshot(name)
-            last.append(name)
-
-        snap_full = best(repeat, touch_every_page, snapshot)
-        for name in last[1:-1]:
-            s.remove(name)
-        data[:] = expected
-        s.snapshot("loaded")
-
         npy = os.path.join(work, "data.npy")
         save_s = best(repeat, lambda i: None, lambda: np.save(npy, data))
         pickle_dumps_s = best(repeat, lambda i: None, lambda: pickle.dumps(data, protocol=5))
@@ -96,17 +77,58 @@ def main():
         pickle_loads_s = best(repeat, lambda i: None, lambda: pickle.loads(blob))
         del blob
 
-        def ruin(i):
-            pages[:, 1] ^= np.uint8(3 + i)
+        store = memdvr.Store(os.path.join(work, "store"))
+        s = memdvr.Session(store, "bench")
 
-        restore_full = best(repeat, ruin, lambda: s.restore("loaded"))
-        assert np.array_equal(data, expected), "full restore was not bit-exact"
+        modes = set()
 
-        def one_percent(i):
-            pages[i % 100::100, 2] ^= np.uint8(5 + i)
+        def measure(kind, arr):
+            """snapshot_full, restore_full and restore_1pct of `arr`, tracked in `s`."""
+            pages = arr.view(np.uint8)[: n // 4096 * 4096].reshape(-1, 4096)
+            arr[:] = expected
+            s.snapshot(f"{kind}-base")
+            last = []
 
-        restore_1pct = best(repeat, one_percent, lambda: s.restore("loaded"))
-        assert np.array_equal(data, expected), "rollback was not bit-exact"
+            def touch_every_page(i):
+                pages[:, 0] ^= np.uint8(1 + i)
+
+            def snapshot():
+                last.append(f"{kind}-full-{len(last)}")
+                s.snapshot(last[-1])
+
+            snap = best(repeat, touch_every_page, snapshot)
+            for name in last:
+                s.remove(name)
+            arr[:] = expected
+            s.snapshot(f"{kind}-loaded")
+
+            def ruin(i):
+                pages[:, 1] ^= np.uint8(3 + i)
+
+            full = best(repeat, ruin, lambda: s.restore(f"{kind}-loaded"))
+            assert np.array_equal(arr, expected), "full restore was not bit-exact"
+
+            def one_percent(i):
+                pages[i % 100::100, 2] ^= np.uint8(5 + i)
+
+            pct = best(repeat, one_percent, lambda: s.restore(f"{kind}-loaded"))
+            assert np.array_equal(arr, expected), "rollback was not bit-exact"
+            modes.add(s.tracking("data"))
+            if kind == "tracked":
+                s.untrack("data")
+            return snap, full, pct
+
+        # A numpy array the notebook made (starts 16 bytes past a page, so each
+        # written page touches two of the region's pages), then the same data
+        # in an SDK-owned, page-aligned array (session.array()).
+        s.track("data", data)
+        snap_full, restore_full, restore_1pct = measure("tracked", data)
+        del data
+        own = s.array("data", (n // 4,), np.float32)
+        own[:] = 0  # pre-fault
+        snap_own, restore_own, restore_own_1pct = measure("sdk", own)
+        del own
+        tracking = "/".join(sorted(modes))
 
         figures = [
             ("snapshot_full", snap_full, "np.save (tmpfs)", save_s),
@@ -117,14 +139,18 @@ def main():
             ("restore_1pct", restore_1pct, "np.load (tmpfs)", load_s),
             ("restore_1pct", restore_1pct, "pickle.loads", pickle_loads_s),
             ("restore_1pct", restore_1pct, "regenerate", regenerate_best),
+            ("sdk_snapshot_full", snap_own, "np.save (tmpfs)", save_s),
+            ("sdk_restore_full", restore_own, "np.load (tmpfs)", load_s),
+            ("sdk_restore_1pct", restore_own_1pct, "np.load (tmpfs)", load_s),
+            ("sdk_restore_1pct", restore_own_1pct, "pickle.loads", pickle_loads_s),
         ]
         if args.json:
             for name, value, peer, peer_value in figures:
                 print(json.dumps({"name": name, "value": value, "unit": "s", "peer": peer, "peer_value": peer_value,
-                                  "ratio": peer_value / value, "bytes": n, "tracking": s.tracking("data")}))
+                                  "ratio": peer_value / value, "bytes": n, "tracking": tracking}))
         else:
             print(f"memdvr-bench: {n / 2**30:.2f} GiB float32 array, store {store.path} ({store.medium}), "
-                  f"tracking {s.tracking('data')}, best of {repeat}\n")
+                  f"tracking {tracking}, best of {repeat}\n")
             print(f"  {'figure':16} {'time':>10}   {'peer':18} {'peer time':>10}   ratio (peer / ours)")
             for name, value, peer, peer_value in figures:
                 print(f"  {name:16} {value * 1000:8.1f} ms   {peer:18} {peer_value * 1000:8.1f} ms   {peer_value / value:8.1f}x")
