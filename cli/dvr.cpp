@@ -1,6 +1,7 @@
 // dvr — the Memory DVR command line. A thin layer over <dvr/dvr.hpp>.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -14,6 +15,7 @@
 #include "cli_util.hpp"
 #include "demo.hpp"
 #include "dvr/dvr.hpp"
+#include "dvr/proc.hpp"
 
 namespace {
 
@@ -42,6 +44,20 @@ Commands:
                       (time, label, bytes added)
   diff SESSION/A SESSION/B [--json]
                       per region: how many bytes and pages differ
+  proc dump PID --name NAME [--leave-running] [--replace] [--json]
+                      snapshot a whole process tree with CRIU (root); a DVR
+                      persistent heap it maps is snapshotted, not copied
+  proc restore NAME [--detach] [--pidfile FILE] [--json]
+                      bring it back (waits for it unless --detach)
+  proc clone NAME [--pidfile FILE] [--json]
+                      start a copy beside the running original (fresh PID
+                      namespace, private copies of its heaps)
+  proc ls [--json] | proc info NAME [--json] | proc rm NAME...
+                      process snapshots of the store
+  proc check [--json] CRIU version, kernel features (`criu check`), plugin
+  run [--output FILE] [--cwd DIR] -- CMD [ARGS...]
+                      start CMD as PID 1 of its own PID namespace, detached,
+                      so it can be dumped, restored and cloned; prints its PID
   recover SESSION [--json]
                       the newest intact snapshot of a session (after a crash,
                       the one to restore); exit status 1 when there is none
@@ -382,6 +398,136 @@ int cmd_recover(Args& a) {
   return 0;
 }
 
+std::string proc_json(const proc::ProcInfo& p) {
+  std::string s = "{\"name\":" + json_string(p.name) + ",\"time_ns\":" + std::to_string(p.time_ns) +
+                  ",\"pid\":" + std::to_string(p.pid) + ",\"own_pid_namespace\":" + (p.own_pid_namespace ? "true" : "false") +
+                  ",\"command\":" + json_string(p.command) + ",\"criu_version\":" + json_string(p.criu_version) +
+                  ",\"leave_running\":" + (p.leave_running ? "true" : "false") + ",\"image_bytes\":" + std::to_string(p.image_bytes) +
+                  ",\"stored_bytes\":" + std::to_string(p.stored_bytes) + ",\"parent\":" + json_string(p.parent) + ",\"heaps\":[";
+  for (std::size_t k = 0; k < p.heaps.size(); ++k)
+    s += (k ? "," : "") + std::string("{\"path\":") + json_string(p.heaps[k].path) + ",\"bytes\":" + std::to_string(p.heaps[k].bytes) + "}";
+  s += "]";
+  if (p.seconds > 0) s += ",\"seconds\":" + std::to_string(p.seconds);
+  return s + "}";
+}
+
+pid_t parse_pid(const std::string& text) {
+  char* end = nullptr;
+  long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end || v <= 0 || v > 0x7fffffff) throw Error(Errc::invalid_argument, "'" + text + "' is not a process ID");
+  return static_cast<pid_t>(v);
+}
+
+int cmd_proc(Args& a) {
+  if (a.rest.empty()) throw Error(Errc::invalid_argument, "dvr proc needs a verb: dump, restore, clone, ls, info, rm or check; see `dvr --help`");
+  std::string verb = a.rest.front();
+  a.rest.erase(a.rest.begin());
+  a.command = "proc " + verb;
+  a.json = a.take_flag("--json");
+  if (verb == "check") {
+    a.no_more();
+    proc::Preflight p = proc::preflight();
+    if (a.json) {
+      std::string s = "{\"ok\":" + std::string(p.ok ? "true" : "false") + ",\"criu\":" + json_string(p.criu) +
+                      ",\"criu_version\":" + json_string(p.criu_version) + ",\"plugin\":" + json_string(p.plugin) + ",\"problems\":[";
+      for (std::size_t k = 0; k < p.problems.size(); ++k) s += (k ? "," : "") + json_string(p.problems[k]);
+      std::cout << s << "]}\n";
+    } else {
+      std::cout << "criu:   " << (p.criu.empty() ? "not found" : p.criu + " " + p.criu_version) << "\n"
+                << "plugin: " << (p.plugin.empty() ? "not found" : p.plugin) << "\n";
+      for (auto& x : p.problems) std::cerr << "dvr: " << x << "\n";
+      if (p.ok) std::cout << "ready: processes can be dumped and restored\n";
+    }
+    return p.ok ? 0 : 1;
+  }
+  if (verb == "dump") {
+    proc::DumpOptions o;
+    o.leave_running = a.take_flag("--leave-running");
+    o.replace = a.take_flag("--replace");
+    std::string name = a.take_option("--name", "");
+    if (a.rest.size() != 1 || name.empty())
+      throw Error(Errc::invalid_argument, "usage: dvr proc dump PID --name NAME [--leave-running] [--replace] [--json]");
+    pid_t pid = parse_pid(a.rest.front());
+    Store store = open_store(a, true);
+    proc::ProcInfo p = proc::dump(store, pid, name, o);
+    if (a.json) {
+      std::cout << proc_json(p) << "\n";
+    } else {
+      std::cout << "dumped process " << p.pid << " as proc/" << p.name << " in " << format_seconds(p.seconds) << ": "
+                << format_bytes(static_cast<double>(p.image_bytes)) << " of CRIU images, "
+                << format_bytes(static_cast<double>(p.stored_bytes)) << " added to the store"
+                << (p.parent.empty() ? "" : " (compared with proc/" + p.parent + ")") << "\n";
+      for (auto& h : p.heaps) std::cout << "  heap " << h.path << " (" << format_bytes(static_cast<double>(h.bytes)) << ") snapshotted as " << h.session << "/" << proc::kHeapPrefix << p.name << "\n";
+      std::cout << (o.leave_running ? "the process keeps running\n" : "the process was stopped\n");
+    }
+    return 0;
+  }
+  if (verb == "restore" || verb == "clone") {
+    proc::RestoreOptions o;
+    o.clone = verb == "clone";
+    o.detach = o.clone || a.take_flag("--detach");
+    o.pidfile = a.take_option("--pidfile", "");
+    if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr proc " + verb + " NAME [--pidfile FILE] [--json]");
+    Store store = open_store(a, false);
+    proc::RestoreResult r = proc::restore(store, a.rest.front(), o);
+    if (!o.detach) return r.exit_status;
+    if (a.json)
+      std::cout << "{\"name\":" << json_string(a.rest.front()) << ",\"pid\":" << r.pid << ",\"seconds\":" << r.seconds << "}\n";
+    else
+      std::cout << r.pid << "\n";
+    return 0;
+  }
+  if (verb == "ls" || verb == "info") {
+    std::string name;
+    if (verb == "info") {
+      if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr proc info NAME [--json]");
+      name = a.rest.front();
+      a.rest.clear();
+    }
+    a.no_more();
+    Store store = open_store(a, false);
+    std::vector<proc::ProcInfo> all = verb == "ls" ? proc::list(store) : std::vector<proc::ProcInfo>{proc::info(store, name)};
+    if (a.json) {
+      if (verb == "info") {
+        std::cout << proc_json(all.front()) << "\n";
+      } else {
+        std::cout << "[";
+        for (std::size_t k = 0; k < all.size(); ++k) std::cout << (k ? "," : "") << proc_json(all[k]);
+        std::cout << "]\n";
+      }
+      return 0;
+    }
+    for (auto& p : all) {
+      std::cout << p.name << "  " << format_time(p.time_ns) << "  pid " << p.pid << "  images "
+                << format_bytes(static_cast<double>(p.image_bytes)) << "  stored " << format_bytes(static_cast<double>(p.stored_bytes));
+      if (!p.heaps.empty()) std::cout << "  heaps " << p.heaps.size();
+      std::cout << "  " << p.command << "\n";
+    }
+    return 0;
+  }
+  if (verb == "rm") {
+    if (a.rest.empty()) throw Error(Errc::invalid_argument, "usage: dvr proc rm NAME...");
+    Store store = open_store(a, false);
+    for (auto& n : a.rest) proc::remove(store, n);
+    return 0;
+  }
+  throw Error(Errc::invalid_argument, "unknown verb 'proc " + verb + "'; use dump, restore, clone, ls, info, rm or check");
+}
+
+int cmd_run(Args& a) {
+  auto dashes = std::find(a.rest.begin(), a.rest.end(), std::string("--"));
+  if (dashes == a.rest.end() || dashes + 1 == a.rest.end())
+    throw Error(Errc::invalid_argument, "usage: dvr run [--output FILE] [--cwd DIR] -- CMD [ARGS...]");
+  std::vector<std::string> argv(dashes + 1, a.rest.end());
+  a.rest.erase(dashes, a.rest.end());
+  proc::RunOptions o;
+  o.output = a.take_option("--output", "");
+  o.cwd = a.take_option("--cwd", "");
+  a.no_more();
+  std::cout << proc::run(argv, o) << "\n";
+  return 0;
+}
+
 int run(int argc, char** argv) {
   Args a;
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -404,14 +550,20 @@ int run(int argc, char** argv) {
       }
       continue;
     }
+    if (!a.command.empty() && s == "--") {  // the rest is a command line (dvr run)
+      a.rest.insert(a.rest.end(), args.begin() + static_cast<std::ptrdiff_t>(k), args.end());
+      break;
+    }
     if (a.command.empty()) a.command = s;
     else a.rest.push_back(s);
   }
-  for (auto& r : a.rest)
+  for (auto& r : a.rest) {
+    if (r == "--") break;
     if (r == "-h" || r == "--help") {
       std::cout << kUsage;
       return 0;
     }
+  }
   if (a.command.empty()) {
     std::cerr << kUsage;
     return 2;
@@ -425,6 +577,8 @@ int run(int argc, char** argv) {
   if (a.command == "log") return cmd_log(a);
   if (a.command == "diff") return cmd_diff(a);
   if (a.command == "recover") return cmd_recover(a);
+  if (a.command == "proc") return cmd_proc(a);
+  if (a.command == "run") return cmd_run(a);
   if (a.command == "demo") {
     DemoOptions o;
     o.size = parse_size(a.take_option("--size", "1G"));

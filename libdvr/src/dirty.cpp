@@ -1,5 +1,7 @@
 #include "dirty.hpp"
 
+#include "os.hpp"
+
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <sys/ioctl.h>
@@ -58,7 +60,8 @@ std::unique_ptr<WriteTracker> WriteTracker::open(std::string* why) {
     ::close(uffd);
     return fail(std::string("cannot open /proc/self/pagemap (") + std::strerror(err) + ")");
   }
-  std::unique_ptr<WriteTracker> t(new WriteTracker(uffd, pagemap));
+  ::close(pagemap);  // opened for each scan: an open one would pin this PID into a CRIU dump
+  std::unique_ptr<WriteTracker> t(new WriteTracker(uffd));
   // Probe the whole mechanism on one page of our own.
   long page = ::sysconf(_SC_PAGESIZE);
   void* probe = ::mmap(nullptr, static_cast<std::size_t>(page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -81,7 +84,6 @@ std::unique_ptr<WriteTracker> WriteTracker::open(std::string* why) {
 }
 
 WriteTracker::~WriteTracker() {
-  ::close(pagemap_);
   ::close(uffd_);
 }
 
@@ -118,7 +120,12 @@ bool WriteTracker::unprotect(AddrRange range) {
   return ::ioctl(uffd_, UFFDIO_WRITEPROTECT, &wp) == 0;
 }
 
-bool WriteTracker::scan(AddrRange range, bool protect, std::vector<AddrRange>* out) {
+namespace {
+// PAGEMAP_SCAN over `range` of the process whose pagemap `pagemap` is: the
+// pages written since they were last protected (into *out when given),
+// protecting them again when `protect`. false when the range is not
+// registered for asynchronous write protection.
+bool scan_pagemap(int pagemap, AddrRange range, bool protect, std::vector<AddrRange>* out) {
   const bool report = out != nullptr;
   PageRegion vec[512];
   std::uint64_t start = range.first;
@@ -132,7 +139,7 @@ bool WriteTracker::scan(AddrRange range, bool protect, std::vector<AddrRange>* o
     arg.vec_len = report ? sizeof vec / sizeof vec[0] : 0;
     arg.category_mask = kPageIsWritten;
     arg.return_mask = kPageIsWritten;
-    long n = ::ioctl(pagemap_, kPagemapScan, &arg);
+    long n = ::ioctl(pagemap, kPagemapScan, &arg);
     if (n < 0) return false;
     for (long i = 0; report && i < n; ++i) {
       if (!out->empty() && out->back().second == vec[i].start) out->back().second = vec[i].end;
@@ -142,6 +149,20 @@ bool WriteTracker::scan(AddrRange range, bool protect, std::vector<AddrRange>* o
     start = arg.walk_end;
   }
   return true;
+}
+}  // namespace
+
+bool WriteTracker::scan(AddrRange range, bool protect, std::vector<AddrRange>* out) {
+  // /proc/self/pagemap is opened per scan rather than kept open: CRIU would
+  // record an open one by its path (/proc/PID/pagemap), and a restored
+  // process has another PID.
+  Fd pagemap(::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
+  return pagemap && scan_pagemap(pagemap.get(), range, protect, out);
+}
+
+bool written_pages_of(pid_t pid, AddrRange range, std::vector<AddrRange>& out) {
+  Fd pagemap(::open(("/proc/" + std::to_string(pid) + "/pagemap").c_str(), O_RDONLY | O_CLOEXEC));
+  return pagemap && scan_pagemap(pagemap.get(), range, false, &out);
 }
 
 bool WriteTracker::collect(AddrRange range, std::vector<AddrRange>& out) { return scan(range, true, &out); }

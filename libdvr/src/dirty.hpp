@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <sys/types.h>
+
 #include <utility>
 #include <vector>
 
@@ -56,10 +58,14 @@ class WriteTracker {
   bool reprotect(AddrRange range);
 
  private:
-  WriteTracker(int uffd, int pagemap) : uffd_(uffd), pagemap_(pagemap) {}
+  explicit WriteTracker(int uffd) : uffd_(uffd) {}
   bool scan(AddrRange range, bool protect, std::vector<AddrRange>* out);
   int uffd_;
-  int pagemap_;
 };
+
+/// The pages of `range` in process `pid` written since its own tracker last
+/// protected them (read-only: its tracking is not disturbed). false when the
+/// range is not registered there for asynchronous write protection.
+bool written_pages_of(pid_t pid, AddrRange range, std::vector<AddrRange>& out);
 
 }  // namespace dvr::detail

@@ -1,4 +1,7 @@
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -12,6 +15,7 @@
 #include "chunks.hpp"
 #include "dirty.hpp"
 #include "memops.hpp"
+#include "proc_heaps.hpp"
 #include "store_impl.hpp"
 
 namespace dvr {
@@ -57,6 +61,9 @@ struct Session::State {
   std::string tracker_why;
   std::vector<std::unique_ptr<Region>> regions;
   std::unordered_map<const Region*, RegionTrack> tracks;
+  std::unordered_map<const Region*, std::string> heap_files;  // persistent regions
+  // Pages known written from outside (detail::assume_written), per region.
+  std::unordered_map<const Region*, std::vector<std::pair<std::uint64_t, std::uint64_t>>> external;
   std::string head;
   // The manifest of `head` while live memory equals it except for pages the
   // tracker reports as written; empty when that is not known.
@@ -89,7 +96,35 @@ struct Session::State {
   // After a successful snapshot or restore: protect the written pages again.
   void rearm();
   const ManifestRegion* base_region(const Region& r) const;
+  // Tracking notes of persistent regions (proc_heaps.hpp): written after a
+  // snapshot or restore, removed whenever the record they describe ends.
+  void publish_notes();
+  void drop_note(const Region& r);
 };
+
+void Session::State::drop_note(const Region& r) {
+  auto it = heap_files.find(&r);
+  if (it != heap_files.end()) ::unlink(detail::heaps::note_path(it->second).c_str());
+}
+
+void Session::State::publish_notes() {
+  if (!base) return;
+  for (auto& [region, file] : heap_files) {
+    auto t = tracks.find(region);
+    if (t == tracks.end() || t->second.tracked.first == t->second.tracked.second || !t->second.synced || !base_region(*region)) {
+      ::unlink(detail::heaps::note_path(file).c_str());
+      continue;
+    }
+    detail::heaps::TrackNote note;
+    note.start = t->second.tracked.first;
+    note.end = t->second.tracked.second;
+    note.data = reinterpret_cast<std::uintptr_t>(region->data());
+    note.size = region->size();
+    note.snapshot = base->name;
+    note.checksum = base->checksum;
+    detail::heaps::write_note(file, note);  // best effort: a missing note only costs hashing
+  }
+}
 
 void Session::State::start_tracking(Region& r) {
   RegionTrack t;
@@ -133,6 +168,10 @@ const ManifestRegion* Session::State::base_region(const Region& r) const {
 }
 
 bool Session::State::written_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
+  if (auto ex = external.find(&r); ex != external.end() && base_region(r)) {
+    out = ex->second;
+    return true;
+  }
   auto it = tracks.find(&r);
   if (!base_region(r) || it == tracks.end() || it->second.tracked.first == it->second.tracked.second || !it->second.synced)
     return false;
@@ -221,7 +260,23 @@ std::string Session::tracking_note() const {
   return note;
 }
 
-Session::~Session() = default;
+Session::~Session() {
+  if (state_)
+    for (auto& [region, file] : state_->heap_files) state_->drop_note(*region);
+}
+
+namespace detail {
+void assume_written(Session& s, const std::string& region, std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges) {
+  s.state_->external[&s.region(region)] = std::move(ranges);
+}
+bool base_on_if(Session& s, const std::string& name, std::uint64_t checksum) {
+  s.base_on(name);
+  if (s.state_->base && s.state_->base->checksum == checksum) return true;
+  s.state_->base.reset();
+  s.state_->head.clear();
+  return false;
+}
+}  // namespace detail
 Session::Session(Session&&) noexcept = default;
 Session& Session::operator=(Session&&) noexcept = default;
 
@@ -321,11 +376,85 @@ Region& Session::alloc(const std::string& name, std::size_t size) {
   return *state_->regions.back();
 }
 
+Region& Session::alloc(const std::string& name, std::size_t size, const AllocOptions& options) {
+  if (!options.persistent) return alloc(name, size);
+  check_new_region(state_->regions, state_->name, name, nullptr, size);
+  StoreImpl& store = *state_->store.impl_;
+  const std::string dir = store.path + "/heaps/" + state_->name;
+  detail::make_private_dir(store.path + "/heaps");
+  detail::make_private_dir(dir);
+  const std::string file = dir + "/" + name;
+  const std::size_t length = detail::round_up_page(size);
+  int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) detail::throw_errno(errno, "cannot open heap file " + file + " of region '" + name + "'");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    detail::throw_errno(e, "cannot stat heap file " + file);
+  }
+  if (st.st_size != 0 && static_cast<std::uint64_t>(st.st_size) != length) {
+    ::close(fd);
+    throw Error(Errc::invalid_argument, "heap file " + file + " of region '" + name + "' holds " + std::to_string(st.st_size) +
+                                            " bytes, but " + std::to_string(length) + " were asked for; alloc() it with its size, "
+                                            "or delete the file to start an empty heap");
+  }
+  if (st.st_size == 0) {
+    // Reserve the space now: a full file system is an error here, not a
+    // SIGBUS at the first write.
+    int e = ::posix_fallocate(fd, 0, static_cast<off_t>(length));
+    if (e != 0) {
+      ::close(fd);
+      ::unlink(file.c_str());
+      if (e == ENOSPC || e == EFBIG || e == EDQUOT)
+        throw Error(Errc::no_space, "no space for heap file " + file + " (" + std::to_string(length) + " bytes) of region '" + name + "'");
+      detail::throw_errno(e, "cannot size heap file " + file);
+    }
+  }
+  void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int e = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) detail::throw_errno(e, "cannot map heap file " + file + " of region '" + name + "'");
+  state_->regions.push_back(std::make_unique<Region>(name, p, size, true));
+  state_->heap_files[state_->regions.back().get()] = file;
+  // Registering protects every page anew: an earlier note no longer holds.
+  state_->drop_note(*state_->regions.back());
+  state_->start_tracking(*state_->regions.back());
+  return *state_->regions.back();
+}
+
+std::string Session::heap_path(const std::string& region) const {
+  for (auto& r : state_->regions)
+    if (r->name() == region) {
+      auto it = state_->heap_files.find(r.get());
+      return it == state_->heap_files.end() ? std::string() : it->second;
+    }
+  throw Error(Errc::not_found, "session '" + state_->name + "' has no region '" + region + "'");
+}
+
+void Session::base_on(const std::string& name) {
+  StoreImpl& store = *state_->store.impl_;
+  std::optional<Manifest> m;
+  {
+    std::lock_guard<std::mutex> guard(store.mu);
+    StoreImpl::Lock lock(store, false);
+    store.packs->refresh_mappings();
+    m = store.load_manifest(state_->name, name);
+  }
+  // Nothing the tracker recorded is relative to this manifest: compare by hash.
+  for (auto& [region, t] : state_->tracks) t.synced = false;
+  state_->replace_base(std::move(*m));
+  state_->head = name;
+}
+
 void Session::untrack(const std::string& name) {
   auto& rs = state_->regions;
   auto it = std::find_if(rs.begin(), rs.end(), [&](auto& r) { return r->name() == name; });
   if (it == rs.end()) throw Error(Errc::not_found, "session '" + state_->name + "' has no region '" + name + "'");
   state_->stop_tracking(**it);
+  state_->drop_note(**it);
+  state_->external.erase(it->get());
+  state_->heap_files.erase(it->get());
   rs.erase(it);
 }
 
@@ -705,6 +834,8 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   state_->replace_base(std::move(m));
   state_->last_snapshot = std::chrono::steady_clock::now();
   state_->head = name;
+  state_->external.clear();
+  state_->publish_notes();
   if (after_commit) std::rethrow_exception(after_commit);
   return detail::info_from_manifest(*state_->base);
 }
@@ -894,6 +1025,8 @@ void Session::restore(const std::string& name) {
       if (r->name() == mr.name) state_->tracks[r.get()].synced = true;
   if (loaded) state_->replace_base(std::move(*loaded));
   state_->head = name;
+  state_->external.clear();
+  state_->publish_notes();
 }
 
 }  // namespace dvr

@@ -20,7 +20,7 @@
 
 namespace dvr {
 
-const char* version() noexcept { return "0.1.0"; }
+const char* version() noexcept { return DVR_VERSION; }  // project(VERSION) in CMakeLists.txt
 
 const char* errc_name(Errc code) noexcept {
   switch (code) {

@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dvr/store.hpp"
@@ -74,6 +75,26 @@ struct SnapshotOptions {
   bool replace = false;
 };
 
+struct AllocOptions {
+  /// Map the region from a file in the store, `STORE/heaps/SESSION/NAME`
+  /// (MAP_SHARED), instead of anonymous memory: a persistent heap. Its content
+  /// outlives the process (reopening it maps the same bytes, and a size that
+  /// differs from the file's is an invalid_argument error), and a whole-process
+  /// snapshot (`dvr proc dump`, the CRIU plugin) records it by reference and
+  /// snapshots it into the store instead of copying it through CRIU's images.
+  bool persistent = false;
+};
+
+class Session;
+namespace detail {
+// For the CRIU plugin (proc_heaps.cpp): the pages of `region` that may differ
+// from the base are only these region-relative byte ranges (found by scanning
+// another process's write tracking). Used by the next snapshot, then dropped.
+void assume_written(Session& s, const std::string& region, std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges);
+// base_on(), but only if the snapshot's manifest checksum is `checksum`.
+bool base_on_if(Session& s, const std::string& name, std::uint64_t checksum);
+}  // namespace detail
+
 class Session {
  public:
   /// Opens session `name` in `store`. Names: 1–128 characters from
@@ -96,6 +117,14 @@ class Session {
   /// Allocates an SDK-owned, page-aligned, zero-filled region of `size` bytes. It
   /// lives until untrack() or the session's end. Throws no_space on mmap failure.
   Region& alloc(const std::string& name, std::size_t size);
+  /// Same, with options: options.persistent maps the region from a heap file
+  /// in the store (see AllocOptions). Throws no_space when the file cannot be
+  /// sized, invalid_argument when an existing heap file has another size.
+  Region& alloc(const std::string& name, std::size_t size, const AllocOptions& options);
+
+  /// The heap file of a persistent region ("" for other regions).
+  /// Throws not_found.
+  std::string heap_path(const std::string& region) const;
 
   /// Forgets a region (and frees it if SDK-owned). Throws not_found.
   void untrack(const std::string& name);
@@ -127,6 +156,14 @@ class Session {
   /// The snapshot most recently taken or restored by this session object ("" if
   /// none): the parent of the next snapshot.
   const std::string& head() const;
+
+  /// Declares that live memory is probably close to snapshot `name` of this
+  /// session without restoring it (say, the same data loaded again, or a new
+  /// dump of a process dumped before): the next snapshot takes `name` as its
+  /// parent, compares every region recorded there page by page with it (by
+  /// hash: all memory is read) and stores only the pages that differ. Reads
+  /// only the manifest; live memory is not changed. Throws not_found, corrupt.
+  void base_on(const std::string& name);
 
   /// Same as store().list(name()).
   std::vector<SnapshotInfo> list() const;
@@ -160,6 +197,8 @@ class Session {
  private:
   struct State;
   std::unique_ptr<State> state_;
+  friend void detail::assume_written(Session&, const std::string&, std::vector<std::pair<std::uint64_t, std::uint64_t>>);
+  friend bool detail::base_on_if(Session&, const std::string&, std::uint64_t);
 };
 
 }  // namespace dvr

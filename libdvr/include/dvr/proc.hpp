@@ -1,0 +1,127 @@
+// Memory DVR — whole-process snapshots with CRIU (docs/criu.md).
+//
+// A process snapshot NAME is kept in the store like any other snapshot:
+//   proc/NAME       the CRIU images, one region per image file. Page images are
+//                   cut into chunks like any memory, so a second dump of the
+//                   same job stores only the pages that changed.
+//   SESSION/proc.NAME  each DVR persistent heap (AllocOptions::persistent) the
+//                   process mapped, snapshotted by the CRIU plugin while the
+//                   process was frozen, in the heap's own store and session
+//                   (so it shares data with the application's own snapshots);
+//                   CRIU itself keeps only the heap's path.
+// Dumping and restoring need root (CRIU does) and CRIU 4.x; the plugin
+// (criu-plugin/, dvr_criu.so) is found as described at plugin_dir().
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dvr/store.hpp"
+
+namespace dvr::proc {
+
+/// The session of the store that holds process snapshots' CRIU images.
+inline constexpr const char* kImageSession = "proc";
+/// Heap snapshots are called kHeapPrefix + NAME in each heap's session.
+inline constexpr const char* kHeapPrefix = "proc.";
+
+struct HeapRef {
+  std::string path;         // the heap file (STORE/heaps/SESSION/REGION)
+  std::uint64_t bytes = 0;  // its size
+  std::string store;        // STORE
+  std::string session;      // SESSION; the snapshot is SESSION/proc.NAME
+};
+
+struct ProcInfo {
+  std::string name;
+  std::int64_t time_ns = 0;        // when the dump was committed
+  pid_t pid = 0;                   // the dumped root process, as its dumper saw it
+  bool own_pid_namespace = false;  // it was PID 1 of its own PID namespace (`dvr run`)
+  std::string command;             // its command line
+  std::string criu_version;
+  bool leave_running = false;
+  std::uint64_t image_bytes = 0;   // bytes of CRIU images
+  std::uint64_t stored_bytes = 0;  // bytes the dump added to the store (images and heaps)
+  std::string parent;              // the dump its data was compared with ("" = none)
+  std::vector<HeapRef> heaps;
+  double seconds = 0;              // dump: time taken (0 when listed)
+};
+
+struct DumpOptions {
+  bool leave_running = false;  // keep the process running after the dump
+  std::string plugin_dir;      // "" = plugin_dir()
+  /// Replace an existing process snapshot of that name.
+  bool replace = false;
+};
+
+struct RestoreOptions {
+  /// Return once the process runs (its PID is returned). Otherwise restore()
+  /// waits until the restored process exits and returns its exit status.
+  bool detach = false;
+  /// Restore beside a running original: a fresh PID namespace (the dump must
+  /// come from a job in its own PID namespace, see run()) and a private copy
+  /// of every DVR heap, so the clone and the original do not share memory.
+  bool clone = false;
+  std::string pidfile;     // write the restored root's PID there
+  std::string plugin_dir;  // "" = plugin_dir()
+};
+
+struct RestoreResult {
+  pid_t pid = 0;        // the restored root process
+  int exit_status = 0;  // when not detached: its exit status (128+N for signal N)
+  double seconds = 0;   // time until it ran
+};
+
+/// What `dvr proc check` reports.
+struct Preflight {
+  bool ok = false;
+  std::string criu;          // path of the criu binary ("" = not found)
+  std::string criu_version;  // e.g. "4.1.1"
+  std::string plugin;        // path of dvr_criu.so ("" = not found)
+  std::vector<std::string> problems;  // each says what is missing and what to do
+};
+
+/// The directory holding dvr_criu.so: $DVR_CRIU_PLUGIN_DIR if set, else
+/// criu-plugin/ beside the running program (a build tree), else
+/// ../lib/dvr/criu next to it (an installed tree). "" if none holds it.
+std::string plugin_dir();
+
+/// Checks the criu binary ($DVR_CRIU or criu on PATH, version 4 or newer), the
+/// kernel (`criu check`, unless quick) and the plugin.
+Preflight preflight(const std::string& plugin_dir = "", bool quick = false);
+
+/// Dumps the process tree rooted at `pid` into `store` as process snapshot
+/// `name`. Without options.leave_running the tree is killed once dumped.
+/// Throws not_found (no such process), already_exists, unsupported (CRIU or
+/// plugin missing), io (CRIU failed: the message quotes its errors and names
+/// its log). On failure nothing is added to the store and the process runs on.
+ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOptions& options = {});
+
+/// Restores process snapshot `name`. Every byte is checked against its
+/// checksum before CRIU starts. Throws not_found, corrupt, invalid_argument
+/// (its PIDs are in use, or its heaps are mapped by a running process: stop
+/// the original or use clone), unsupported, io (CRIU failed; no process of
+/// the snapshot is left running).
+RestoreResult restore(Store& store, const std::string& name, const RestoreOptions& options = {});
+
+/// Process snapshots, oldest first.
+std::vector<ProcInfo> list(const Store& store);
+/// One process snapshot. Throws not_found, corrupt.
+ProcInfo info(const Store& store, const std::string& name);
+/// Removes a process snapshot and its heap snapshot. Throws not_found.
+void remove(Store& store, const std::string& name);
+
+struct RunOptions {
+  std::string output;  // stdout and stderr of the job ("" = /dev/null)
+  std::string cwd;     // working directory ("" = the caller's)
+};
+/// Starts argv as PID 1 of a new PID namespace, in a session of its own, with
+/// stdin from /dev/null: a job that can be dumped, restored and cloned without
+/// PID clashes. Returns its PID as the caller sees it; the job is not the
+/// caller's child. Needs root (or CAP_SYS_ADMIN).
+pid_t run(const std::vector<std::string>& argv, const RunOptions& options = {});
+
+}  // namespace dvr::proc

@@ -1,0 +1,408 @@
+// DVR persistent heaps in whole-process snapshots (see proc_heaps.hpp).
+#include "proc_heaps.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "dirty.hpp"
+#include "dvr/session.hpp"
+#include "os.hpp"
+#include "store_impl.hpp"
+
+namespace dvr::detail::heaps {
+
+namespace {
+
+std::string parent_dir(const std::string& p) {
+  auto k = p.find_last_of('/');
+  return k == std::string::npos || k == 0 ? std::string("/") : p.substr(0, k);
+}
+
+// A file mapping, unmapped on destruction.
+struct Mapping {
+  void* data = MAP_FAILED;
+  std::size_t length = 0;
+  Mapping(int fd, std::size_t len, int prot, bool populate) : length(len) {
+    data = ::mmap(nullptr, len, prot, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
+  }
+  ~Mapping() {
+    if (data != MAP_FAILED) ::munmap(data, length);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+};
+
+// Paths in /proc/PID/maps: everything after the inode column.
+std::string maps_path(const std::string& line) {
+  std::istringstream in(line);
+  std::string range, perms, offset, dev, inode;
+  in >> range >> perms >> offset >> dev >> inode;
+  std::string rest;
+  std::getline(in, rest);
+  auto b = rest.find_first_not_of(' ');
+  return b == std::string::npos ? std::string() : rest.substr(b);
+}
+
+}  // namespace
+
+std::string store_of_heap(const std::string& path) {
+  // STORE/heaps/SESSION/REGION
+  std::string session_dir = parent_dir(path), heaps_dir = parent_dir(session_dir), store = parent_dir(heaps_dir);
+  if (heaps_dir.size() < 6 || heaps_dir.compare(heaps_dir.size() - 6, 6, "/heaps") != 0) return "";
+  struct stat st {};
+  if (::stat((store + "/" + kSuperblockName).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  return store;
+}
+
+std::vector<std::string> mapped_heaps(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  if (!maps) throw Error(Errc::not_found, "cannot read /proc/" + std::to_string(pid) + "/maps: no such process");
+  std::set<std::string> found;
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream in(line);
+    std::string range, perms;
+    in >> range >> perms;
+    if (perms.size() < 4 || perms[3] != 's') continue;  // only shared mappings
+    std::string path = maps_path(line);
+    if (path.empty() || path[0] != '/' || path.find(" (deleted)") != std::string::npos) continue;
+    if (!store_of_heap(path).empty()) found.insert(path);
+  }
+  return {found.begin(), found.end()};
+}
+
+std::vector<std::string> processes_mapping(const std::string& path, pid_t except) {
+  std::vector<std::string> out;
+  // By device and inode: a clone maps a private copy at the same path (in a
+  // mount namespace of its own), which is not this file.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (!end || *end || pid <= 0 || pid == except) continue;
+    std::ifstream maps(std::string("/proc/") + e->d_name + "/maps");
+    std::string line;
+    bool uses = false;
+    while (!uses && std::getline(maps, line)) {
+      std::istringstream in(line);
+      std::string range, perms, offset, dev;
+      unsigned long long inode = 0;
+      in >> range >> perms >> offset >> dev >> inode;
+      unsigned major = 0, minor = 0;
+      if (inode != st.st_ino || std::sscanf(dev.c_str(), "%x:%x", &major, &minor) != 2) continue;
+      uses = makedev(major, minor) == st.st_dev;
+    }
+    if (!uses) continue;
+    std::ifstream comm(std::string("/proc/") + e->d_name + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    out.push_back(std::string(e->d_name) + " (" + name + ")");
+  }
+  ::closedir(d);
+  return out;
+}
+
+std::string note_path(const std::string& heap_file) {
+  auto k = heap_file.find_last_of('/');
+  return heap_file.substr(0, k + 1) + "." + heap_file.substr(k + 1) + ".track";
+}
+
+std::pair<std::uint64_t, std::uint64_t> identity(pid_t pid) {
+  std::string base = pid ? "/proc/" + std::to_string(pid) : std::string("/proc/self");
+  std::ifstream in(base + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  // Field 22, counted after the command name (which may hold spaces).
+  auto close = stat.rfind(')');
+  std::uint64_t start_time = 0;
+  if (close != std::string::npos) {
+    std::istringstream f(stat.substr(close + 2));
+    std::string x;
+    for (int field = 3; field <= 22 && (f >> x); ++field)
+      if (field == 22) start_time = std::strtoull(x.c_str(), nullptr, 10);
+  }
+  struct stat st {};
+  std::uint64_t ns = ::stat((base + "/ns/pid").c_str(), &st) == 0 ? st.st_ino : 0;
+  return {start_time, ns};
+}
+
+void write_note(const std::string& heap_file, TrackNote n) {
+  auto [start_time, ns] = identity(0);
+  std::ostringstream o;
+  o << "dvr-heap-track 1\n"
+    << "process " << start_time << " " << ns << "\n"
+    << "tracked " << n.start << " " << n.end << "\n"
+    << "region " << n.data << " " << n.size << "\n"
+    << "checksum " << n.checksum << "\n"
+    << "snapshot " << n.snapshot << "\n";
+  std::string text = o.str(), path = note_path(heap_file), tmp = path + ".tmp" + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return;
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+}
+
+bool read_note(const std::string& heap_file, TrackNote& n) {
+  int fd = ::open(note_path(heap_file).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  char buf[1024];
+  ssize_t len = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (len <= 0) return false;
+  std::istringstream in(std::string(buf, static_cast<std::size_t>(len)));
+  std::string line, key;
+  if (!std::getline(in, line) || line != "dvr-heap-track 1") return false;
+  int seen = 0;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    f >> key;
+    if (key == "process" && (f >> n.start_time >> n.pid_ns)) seen |= 1;
+    else if (key == "tracked" && (f >> n.start >> n.end)) seen |= 2;
+    else if (key == "region" && (f >> n.data >> n.size)) seen |= 4;
+    else if (key == "checksum" && (f >> n.checksum)) seen |= 8;
+    else if (key == "snapshot" && line.size() > 9) {
+      n.snapshot = line.substr(9);
+      seen |= 16;
+    }
+  }
+  return seen == 31 && n.start < n.end && n.data <= n.start && n.end <= n.data + ((n.size + 4095) & ~std::uint64_t(4095));
+}
+
+namespace {
+
+// The region-relative byte ranges of a heap that process `pid` may have
+// written since the note's snapshot, or false when the note does not hold
+// for this process now.
+bool written_by_note(pid_t pid, const HeapFile& h, const TrackNote& n, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
+  if (pid <= 0 || n.size != h.bytes || identity(pid) != std::make_pair(n.start_time, n.pid_ns)) return false;
+  // The region must still be this file, mapped whole at the noted address.
+  struct stat st {};
+  if (::stat(h.path.c_str(), &st) != 0) return false;
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  bool mapped = false;
+  while (!mapped && std::getline(maps, line)) {
+    unsigned long long lo = 0, hi = 0, offset = 0, inode = 0;
+    unsigned major = 0, minor = 0;
+    char perms[8] = {};
+    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &offset, &major, &minor, &inode) != 7) continue;
+    mapped = lo == n.data && offset == 0 && hi >= n.end && perms[3] == 's' && inode == st.st_ino &&
+             makedev(major, minor) == st.st_dev;
+  }
+  if (!mapped) return false;
+  std::vector<AddrRange> pages;
+  if (!written_pages_of(pid, {n.start, n.end}, pages)) return false;  // no longer registered there
+  // Whole pages outside the tracked range (an unaligned tail) count as written.
+  if (n.data < n.start) pages.emplace_back(n.data, n.start);
+  if (n.end < n.data + n.size) pages.emplace_back(n.end, n.data + n.size);
+  std::sort(pages.begin(), pages.end());
+  for (auto& [b, e] : pages) {
+    std::uint64_t lo = b - n.data, hi = std::min<std::uint64_t>(e - n.data, n.size);
+    if (lo >= hi) continue;
+    if (!out.empty() && out.back().second >= lo) out.back().second = std::max(out.back().second, hi);
+    else out.emplace_back(lo, hi);
+  }
+  return true;
+}
+
+bool bad_field(const std::string& s) { return s.find_first_of("\t\n") != std::string::npos; }
+
+}  // namespace
+
+HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const std::string& snapshot, bool replace,
+                         HeapStats* stats) {
+  HeapImage image;
+  image.snapshot = snapshot;
+  for (auto& f : files) {
+    HeapFile h;
+    h.path = f;
+    h.store = store_of_heap(f);
+    if (h.store.empty()) throw Error(Errc::invalid_argument, f + " is not a DVR heap file (STORE/heaps/SESSION/REGION)");
+    std::string dir = f.substr(0, f.find_last_of('/'));
+    h.session = dir.substr(dir.find_last_of('/') + 1);
+    h.region = f.substr(f.find_last_of('/') + 1);
+    if (bad_field(h.store) || bad_field(h.path))
+      throw Error(Errc::invalid_argument, "heap file " + f + " has a tab or newline in its path; move the store");
+    image.heaps.push_back(h);
+  }
+  // One snapshot per (store, session): the heap's own session, so its data is
+  // shared with the application's snapshots of it.
+  std::vector<std::pair<std::string, std::string>> groups;
+  for (auto& h : image.heaps)
+    if (std::find(groups.begin(), groups.end(), std::make_pair(h.store, h.session)) == groups.end()) groups.emplace_back(h.store, h.session);
+  for (auto& [store_path, session] : groups) {
+    Store store = Store::open(store_path, {.create = false});
+    Session s(store, session, SessionOptions{.tracking = Tracking::hash});
+    std::vector<std::unique_ptr<Mapping>> maps;
+    std::vector<HeapFile*> members;
+    for (auto& h : image.heaps) {
+      if (h.store != store_path || h.session != session) continue;
+      Fd fd = open_or_throw(h.path, O_RDONLY);
+      h.bytes = file_size(fd.get(), h.path);
+      if (h.bytes == 0) throw Error(Errc::invalid_argument, "heap file " + h.path + " is empty");
+      maps.push_back(std::make_unique<Mapping>(fd.get(), h.bytes, PROT_READ, false));
+      if (maps.back()->data == MAP_FAILED) throw_errno(errno, "cannot map heap file " + h.path);
+      s.track(h.region, maps.back()->data, h.bytes);
+      members.push_back(&h);
+    }
+    // Base: the snapshot the application's tracking notes refer to (then only
+    // the pages written since are read), else the session's newest snapshot.
+    std::string base;
+    TrackNote note;
+    for (HeapFile* h : members)
+      if (read_note(h->path, note)) {
+        if (base_on_if(s, note.snapshot, note.checksum)) base = note.snapshot;
+        break;
+      }
+    if (!base.empty()) {
+      for (HeapFile* h : members) {
+        TrackNote n;
+        std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
+        if (read_note(h->path, n) && n.snapshot == base && n.checksum == note.checksum && written_by_note(pid, *h, n, written)) {
+          assume_written(s, h->region, std::move(written));
+          if (stats) ++stats->heaps_by_note;
+        }
+      }
+    } else {
+      std::int64_t newest = -1;
+      for (auto& info : store.list(session))
+        if (!info.damaged && info.name != snapshot && info.time_ns > newest) {
+          newest = info.time_ns;
+          base = info.name;
+        }
+      if (!base.empty()) s.base_on(base);
+    }
+    SnapshotInfo info = s.snapshot(snapshot, {.label = "heaps of process snapshot " + snapshot, .replace = replace});
+    if (stats) stats->stored_bytes += info.stored_bytes;
+  }
+  return image;
+}
+
+void remove_heaps(const HeapImage& image) {
+  std::vector<std::pair<std::string, std::string>> done;
+  for (auto& h : image.heaps) {
+    if (std::find(done.begin(), done.end(), std::make_pair(h.store, h.session)) != done.end()) continue;
+    done.emplace_back(h.store, h.session);
+    try {
+      Store store = Store::open(h.store, {.create = false});
+      store.remove(h.session, image.snapshot);
+    } catch (const Error& e) {
+      if (e.code() != Errc::not_found) throw;
+    }
+  }
+}
+
+std::string format_image(const HeapImage& image) {
+  std::string out = "dvr-criu-heaps 1\nsnapshot " + image.snapshot + "\n";
+  for (auto& h : image.heaps)
+    out += "heap " + h.store + "\t" + h.session + "\t" + h.region + "\t" + std::to_string(h.bytes) + "\t" + h.path + "\n";
+  out += "end " + std::to_string(image.heaps.size()) + "\n";
+  return out;
+}
+
+HeapImage parse_image(const std::string& text) {
+  auto bad = [](const std::string& why) -> HeapImage {
+    throw Error(Errc::corrupt, std::string(kImageName) + " is damaged (" + why + "); the process snapshot cannot be restored");
+  };
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line.rfind("dvr-criu-heaps ", 0) != 0) return bad("no header");
+  if (line != "dvr-criu-heaps 1")
+    throw Error(Errc::unsupported, std::string(kImageName) + " has format '" + line.substr(15) +
+                                       "', newer than this dvr understands (1); restore with a newer dvr");
+  HeapImage image;
+  bool ended = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("snapshot ", 0) == 0) {
+      image.snapshot = line.substr(9);
+    } else if (line.rfind("heap ", 0) == 0) {
+      std::vector<std::string> f;
+      std::size_t at = 5;
+      for (int k = 0; k < 4; ++k) {
+        auto t = line.find('\t', at);
+        if (t == std::string::npos) return bad("bad heap line");
+        f.push_back(line.substr(at, t - at));
+        at = t + 1;
+      }
+      HeapFile h;
+      h.store = f[0];
+      h.session = f[1];
+      h.region = f[2];
+      h.path = line.substr(at);
+      try {
+        h.bytes = std::stoull(f[3]);
+      } catch (...) {
+        return bad("bad heap size");
+      }
+      if (h.path.empty() || h.path[0] != '/' || h.store.empty() || h.store[0] != '/') return bad("heap path is not absolute");
+      image.heaps.push_back(h);
+    } else if (line.rfind("end ", 0) == 0) {
+      if (line.substr(4) != std::to_string(image.heaps.size())) return bad("heap count does not match");
+      ended = true;
+      break;
+    } else {
+      return bad("unknown line");
+    }
+  }
+  if (!ended) return bad("truncated");
+  if (image.snapshot.empty()) return bad("no snapshot name");
+  return image;
+}
+
+void restore_heaps(const HeapImage& image) {
+  // Check everything before any file changes.
+  for (auto& h : image.heaps) {
+    Store store = Store::open(h.store, {.create = false});
+    SnapshotInfo info = store.info(h.session, image.snapshot);
+    bool recorded = std::any_of(info.regions.begin(), info.regions.end(),
+                                [&](const RegionInfo& r) { return r.name == h.region && r.size == h.bytes; });
+    if (!recorded)
+      throw Error(Errc::corrupt, "heap snapshot " + h.session + "/" + image.snapshot + " in store " + h.store + " does not hold heap " +
+                                     h.path + " (" + std::to_string(h.bytes) + " bytes) that the process snapshot refers to");
+    struct stat st {};
+    if (::stat(h.path.c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) != h.bytes)
+      throw Error(Errc::invalid_argument, "heap file " + h.path + " is " + std::to_string(st.st_size) + " bytes now but was " +
+                                              std::to_string(h.bytes) + " bytes at the dump: it was changed behind dvr's back; "
+                                              "move it away (or delete it) and restore again — nothing was changed");
+  }
+  std::vector<std::pair<std::string, std::string>> groups;
+  for (auto& h : image.heaps)
+    if (std::find(groups.begin(), groups.end(), std::make_pair(h.store, h.session)) == groups.end()) groups.emplace_back(h.store, h.session);
+  for (auto& [store_path, session] : groups) {
+    Store store = Store::open(store_path, {.create = false});
+    Session s(store, session, SessionOptions{.tracking = Tracking::hash});
+    std::vector<std::unique_ptr<Mapping>> maps;
+    for (auto& h : image.heaps) {
+      if (h.store != store_path || h.session != session) continue;
+      make_private_dir(parent_dir(parent_dir(h.path)));
+      make_private_dir(parent_dir(h.path));
+      ::unlink(note_path(h.path).c_str());  // whatever it said no longer holds
+      Fd fd = open_or_throw(h.path, O_RDWR | O_CREAT);
+      if (::ftruncate(fd.get(), static_cast<off_t>(h.bytes)) != 0) throw_errno(errno, "cannot size heap file " + h.path);
+      maps.push_back(std::make_unique<Mapping>(fd.get(), h.bytes, PROT_READ | PROT_WRITE, false));
+      if (maps.back()->data == MAP_FAILED) throw_errno(errno, "cannot map heap file " + h.path);
+      s.track(h.region, maps.back()->data, h.bytes);
+    }
+    // Verifies every page before the first byte of these heaps changes.
+    s.restore(image.snapshot);
+    for (auto& m : maps)
+      if (::msync(m->data, m->length, MS_SYNC) != 0) throw_errno(errno, "cannot persist a restored heap file");
+  }
+}
+
+}  // namespace dvr::detail::heaps

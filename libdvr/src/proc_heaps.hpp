@@ -1,0 +1,102 @@
+// DVR persistent heaps in whole-process snapshots: the part of the work that
+// runs inside CRIU (criu-plugin/dvr_plugin.cpp) and is shared with `dvr proc`.
+//
+// A heap STORE/heaps/SESSION/REGION is snapshotted into its own store and
+// session, as snapshot "proc.NAME" of region REGION, so it shares data with
+// the application's own snapshots of it. When the application's session
+// tracks writes, it leaves a tracking note beside the heap after each snapshot
+// or restore (STORE/heaps/SESSION/.REGION.track): "in process P, the pages of
+// this heap not written since they were write-protected equal snapshot S".
+// The plugin checks the note against the process (start time, PID namespace,
+// mapping, and that the range is still registered for write tracking), asks
+// the kernel which pages were written (PAGEMAP_SCAN, read-only), and stores
+// only those: the rest of the heap is neither read nor copied.
+//
+// Image file `dvr-heaps.img` (text, versioned; criu-plugin/README.md):
+//   dvr-criu-heaps 1
+//   snapshot <name>                                         (e.g. proc.night1)
+//   heap <store>\t<session>\t<region>\t<bytes>\t<file path>  (one per heap)
+//   end <number of heap lines>
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dvr::detail::heaps {
+
+inline constexpr const char* kImageName = "dvr-heaps.img";
+inline constexpr const char* kErrorName = "dvr-plugin-error.txt";
+
+struct HeapFile {
+  std::string store;    // the store holding the heap (and its snapshot)
+  std::string session;  // the heap's session
+  std::string region;   // the heap's region
+  std::string path;     // the heap file
+  std::uint64_t bytes = 0;
+};
+
+struct HeapImage {
+  std::string snapshot;  // name of the heap snapshots, in each heap's session
+  std::vector<HeapFile> heaps;
+};
+
+/// What a session that tracks a persistent region's writes leaves beside it.
+struct TrackNote {
+  std::uint64_t start_time = 0;  // of the process (/proc/PID/stat field 22)
+  std::uint64_t pid_ns = 0;      // inode of its PID namespace
+  std::uintptr_t start = 0, end = 0;  // write-tracked whole pages
+  std::uintptr_t data = 0;       // where the region is mapped
+  std::uint64_t size = 0;
+  std::string snapshot;          // the session's base snapshot
+  std::uint64_t checksum = 0;    // of that snapshot's manifest
+};
+std::string note_path(const std::string& heap_file);
+/// Writes the note for this process (best effort).
+void write_note(const std::string& heap_file, TrackNote note);
+/// The note beside a heap file, if any and well-formed.
+bool read_note(const std::string& heap_file, TrackNote& note);
+/// Start time and PID-namespace inode of a process (0, 0 if unknown).
+std::pair<std::uint64_t, std::uint64_t> identity(pid_t pid);
+
+/// The store directory holding heap file `path` (STORE/heaps/SESSION/REGION
+/// with STORE/DVRSTORE present), or "" when it is not a DVR heap.
+std::string store_of_heap(const std::string& path);
+
+/// DVR heap files that process `pid` maps shared (from /proc/PID/maps).
+std::vector<std::string> mapped_heaps(pid_t pid);
+
+/// Processes (other than `except`) that map `path` now: "PID (COMM)" each.
+std::vector<std::string> processes_mapping(const std::string& path, pid_t except = 0);
+
+/// How a heap was captured (for reports and tests).
+struct HeapStats {
+  std::uint64_t heaps_by_note = 0;  // heaps whose unwritten pages were taken from the note's snapshot
+  std::uint64_t stored_bytes = 0;   // added to the stores
+};
+
+/// Snapshots the heap files mapped by process `pid` as snapshot `snapshot`
+/// of each heap's own session. Where a valid tracking note exists, only the
+/// pages written since are read; otherwise every page is compared with the
+/// note's (or the session's newest) snapshot by hash. The process must be
+/// frozen (CRIU has frozen it). pid 0: no process, compare by hash.
+HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const std::string& snapshot, bool replace,
+                         HeapStats* stats = nullptr);
+
+/// Removes the heap snapshots an image refers to (missing ones are fine).
+void remove_heaps(const HeapImage& image);
+
+std::string format_image(const HeapImage& image);
+/// Throws corrupt for anything but a complete image of a known version.
+HeapImage parse_image(const std::string& text);
+
+/// Puts every heap file of `image` back to its content at dump time (files
+/// missing are created). Every byte is checked before a file is changed.
+/// Throws invalid_argument when a heap file exists with another size (changed
+/// behind dvr's back), corrupt / not_found for a damaged or missing snapshot.
+void restore_heaps(const HeapImage& image);
+
+}  // namespace dvr::detail::heaps
