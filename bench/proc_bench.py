@@ -99,7 +99,7 @@ def main():
     repeat = max(1, args.repeat)
     if os.geteuid() != 0:
         print("proc_bench: needs root (CRIU does)", file=sys.stderr)
-        return 2
+        return 77
     work = tempfile.mkdtemp(prefix="dvr-proc-bench-", dir="/dev/shm")
     b = Bench(os.path.abspath(args.build), work)
     try:

@@ -508,6 +508,7 @@ int cmd_proc(Args& a) {
   if (verb == "rm") {
     if (a.rest.empty()) throw Error(Errc::invalid_argument, "usage: dvr proc rm NAME...");
     Store store = open_store(a, false);
+    for (auto& n : a.rest) proc::info(store, n);  // every name is checked before anything is removed
     for (auto& n : a.rest) proc::remove(store, n);
     return 0;
   }

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -25,6 +26,7 @@
 #include "dvr/session.hpp"
 #include "os.hpp"
 #include "proc_heaps.hpp"
+#include "proc_pages.hpp"
 #include "store_impl.hpp"
 
 extern char** environ;
@@ -35,6 +37,7 @@ namespace {
 
 using detail::Fd;
 namespace heaps = detail::heaps;
+namespace procpages = detail::procpages;
 
 constexpr const char* kMetaRegion = "dvr-proc.meta";
 constexpr const char* kPluginFile = "dvr_criu.so";
@@ -266,6 +269,26 @@ std::uint64_t heap_bytes(const ProcInfo& p) {
   return n;
 }
 
+std::string comm_of(pid_t pid) {
+  std::string c = read_proc(pid, "comm");
+  while (!c.empty() && (c.back() == '\n' || c.back() == ' ')) c.pop_back();
+  return c.substr(0, 64);
+}
+
+// What to add to CRIU's errors when a known cause shows in them.
+std::string criu_hint(const std::string& errors) {
+  if (errors.find("Can't get 1:16 opt") != std::string::npos || errors.find("Can't get 1:34 opt") != std::string::npos)
+    return "\nCRIU 4.1 cannot dump TCP or UDP sockets on Linux 6.16 and newer (SO_PASSCRED is refused on them; fixed in "
+           "CRIU 4.2): close the job's network sockets before dumping, or serve over a Unix socket";
+  if (errors.find("ghost file") != std::string::npos)
+    return "\na file the job maps (its program or a library) was replaced or deleted since it started; restart the job "
+           "from the files as they are now";
+  if (errors.find("bad size") != std::string::npos)
+    return "\na file the job keeps open changed size since the dump; CRIU reopens open files by path and checks their "
+           "size (files opened with O_APPEND are exempt, as `dvr run --output` does)";
+  return "";
+}
+
 bool in_own_pid_namespace(pid_t pid) {
   std::istringstream in(read_proc(pid, "status"));
   std::string line;
@@ -312,7 +335,7 @@ void require_root(const char* verb) {
 std::string plugin_dir() {
   if (const char* e = std::getenv("DVR_CRIU_PLUGIN_DIR"); e && *e) return is_file(std::string(e) + "/" + kPluginFile) ? e : "";
   std::string self = self_dir();
-  for (std::string d : {self + "/criu-plugin", self + "/../lib/dvr/criu", self + "/../criu-plugin"})
+  for (std::string d : {self + "/criu-plugin", self + "/" DVR_CRIU_PLUGIN_RELDIR, self + "/../lib/dvr/criu"})
     if (is_file(d + "/" + kPluginFile)) return d;
   return "";
 }
@@ -402,7 +425,7 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
     if (!options.replace) drop_heaps();
     if (!plugin_error.empty()) throw Error(Errc::io, "cannot dump process " + std::to_string(pid) + ": " + plugin_error);
     throw Error(Errc::io, "CRIU could not dump process " + std::to_string(pid) + " (exit " + std::to_string(rc) + "):" +
-                              (errors.empty() ? "\n  " + out : errors) + "\nfull log: " + log +
+                              (errors.empty() ? "\n  " + out : errors) + criu_hint(errors) + "\nfull log: " + log +
                               "\n(`dvr proc check` checks CRIU and the kernel; a job started with `dvr run` dumps most reliably)");
   }
 
@@ -418,25 +441,53 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
       }
     };
     std::vector<std::unique_ptr<Map>> maps;
+    auto map_file = [&](const std::string& p, std::uint64_t n, int fd) {
+      auto m = std::make_unique<Map>();
+      m->n = n;
+      m->p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (m->p == MAP_FAILED) detail::throw_errno(errno, "cannot map CRIU image " + p);
+      maps.push_back(std::move(m));
+      return maps.back()->p;
+    };
     Session s(store, kImageSession, SessionOptions{.tracking = Tracking::hash});
+    // Page images go in as windows of the address space (proc_pages.hpp).
+    std::vector<std::unique_ptr<procpages::Windows>> windows;
+    std::vector<std::string> paged;  // page images stored as windows
+    std::string paged_meta;
+    for (auto& f : detail::list_dir(work.path)) {
+      if (f.rfind("pagemap-", 0) != 0) continue;
+      std::string p = work.path + "/" + f;
+      Fd fd = detail::open_or_throw(p, O_RDONLY);
+      std::uint64_t n = detail::file_size(fd.get(), p);
+      procpages::Pagemap pm;
+      if (n == 0 || !procpages::parse_pagemap(static_cast<const char*>(map_file(p, n, fd.get())), n, pm)) continue;
+      std::string pages = "pages-" + std::to_string(pm.pages_id) + ".img", pp = work.path + "/" + pages;
+      if (!detail::path_exists(pp)) continue;
+      Fd pfd = detail::open_or_throw(pp, O_RDONLY);
+      std::uint64_t size = detail::file_size(pfd.get(), pp);
+      auto w = std::make_unique<procpages::Windows>();
+      if (size == 0 || !w->build(pm, pfd.get(), size, false, nullptr)) continue;  // stored as it is
+      for (auto& win : w->windows()) s.track(procpages::window_region(pm.pages_id, win.start), win.base, procpages::kWindow);
+      windows.push_back(std::move(w));
+      paged.push_back(pages);
+      paged_meta += "paged=" + pages + "\t" + f + "\t" + std::to_string(size) + "\n";
+      info.image_bytes += size;
+    }
     for (auto& f : detail::list_dir(work.path)) {
       if (f == "dump.log" || f == heaps::kErrorName) continue;
+      if (std::find(paged.begin(), paged.end(), f) != paged.end()) continue;
       std::string p = work.path + "/" + f;
       Fd fd = detail::open_or_throw(p, O_RDONLY);
       std::uint64_t n = detail::file_size(fd.get(), p);
       if (f == heaps::kImageName) info.heaps.clear();
       if (n == 0) continue;  // CRIU writes some empty images; restore recreates them
-      auto m = std::make_unique<Map>();
-      m->n = n;
-      m->p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-      if (m->p == MAP_FAILED) detail::throw_errno(errno, "cannot map CRIU image " + p);
+      void* data = map_file(p, n, fd.get());
       info.image_bytes += n;
       if (f == heaps::kImageName) {
-        heaps::HeapImage hi = heaps::parse_image(std::string(static_cast<const char*>(m->p), n));
+        heaps::HeapImage hi = heaps::parse_image(std::string(static_cast<const char*>(data), n));
         for (auto& h : hi.heaps) info.heaps.push_back({h.path, h.bytes, h.store, h.session});
       }
-      s.track(f, m->p, n);
-      maps.push_back(std::move(m));
+      s.track(f, data, n);
     }
     // Empty images are recorded by name in the metadata.
     std::string empties;
@@ -453,7 +504,7 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
       base = si.name;
     }
     info.parent = base;
-    std::string meta = format_meta(info) + empties;
+    std::string meta = format_meta(info) + empties + paged_meta;
     s.track(kMetaRegion, meta.data(), meta.size());
     if (!base.empty()) s.base_on(base);
     SnapshotInfo si = s.snapshot(name, {.label = label_for(pid, info.command),
@@ -510,15 +561,15 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
                                             ") was not dumped from a job in its own PID namespace, so a clone would need the "
                                             "original's PIDs; start jobs with `dvr run -- CMD` to clone them");
   if (!p.own_pid_namespace && ::kill(p.pid, 0) == 0)
-    throw Error(Errc::invalid_argument, "cannot restore process snapshot '" + name + "': PID " + std::to_string(p.pid) +
-                                            " is in use (" + read_proc(p.pid, "comm").substr(0, 64) +
+    throw Error(Errc::io, "cannot restore process snapshot '" + name + "': PID " + std::to_string(p.pid) +
+                              " is in use (" + comm_of(p.pid) +
                                             "); stop that process first, or start jobs with `dvr run -- CMD` so that they "
                                             "restore in a PID namespace of their own (nothing was changed)");
   if (!options.clone)
     for (auto& h : p.heaps) {
       auto users = heaps::processes_mapping(h.path);
       if (!users.empty())
-        throw Error(Errc::invalid_argument, "cannot restore process snapshot '" + name + "': its heap file " + h.path +
+        throw Error(Errc::io, "cannot restore process snapshot '" + name + "': its heap file " + h.path +
                                                 " is mapped by running process " + users.front() +
                                                 "; stop it first, or use `dvr proc clone " + name +
                                                 "` to run a copy beside it (nothing was changed)");
@@ -538,7 +589,48 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
     std::vector<std::unique_ptr<Map>> maps;
     std::string meta;
     Session s(store, kImageSession, SessionOptions{.tracking = Tracking::hash});
+    // Page images stored as windows: recreate each file, and map its pages
+    // into windows where the restore writes them (proc_pages.hpp). The layout
+    // comes from the stored pagemap, read here unchecked; the restore below
+    // checks every byte, these included, before CRIU runs.
+    std::vector<std::unique_ptr<procpages::Windows>> windows;
+    std::map<std::string, void*> window_at;
+    std::vector<std::string> paged;
+    {
+      Clone peek = store.open_snapshot(kImageSession, name, {.verify = false});
+      Region& m = peek.region(kMetaRegion);
+      std::istringstream in(std::string(static_cast<const char*>(m.data()), m.size()));
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.rfind("paged=", 0) != 0) continue;
+        auto t1 = line.find('\t'), t2 = line.find('\t', t1 + 1);
+        if (t1 == std::string::npos || t2 == std::string::npos) throw Error(Errc::corrupt, "process snapshot '" + name + "' has damaged metadata (paged)");
+        std::string pages = line.substr(6, t1 - 6), pagemap = line.substr(t1 + 1, t2 - t1 - 1);
+        std::uint64_t size = std::strtoull(line.c_str() + t2 + 1, nullptr, 10);
+        detail::check_name("image", pages);
+        procpages::Pagemap pm;
+        Region& r = peek.region(pagemap);
+        std::string why = "its pagemap cannot be read";
+        std::string path = work.path + "/" + pages;
+        Fd fd = detail::open_or_throw(path, O_RDWR | O_CREAT | O_EXCL);
+        if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) detail::throw_errno(errno, "cannot size " + path);
+        auto w = std::make_unique<procpages::Windows>();
+        if (!procpages::parse_pagemap(static_cast<const char*>(r.data()), r.size(), pm) || !w->build(pm, fd.get(), size, true, &why))
+          throw Error(Errc::corrupt, "process snapshot '" + name + "': " + pages + " cannot be rebuilt (" + why + ")");
+        for (auto& win : w->windows()) window_at[procpages::window_region(pm.pages_id, win.start)] = win.base;
+        windows.push_back(std::move(w));
+        paged.push_back(pages);
+      }
+    }
     for (auto& r : store.info(kImageSession, name).regions) {
+      if (auto it = window_at.find(r.name); it != window_at.end()) {
+        if (r.size != procpages::kWindow) throw Error(Errc::corrupt, "process snapshot '" + name + "': region " + r.name + " has a wrong size");
+        s.track(r.name, it->second, r.size);
+        window_at.erase(it);
+        continue;
+      }
+      if (r.name.rfind("mem-", 0) == 0)
+        throw Error(Errc::corrupt, "process snapshot '" + name + "': region " + r.name + " lies outside every stored pagemap");
       if (r.name == kMetaRegion) {
         meta.resize(r.size);
         s.track(r.name, meta.data(), r.size);
@@ -549,13 +641,13 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
       if (::ftruncate(fd.get(), static_cast<off_t>(r.size)) != 0) detail::throw_errno(errno, "cannot size " + path);
       auto m = std::make_unique<Map>();
       m->n = r.size;
-      // Populated in one go: a GiB of page images faulted in page by page
-      // would cost more than copying it.
       m->p = ::mmap(nullptr, r.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
       if (m->p == MAP_FAILED) detail::throw_errno(errno, "cannot map " + path);
       s.track(r.name, m->p, r.size);
       maps.push_back(std::move(m));
     }
+    if (!window_at.empty())
+      throw Error(Errc::corrupt, "process snapshot '" + name + "' lacks page window " + window_at.begin()->first + " its pagemap needs");
     s.restore(name);
     std::istringstream in(meta);
     std::string line;
@@ -600,7 +692,7 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
     if (rc == 126) throw Error(Errc::io, "cannot " + std::string(verb) + ": could not set up a private mount namespace for its heaps");
     if (!plugin_error.empty()) throw Error(Errc::io, "cannot restore process snapshot '" + name + "': " + plugin_error);
     throw Error(Errc::io, "CRIU could not restore process snapshot '" + name + "' (exit " + std::to_string(rc) + "):" +
-                              (errors.empty() ? "\n  " + out : errors) + "\nfull log: " + log +
+                              (errors.empty() ? "\n  " + out : errors) + criu_hint(errors) + "\nfull log: " + log +
                               "\n(nothing of it is left running; `dvr proc check` checks CRIU and the kernel)");
   }
   RestoreResult r;

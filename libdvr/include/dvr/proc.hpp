@@ -86,7 +86,8 @@ struct Preflight {
 
 /// The directory holding dvr_criu.so: $DVR_CRIU_PLUGIN_DIR if set, else
 /// criu-plugin/ beside the running program (a build tree), else
-/// ../lib/dvr/criu next to it (an installed tree). "" if none holds it.
+/// ../LIBDIR/dvr/criu next to it (an installed tree: `cmake --install`).
+/// "" if none holds it.
 std::string plugin_dir();
 
 /// Checks the criu binary ($DVR_CRIU or criu on PATH, version 4 or newer), the

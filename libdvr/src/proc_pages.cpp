@@ -1,0 +1,152 @@
+// CRIU page images laid out by virtual address (see proc_pages.hpp).
+#include "proc_pages.hpp"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace dvr::detail::procpages {
+
+namespace {
+
+constexpr std::uint64_t kPage = 4096;
+constexpr std::uint32_t kPePresent = 1u << 2;  // PE_PRESENT in CRIU's pagemap.proto
+
+bool varint(const unsigned char*& p, const unsigned char* end, std::uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64 && p < end; shift += 7) {
+    unsigned char b = *p++;
+    v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
+    if (!(b & 0x80)) return true;
+  }
+  return false;
+}
+
+// Calls f(field, value) for every varint field of one message; false on
+// anything malformed. Other wire types are skipped.
+template <class F>
+bool fields(const unsigned char* p, const unsigned char* end, F&& f) {
+  while (p < end) {
+    std::uint64_t key = 0, v = 0;
+    if (!varint(p, end, key)) return false;
+    switch (key & 7) {
+      case 0:
+        if (!varint(p, end, v)) return false;
+        f(key >> 3, v);
+        break;
+      case 1:
+        if (end - p < 8) return false;
+        p += 8;
+        break;
+      case 2:
+        if (!varint(p, end, v) || static_cast<std::uint64_t>(end - p) < v) return false;
+        p += v;
+        break;
+      case 5:
+        if (end - p < 4) return false;
+        p += 4;
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::uint64_t Pagemap::present_bytes() const {
+  std::uint64_t n = 0;
+  for (auto& e : entries)
+    if (e.present) n += e.pages * kPage;
+  return n;
+}
+
+bool parse_pagemap(const char* data, std::size_t size, Pagemap& out) {
+  auto* p = reinterpret_cast<const unsigned char*>(data);
+  const unsigned char* end = p + size;
+  if (size < 8) return false;
+  p += 8;  // the image-set magic and the pagemap magic
+  out = Pagemap{};
+  bool head = true;
+  while (p < end) {
+    if (end - p < 4) return false;
+    std::uint32_t len;
+    std::memcpy(&len, p, 4);
+    p += 4;
+    if (static_cast<std::uint64_t>(end - p) < len) return false;
+    if (head) {
+      bool ok = fields(p, p + len, [&](std::uint64_t f, std::uint64_t v) {
+        if (f == 1) out.pages_id = static_cast<std::uint32_t>(v);
+      });
+      if (!ok) return false;
+      head = false;
+    } else {
+      Entry e;
+      std::uint64_t flags = 0;
+      bool ok = fields(p, p + len, [&](std::uint64_t f, std::uint64_t v) {
+        if (f == 1) e.vaddr = v;
+        else if (f == 2) e.pages = v;
+        else if (f == 4) flags = v;
+      });
+      if (!ok || e.vaddr % kPage || e.pages == 0 || e.pages > (1ull << 40) / kPage) return false;
+      if (!out.entries.empty()) {
+        const Entry& last = out.entries.back();
+        if (e.vaddr < last.vaddr + last.pages * kPage) return false;  // overlapping or unsorted
+      }
+      e.present = (flags & kPePresent) != 0;
+      out.entries.push_back(e);
+    }
+    p += len;
+  }
+  return !head;
+}
+
+Windows::~Windows() {
+  for (auto& w : windows_) ::munmap(w.base, kWindow);
+}
+
+bool Windows::build(const Pagemap& pm, int pages_fd, std::uint64_t file_size, bool writable, std::string* why) {
+  if (pm.present_bytes() != file_size) {
+    if (why) *why = "the pagemap accounts for " + std::to_string(pm.present_bytes()) + " bytes, the page image holds " + std::to_string(file_size);
+    return false;
+  }
+  const int prot = PROT_READ | (writable ? PROT_WRITE : 0);
+  const int file_flags = (writable ? MAP_SHARED : MAP_PRIVATE) | MAP_FIXED;
+  auto window_at = [&](std::uint64_t start) -> char* {
+    if (windows_.empty() || windows_.back().start != start) {
+      void* b = ::mmap(nullptr, kWindow, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (b == MAP_FAILED) return nullptr;
+      windows_.push_back({start, b});
+    }
+    return static_cast<char*>(windows_.back().base);
+  };
+  std::uint64_t offset = 0;  // in the page image
+  for (auto& e : pm.entries) {
+    if (!e.present) continue;
+    std::uint64_t addr = e.vaddr, left = e.pages * kPage;
+    while (left > 0) {
+      std::uint64_t start = addr / kWindow * kWindow, in = addr - start;
+      std::uint64_t len = std::min(left, kWindow - in);
+      char* base = window_at(start);
+      if (!base || ::mmap(base + in, len, prot, file_flags, pages_fd, static_cast<off_t>(offset)) == MAP_FAILED) {
+        if (why) *why = std::string("cannot map the page image: ") + std::strerror(errno);
+        return false;
+      }
+      addr += len;
+      offset += len;
+      left -= len;
+    }
+  }
+  return true;
+}
+
+std::string window_region(std::uint32_t pages_id, std::uint64_t start) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "mem-%u-%016llx", pages_id, static_cast<unsigned long long>(start));
+  return buf;
+}
+
+}  // namespace dvr::detail::procpages

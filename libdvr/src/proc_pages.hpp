@@ -1,0 +1,66 @@
+// CRIU page images laid out by virtual address, so that a second dump of a
+// job deduplicates against the first even when pages moved in the image.
+//
+// CRIU writes a process's memory as pages-ID.img: the present pages, back to
+// back, in the order of the entries of pagemap-PID.img (vaddr, nr_pages,
+// flags). One page more anywhere (a heap that grew) shifts every later page
+// in the file, so comparing files page by page finds nothing equal. dvr
+// therefore stores a page image as "windows": one region per 4 MiB-aligned
+// 4 MiB of the process's address space that holds present pages, each page
+// at its virtual offset (absent pages read as zero and cost nothing). A page
+// that did not change is at the same place in the same window in every dump.
+// Restore rebuilds pages-ID.img from the windows and the stored pagemap.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dvr::detail::procpages {
+
+inline constexpr std::uint64_t kWindow = 4ull << 20;
+
+struct Entry {
+  std::uint64_t vaddr = 0;
+  std::uint64_t pages = 0;
+  bool present = false;  // its pages are in the pages image
+};
+
+struct Pagemap {
+  std::uint32_t pages_id = 0;
+  std::vector<Entry> entries;
+  std::uint64_t present_bytes() const;
+};
+
+/// Decodes pagemap-PID.img (CRIU's image: two magics, then length-prefixed
+/// protobuf PagemapHead and PagemapEntry messages). false when the bytes are
+/// not such an image, or entries overlap or are out of order.
+bool parse_pagemap(const char* data, std::size_t size, Pagemap& out);
+
+/// Windows of one page image: anonymous reservations of kWindow bytes with
+/// the file's pages mapped in at their virtual offsets (MAP_FIXED), read-only
+/// and private for a dump, read-write and shared for a restore (writes go to
+/// the file). Unmapped on destruction.
+class Windows {
+ public:
+  struct Window {
+    std::uint64_t start = 0;  // virtual address in the dumped process
+    void* base = nullptr;     // where it is mapped here
+  };
+  Windows() = default;
+  ~Windows();
+  Windows(const Windows&) = delete;
+  Windows& operator=(const Windows&) = delete;
+
+  /// false (with *why) when the map does not fit the file.
+  bool build(const Pagemap& pm, int pages_fd, std::uint64_t file_size, bool writable, std::string* why);
+  const std::vector<Window>& windows() const { return windows_; }
+
+ private:
+  std::vector<Window> windows_;
+};
+
+/// Region name of a window: "mem-PAGESID-0000ADDRESS" (16 hex digits).
+std::string window_region(std::uint32_t pages_id, std::uint64_t start);
+
+}  // namespace dvr::detail::procpages
