@@ -1,4 +1,7 @@
 // dvr — the Memory DVR command line. A thin layer over <dvr/dvr.hpp>.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,8 +10,12 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <chrono>
 #include <ctime>
+#include <iomanip>
 #include <iostream>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +23,7 @@
 #include "demo.hpp"
 #include "dvr/dvr.hpp"
 #include "dvr/proc.hpp"
+#include "dvr/transfer.hpp"
 
 namespace {
 
@@ -58,6 +66,20 @@ Commands:
   run [--output FILE] [--cwd DIR] -- CMD [ARGS...]
                       start CMD as PID 1 of its own PID namespace, detached,
                       so it can be dumped, restored and cloned; prints its PID
+  send REF [--base BASE] [--level N | --no-compress] [--json]
+                      write snapshot REF (SESSION/NAME, or proc/NAME with its
+                      heaps) as a verified, compressed stream to stdout
+  receive [--json]    read such a stream from stdin into the store; nothing
+                      is stored unless all of it checks out
+  export REF -o FILE [--base BASE] [--level N | --no-compress] [--json]
+  import FILE [--json]
+                      the same through a file
+  push REF ssh://[USER@]HOST[:PORT]/STORE [--base BASE] [--ssh CMD]
+       [--remote-dvr PATH] [--level N | --no-compress] [--json]
+                      send REF to a store on another machine through ssh;
+                      only what the far store lacks travels
+  pull ssh://[USER@]HOST[:PORT]/STORE REF [--ssh CMD] [--remote-dvr PATH] [--json]
+                      the reverse
   recover SESSION [--json]
                       the newest intact snapshot of a session (after a crash,
                       the one to restore); exit status 1 when there is none
@@ -515,6 +537,260 @@ int cmd_proc(Args& a) {
   throw Error(Errc::invalid_argument, "unknown verb 'proc " + verb + "'; use dump, restore, clone, ls, info, rm or check");
 }
 
+// ---- moving snapshots -------------------------------------------------------
+
+transfer::Options transfer_options(Args& a) {
+  transfer::Options o;
+  o.base = a.take_option("--base", "");
+  std::string level = a.take_option("--level", "");
+  if (a.take_flag("--no-compress")) o.level = 0;
+  if (!level.empty()) {
+    if (o.level == 0) throw Error(Errc::invalid_argument, "--level and --no-compress exclude each other");
+    char* end = nullptr;
+    long v = std::strtol(level.c_str(), &end, 10);
+    if (*end || v < 1 || v > 19) throw Error(Errc::invalid_argument, "--level must be 1 to 19 (zstd), not '" + level + "'");
+    o.level = static_cast<int>(v);
+  }
+  // Progress on a terminal: bytes, rate, ETA, ten times a second.
+  if (::isatty(2)) {
+    auto t0 = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+    auto last = std::make_shared<double>(-1);
+    o.progress = [t0, last](std::uint64_t done, std::uint64_t total) {
+      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - *t0).count();
+      if (t - *last < 0.1 && done < total) return;
+      *last = t;
+      double rate = t > 0 ? static_cast<double>(done) / t : 0;
+      double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
+      std::fprintf(stderr, "\r  %s / %s  %s/s  ETA %s   ", format_bytes(static_cast<double>(done)).c_str(),
+                   format_bytes(static_cast<double>(total)).c_str(), format_bytes(rate).c_str(), format_seconds(eta).c_str());
+      if (done >= total) std::fprintf(stderr, "\n");
+    };
+  }
+  return o;
+}
+
+std::string transfer_json(const transfer::Stats& st, bool sent) {
+  std::string refs = "[";
+  for (std::size_t k = 0; k < st.refs.size(); ++k) refs += (k ? "," : "") + json_string(st.refs[k]);
+  refs += "]";
+  std::ostringstream o;
+  o << "{\"ref\":" << refs << ",\"base\":" << json_string(st.base) << ",\"logical_bytes\":" << st.logical_bytes
+    << (sent ? ",\"sent_bytes\":" : ",\"received_bytes\":") << st.wire_bytes << ",\"data_bytes\":" << st.data_bytes
+    << ",\"compression_ratio\":" << st.compression_ratio << ",\"chunks\":" << st.chunks << ",\"chunks_skipped\":" << st.chunks_skipped
+    << ",\"stored_bytes\":" << st.stored_bytes << ",\"seconds\":" << st.seconds << "}";
+  return o.str();
+}
+
+void print_transfer(const transfer::Stats& st, bool sent, bool json, std::ostream& out) {
+  if (json) {
+    out << transfer_json(st, sent) << "\n";
+    return;
+  }
+  std::string refs;
+  for (auto& r : st.refs) refs += (refs.empty() ? "" : ", ") + r;
+  out << (sent ? "sent " : "received ") << refs << ": " << format_bytes(static_cast<double>(st.logical_bytes)) << " of snapshot data, "
+      << format_bytes(static_cast<double>(st.wire_bytes)) << (sent ? " sent" : " received");
+  if (st.data_bytes) out << " (compression " << std::fixed << std::setprecision(2) << st.compression_ratio << "x)";
+  out << ", " << st.chunks_skipped << " of " << st.chunks << " chunks skipped"
+      << (st.base.empty() ? std::string() : " (relative to " + st.base + ")");
+  if (!sent) out << ", " << format_bytes(static_cast<double>(st.stored_bytes)) << " added to the store";
+  out << ", " << format_seconds(st.seconds) << "\n";
+}
+
+struct SshTarget {
+  std::string host;  // [user@]host
+  std::string port;
+  std::string path;
+};
+
+SshTarget parse_ssh_url(const std::string& url) {
+  const std::string scheme = "ssh://";
+  if (url.rfind(scheme, 0) != 0)
+    throw Error(Errc::invalid_argument, "'" + url + "' is not an ssh://[USER@]HOST[:PORT]/STORE address");
+  std::string rest = url.substr(scheme.size());
+  auto slash = rest.find('/');
+  if (slash == std::string::npos || slash == 0 || slash + 1 == rest.size())
+    throw Error(Errc::invalid_argument, "'" + url + "' names no store path; write ssh://HOST/ABSOLUTE/PATH");
+  SshTarget t;
+  std::string authority = rest.substr(0, slash);
+  t.path = rest.substr(slash);
+  auto at = authority.rfind('@');
+  auto colon = authority.find(':', at == std::string::npos ? 0 : at);
+  if (colon != std::string::npos) {
+    t.port = authority.substr(colon + 1);
+    authority = authority.substr(0, colon);
+    if (t.port.empty() || t.port.find_first_not_of("0123456789") != std::string::npos)
+      throw Error(Errc::invalid_argument, "'" + url + "' has a bad port");
+  }
+  t.host = authority;
+  if (t.host.empty() || t.host[0] == '-') throw Error(Errc::invalid_argument, "'" + url + "' has a bad host");
+  return t;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Runs `ssh ... HOST REMOTE-COMMAND` with its stdin and stdout connected to
+// us; its stderr (the far dvr's messages) goes to ours.
+struct SshChild {
+  pid_t pid = -1;
+  int to = -1, from = -1;
+  SshChild(const std::string& ssh, const SshTarget& t, const std::vector<std::string>& remote) {
+    std::vector<std::string> argv;
+    std::istringstream in(ssh);
+    for (std::string w; in >> w;) argv.push_back(w);
+    if (argv.empty()) throw Error(Errc::invalid_argument, "--ssh is empty");
+    if (!t.port.empty()) {
+      argv.push_back("-p");
+      argv.push_back(t.port);
+    }
+    argv.push_back(t.host);
+    std::string cmd;
+    for (auto& r : remote) cmd += (cmd.empty() ? "" : " ") + shell_quote(r);
+    argv.push_back(cmd);
+    int a[2], b[2];
+    if (::pipe2(a, O_CLOEXEC) != 0 || ::pipe2(b, O_CLOEXEC) != 0) throw Error(Errc::io, "cannot create pipes for ssh");
+    pid = ::fork();
+    if (pid < 0) throw Error(Errc::io, "cannot start ssh");
+    if (pid == 0) {
+      ::dup2(a[0], 0);
+      ::dup2(b[1], 1);
+      std::vector<char*> args;
+      for (auto& x : argv) args.push_back(const_cast<char*>(x.c_str()));
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      std::fprintf(stderr, "dvr: cannot run %s: %s\n", args[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::close(a[0]);
+    ::close(b[1]);
+    to = a[1];
+    from = b[0];
+  }
+  int finish() {
+    if (to >= 0) ::close(to);
+    if (from >= 0) ::close(from);
+    to = from = -1;
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  ~SshChild() {
+    if (pid > 0) {
+      ::kill(pid, SIGTERM);
+      finish();
+    }
+  }
+};
+
+int cmd_send(Args& a) {
+  a.json = a.take_flag("--json");
+  bool negotiate = a.take_flag("--negotiate");
+  transfer::Options o = transfer_options(a);
+  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr send REF [--base BASE] [--level N | --no-compress] [--json] > FILE");
+  if (!negotiate && ::isatty(1))
+    throw Error(Errc::invalid_argument, "dvr send writes a binary stream: redirect it (dvr send REF > FILE, or | dvr receive)");
+  Store store = open_store(a, false);
+  transfer::Stats st = negotiate ? transfer::send_negotiated(store, a.rest.front(), 0, 1, o) : transfer::send(store, a.rest.front(), 1, o);
+  print_transfer(st, true, a.json, std::cerr);
+  return 0;
+}
+
+int cmd_receive(Args& a) {
+  a.json = a.take_flag("--json");
+  bool negotiate = a.take_flag("--negotiate");
+  a.no_more();
+  Store store = open_store(a, true);
+  transfer::Stats st = negotiate ? transfer::receive_negotiated(store, 0, 1) : transfer::receive(store, 0);
+  print_transfer(st, false, a.json, negotiate ? std::cerr : std::cout);
+  return 0;
+}
+
+int cmd_export(Args& a) {
+  a.json = a.take_flag("--json");
+  std::string file = a.take_option("-o", "");
+  transfer::Options o = transfer_options(a);
+  if (a.rest.size() != 1 || file.empty()) throw Error(Errc::invalid_argument, "usage: dvr export REF -o FILE [--base BASE] [--level N | --no-compress] [--json]");
+  Store store = open_store(a, false);
+  // Written beside FILE, renamed over it when complete: no half files.
+  std::string tmp = file + ".part";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw Error(errno == ENOENT ? Errc::not_found : Errc::io, "cannot create " + tmp + ": " + std::strerror(errno));
+  transfer::Stats st;
+  try {
+    st = transfer::send(store, a.rest.front(), fd, o);
+    if (::fsync(fd) != 0) throw Error(errno == ENOSPC ? Errc::no_space : Errc::io, "cannot write " + tmp + ": " + std::strerror(errno));
+    ::close(fd);
+    fd = -1;
+    if (::rename(tmp.c_str(), file.c_str()) != 0) throw Error(Errc::io, "cannot rename " + tmp + " to " + file + ": " + std::strerror(errno));
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  print_transfer(st, true, a.json, std::cout);
+  return 0;
+}
+
+int cmd_import(Args& a) {
+  a.json = a.take_flag("--json");
+  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr import FILE [--json]");
+  int fd = ::open(a.rest.front().c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(errno == ENOENT ? Errc::not_found : Errc::io, "cannot open " + a.rest.front() + ": " + std::strerror(errno));
+  Store store = open_store(a, true);
+  transfer::Stats st;
+  try {
+    st = transfer::receive(store, fd);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  print_transfer(st, false, a.json, std::cout);
+  return 0;
+}
+
+int cmd_push_pull(Args& a, bool push) {
+  a.json = a.take_flag("--json");
+  const char* env_ssh = std::getenv("DVR_SSH");
+  std::string ssh = a.take_option("--ssh", env_ssh && *env_ssh ? env_ssh : "ssh");
+  std::string remote_dvr = a.take_option("--remote-dvr", "dvr");
+  transfer::Options o = transfer_options(a);
+  if (a.rest.size() != 2)
+    throw Error(Errc::invalid_argument, push ? "usage: dvr push REF ssh://[USER@]HOST[:PORT]/STORE [--ssh CMD] [--remote-dvr PATH] [--json]"
+                                             : "usage: dvr pull ssh://[USER@]HOST[:PORT]/STORE REF [--ssh CMD] [--remote-dvr PATH] [--json]");
+  std::string ref = push ? a.rest[0] : a.rest[1];
+  SshTarget t = parse_ssh_url(push ? a.rest[1] : a.rest[0]);
+  Store store = open_store(a, !push);
+  std::vector<std::string> remote = {remote_dvr, "--store", t.path};
+  if (push) {
+    remote.insert(remote.end(), {"receive", "--negotiate"});
+  } else {
+    remote.insert(remote.end(), {"send", "--negotiate", ref});
+    if (!o.base.empty()) remote.insert(remote.end(), {"--base", o.base});
+    if (o.level == 0) remote.push_back("--no-compress");
+    else remote.insert(remote.end(), {"--level", std::to_string(o.level)});
+  }
+  SshChild child(ssh, t, remote);
+  transfer::Stats st;
+  try {
+    st = push ? transfer::send_negotiated(store, ref, child.from, child.to, o) : transfer::receive_negotiated(store, child.from, child.to);
+  } catch (const Error& e) {
+    int rc = child.finish();
+    if (rc == 255) throw Error(Errc::io, "ssh to " + t.host + " failed (exit 255; see its message above)");
+    throw;
+  }
+  int rc = child.finish();
+  if (rc != 0) throw Error(Errc::io, "the far side (ssh " + t.host + ") exited with status " + std::to_string(rc) + " after the transfer");
+  print_transfer(st, push, a.json, std::cout);
+  return 0;
+}
+
 int cmd_run(Args& a) {
   auto dashes = std::find(a.rest.begin(), a.rest.end(), std::string("--"));
   if (dashes == a.rest.end() || dashes + 1 == a.rest.end())
@@ -580,6 +856,12 @@ int run(int argc, char** argv) {
   if (a.command == "recover") return cmd_recover(a);
   if (a.command == "proc") return cmd_proc(a);
   if (a.command == "run") return cmd_run(a);
+  if (a.command == "send") return cmd_send(a);
+  if (a.command == "receive") return cmd_receive(a);
+  if (a.command == "export") return cmd_export(a);
+  if (a.command == "import") return cmd_import(a);
+  if (a.command == "push") return cmd_push_pull(a, true);
+  if (a.command == "pull") return cmd_push_pull(a, false);
   if (a.command == "demo") {
     DemoOptions o;
     o.size = parse_size(a.take_option("--size", "1G"));
@@ -597,6 +879,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ::signal(SIGPIPE, SIG_IGN);  // a closed pipe is an error message, not a silent death
   try {
     return run(argc, argv);
   } catch (const dvr::Error& e) {

@@ -91,7 +91,8 @@ int dvr_init(int stage) {
   try {
     std::string text = read_image();
     if (text.empty()) return 0;  // the process mapped no DVR heap
-    heaps::restore_heaps(heaps::parse_image(text));
+    const char* store = std::getenv("DVR_CRIU_STORE");  // the store dvr proc restores from
+    heaps::restore_heaps(heaps::parse_image(text), store ? store : "");
     return 0;
   } catch (const std::exception& e) {
     report(std::string("cannot restore the DVR heaps: ") + e.what());

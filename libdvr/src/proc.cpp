@@ -223,7 +223,8 @@ void parse_meta(const std::string& text, ProcInfo& p) {
   }
 }
 
-std::uint64_t heap_bytes(const ProcInfo& p);
+heaps::HeapImage heap_image(const ProcInfo& p);
+std::uint64_t heap_bytes(const Store& store, const ProcInfo& p);
 
 ProcInfo read_info(const Store& store, const SnapshotInfo& si, bool verify) {
   ProcInfo p;
@@ -235,7 +236,7 @@ ProcInfo read_info(const Store& store, const SnapshotInfo& si, bool verify) {
   Clone c = store.open_snapshot(kImageSession, si.name, {.verify = verify});
   Region& meta = c.region(kMetaRegion);
   parse_meta(std::string(static_cast<const char*>(meta.data()), meta.size()), p);
-  p.stored_bytes += heap_bytes(p);
+  p.stored_bytes += heap_bytes(store, p);
   return p;
 }
 
@@ -254,15 +255,24 @@ heaps::HeapImage heap_image(const ProcInfo& p) {
   return img;
 }
 
+// Where each heap snapshot of `p` is: this store when it holds it (it came
+// here with the process snapshot), else the heap's own store.
+heaps::HeapImage heap_image_in(const Store& store, const ProcInfo& p) {
+  heaps::HeapImage img = heap_image(p);
+  for (auto& h : img.heaps) h.store = heaps::heap_store(h, img.snapshot, store.path());
+  return img;
+}
+
 // Bytes the heap snapshots of a process snapshot added to their stores.
-std::uint64_t heap_bytes(const ProcInfo& p) {
+std::uint64_t heap_bytes(const Store& store, const ProcInfo& p) {
   std::uint64_t n = 0;
   std::vector<std::pair<std::string, std::string>> seen;
-  for (auto& h : p.heaps) {
+  heaps::HeapImage img = heap_image_in(store, p);
+  for (auto& h : img.heaps) {
     if (std::find(seen.begin(), seen.end(), std::make_pair(h.store, h.session)) != seen.end()) continue;
     seen.emplace_back(h.store, h.session);
     try {
-      n += Store::open(h.store, {.create = false}).info(h.session, kHeapPrefix + p.name).stored_bytes;
+      n += Store::open(h.store, {.create = false}).info(h.session, img.snapshot).stored_bytes;
     } catch (const Error&) {
     }
   }
@@ -510,7 +520,7 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
     SnapshotInfo si = s.snapshot(name, {.label = label_for(pid, info.command),
                                         .replace = options.replace});
     info.time_ns = si.time_ns;
-    info.stored_bytes = si.stored_bytes + heap_bytes(info);
+    info.stored_bytes = si.stored_bytes + heap_bytes(store, info);
   } catch (...) {
     drop_heaps();
     throw;
@@ -544,8 +554,9 @@ ProcInfo info(const Store& store, const std::string& name) {
 
 void remove(Store& store, const std::string& name) {
   ProcInfo p = info(store, name);  // not_found with the right message
+  heaps::HeapImage img = heap_image_in(store, p);
   store.remove(kImageSession, name);
-  heaps::remove_heaps(heap_image(p));
+  heaps::remove_heaps(img);
 }
 
 RestoreResult restore(Store& store, const std::string& name, const RestoreOptions& options) {
@@ -680,7 +691,7 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   // Restored processes become our children when we wait for them.
   if (!options.detach && !options.clone) ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   std::string out;
-  int rc = run_capture(argv, {}, &out, in_child);
+  int rc = run_capture(argv, {"DVR_CRIU_STORE=" + store.path()}, &out, in_child);
   if (rc != 0) {
     std::string plugin_error;
     try {

@@ -364,7 +364,21 @@ HeapImage parse_image(const std::string& text) {
   return image;
 }
 
-void restore_heaps(const HeapImage& image) {
+std::string heap_store(const HeapFile& h, const std::string& snapshot, const std::string& preferred) {
+  if (!preferred.empty() && preferred != h.store) {
+    try {
+      Store s = Store::open(preferred, {.create = false});
+      for (auto& i : s.list(h.session))
+        if (i.name == snapshot) return preferred;
+    } catch (const Error&) {
+    }
+  }
+  return h.store;
+}
+
+void restore_heaps(const HeapImage& original, const std::string& preferred) {
+  HeapImage image = original;
+  for (auto& h : image.heaps) h.store = heap_store(h, image.snapshot, preferred);
   // Check everything before any file changes.
   for (auto& h : image.heaps) {
     Store store = Store::open(h.store, {.create = false});

@@ -93,10 +93,17 @@ std::string format_image(const HeapImage& image);
 /// Throws corrupt for anything but a complete image of a known version.
 HeapImage parse_image(const std::string& text);
 
+/// The store to take heap `h`'s snapshot from: `preferred` (the store the
+/// process snapshot is restored from) when it holds it — a process snapshot
+/// received from another machine brings its heap snapshots along — else the
+/// heap's own store.
+std::string heap_store(const HeapFile& h, const std::string& snapshot, const std::string& preferred);
+
 /// Puts every heap file of `image` back to its content at dump time (files
-/// missing are created). Every byte is checked before a file is changed.
-/// Throws invalid_argument when a heap file exists with another size (changed
-/// behind dvr's back), corrupt / not_found for a damaged or missing snapshot.
-void restore_heaps(const HeapImage& image);
+/// missing are created), taking each heap snapshot from heap_store(). Every
+/// byte is checked before a file is changed. Throws invalid_argument when a
+/// heap file exists with another size (changed behind dvr's back), corrupt /
+/// not_found for a damaged or missing snapshot.
+void restore_heaps(const HeapImage& image, const std::string& preferred = "");
 
 }  // namespace dvr::detail::heaps

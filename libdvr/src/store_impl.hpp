@@ -204,4 +204,8 @@ SnapshotInfo info_from_manifest(const Manifest& m);
 /// with *why set, or SIZE_MAX when all pass. Throws what Packs::read throws.
 std::size_t first_damaged(Packs& packs, const Manifest& m, const std::vector<std::size_t>& which, std::string* why);
 
+struct StoreAccess {
+  static StoreImpl& impl(const Store& s) { return *s.impl_; }
+};
+
 }  // namespace dvr::detail

@@ -20,6 +20,7 @@ namespace dvr {
 
 namespace detail {
 class StoreImpl;
+struct StoreAccess;  // the library's own modules (transfer) reach the implementation
 }
 class Clone;
 struct CloneOptions;
@@ -192,6 +193,7 @@ class Store {
   explicit Store(std::shared_ptr<detail::StoreImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<detail::StoreImpl> impl_;
   friend class Session;
+  friend struct detail::StoreAccess;
 };
 
 }  // namespace dvr

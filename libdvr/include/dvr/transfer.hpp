@@ -1,0 +1,62 @@
+// Memory DVR — moving snapshots between stores (docs/migration.md).
+//
+// A snapshot travels as a stream (format: docs/format.md, "Stream format"):
+// its metadata, then its chunks, each zstd-compressed and carrying the
+// XXH3-128 of its content. The receiver checks every chunk against that hash
+// as it arrives, and commits the snapshot atomically once the whole stream is
+// in: a broken, truncated or tampered stream leaves its store as it was.
+// Against a base (a snapshot both sides hold with the same content), only
+// chunks that differ travel, and of those only the pages that differ.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dvr/store.hpp"
+
+namespace dvr::transfer {
+
+struct Options {
+  /// Send only what differs from this snapshot of the same session, which the
+  /// receiver must hold with the same content ("" = everything). For a
+  /// process snapshot, a process snapshot name.
+  std::string base;
+  /// zstd level (1–19); 0 sends chunks uncompressed.
+  int level = 1;
+  /// Called with (bytes done, bytes total) of the logical data.
+  Progress progress;
+};
+
+struct Stats {
+  std::vector<std::string> refs;     // "session/name" of every snapshot moved
+  std::string base;                  // base used for the main snapshot ("" = none)
+  std::uint64_t logical_bytes = 0;   // sum of the snapshots' sizes
+  std::uint64_t wire_bytes = 0;      // bytes of the stream
+  std::uint64_t data_bytes = 0;      // uncompressed bytes of the chunk data in it
+  std::uint64_t chunks = 0;          // chunks of the snapshots
+  std::uint64_t chunks_skipped = 0;  // not sent: the receiver has them (base)
+  std::uint64_t stored_bytes = 0;    // receive: bytes added to the store
+  double seconds = 0;
+  /// data_bytes / wire_bytes of chunk data (1 when nothing was compressed).
+  double compression_ratio = 1;
+};
+
+/// Writes REF ("session/name", or "proc/NAME" for a process snapshot with its
+/// DVR heap snapshots) as a stream to `fd`. Throws not_found, corrupt (the
+/// store's data fails its checksum: nothing is sent for it), io.
+Stats send(const Store& store, const std::string& ref, int fd, const Options& options = {});
+
+/// Reads one stream from `fd` into `store`. Everything is checked before the
+/// first snapshot is published. Throws corrupt (checksum, truncation,
+/// malformed), unsupported (newer stream format), already_exists, not_found
+/// (the stream needs a base this store lacks), no_space.
+Stats receive(Store& store, int fd);
+
+/// The two ends of a negotiated transfer (dvr push / pull over ssh): the
+/// receiver first says which snapshots it already holds, so that only what it
+/// lacks is sent. `in`/`out` are the connection to the other end.
+Stats send_negotiated(const Store& store, const std::string& ref, int in, int out, const Options& options = {});
+Stats receive_negotiated(Store& store, int in, int out);
+
+}  // namespace dvr::transfer
