@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""Moving a snapshot to another store through ssh, against moving its bytes
+with cat and zstd through the same ssh connection.
+
+    sudo /usr/bin/python3 bench/migrate_bench.py [--size 1G] [--repeat 2] [--json] [--build build]
+
+Starts an sshd on 127.0.0.1 with throw-away keys, takes a snapshot of --size
+bytes (float32 normal noise, like a data set) in store A, and in one run
+(best of --repeat):
+  push_full        dvr push of it to store B            vs cat of its bytes through ssh, and zstd -1 | ssh | zstd -d
+  push_1pct        push again after 1% of pages changed vs push_full (time)
+  push_1pct_bytes  bytes that second push sent         vs the first push's (target: <= 2%)
+With --json, one object per line: {"name", "value", "unit", "peer", "peer_value", "ratio" (value/peer), "bytes"}.
+Needs root (for sshd), openssh-server, zstd.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(text)
+
+
+def run(args, **kw):
+    t = time.perf_counter()
+    p = subprocess.run(args, capture_output=True, text=True, **kw)
+    took = time.perf_counter() - t
+    if p.returncode != 0:
+        raise RuntimeError(f"{args if isinstance(args, str) else ' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout}{p.stderr}")
+    return p.stdout, took
+
+
+def start_sshd(root):
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    host, client = os.path.join(root, "host"), os.path.join(root, "client")
+    for k in (host, client):
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", k])
+    auth = os.path.join(root, "authorized_keys")
+    shutil.copy(client + ".pub", auth)
+    os.chmod(auth, 0o600)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = os.path.join(root, "sshd_config")
+    with open(conf, "w") as f:
+        f.write(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host}\nPidFile {root}/sshd.pid\n"
+                f"AuthorizedKeysFile {auth}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n")
+    sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", conf], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ssh = (f"ssh -p {port} -i {client} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+           "-o BatchMode=yes -o LogLevel=ERROR")
+    for _ in range(200):
+        if subprocess.run(f"{ssh} root@127.0.0.1 true", shell=True, capture_output=True).returncode == 0:
+            return sshd, ssh, port
+        time.sleep(0.05)
+    sshd.kill()
+    raise RuntimeError("sshd did not start")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1G")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--build", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"))
+    args = ap.parse_args()
+    if os.geteuid() != 0 or not os.path.exists("/usr/sbin/sshd"):
+        print("migrate_bench: needs root and /usr/sbin/sshd", file=sys.stderr)
+        return 77
+    build = os.path.abspath(args.build)
+    dvr = os.path.join(build, "dvr")
+    size = parse_size(args.size) // 4096 * 4096
+    repeat = max(1, args.repeat)
+    sys.path.insert(0, os.path.join(build, "python"))
+    import numpy as np
+    import memdvr
+
+    work = tempfile.mkdtemp(prefix="dvr-migrate-bench-", dir="/dev/shm")
+    sshd = None
+    try:
+        sshd, ssh, port = start_sshd(work)
+        a, b = os.path.join(work, "a"), os.path.join(work, "b")
+        s = memdvr.Session(memdvr.Store(a), "data")
+        arr = s.array("x", (size // 4,), np.float32)
+        arr[:] = np.random.default_rng(3).standard_normal(arr.size, dtype=np.float32)
+        s.snapshot("v0")
+        raw = os.path.join(work, "raw.bin")
+        arr.tofile(raw)
+
+        cat_s = min(run(f"cat {raw} | {ssh} root@127.0.0.1 'cat > /dev/null'", shell=True)[1] for _ in range(repeat))
+        zstd_s = min(run(f"zstd -1 -q -c {raw} | {ssh} root@127.0.0.1 'zstd -d -q -c > /dev/null'", shell=True)[1]
+                     for _ in range(repeat))
+        os.unlink(raw)
+
+        url = f"ssh://root@127.0.0.1:{port}{b}"
+        common = ["--ssh", ssh, "--remote-dvr", dvr, "--json"]
+        full_s, full_bytes = [], 0
+        for r in range(repeat):
+            out, took = run([dvr, "--store", a, "push", "data/v0", url] + common)
+            full_s.append(took)
+            full_bytes = json.loads(out)["sent_bytes"]
+            if r + 1 < repeat:
+                run([dvr, "--store", b, "rm", "data/v0"])
+                run([dvr, "--store", b, "gc"])
+        pct_s, pct_bytes = [], []
+        pages = arr.view(np.uint8).reshape(-1, 4096)
+        for r in range(repeat):
+            pages[r % 100::100, 7] ^= np.uint8(1 + r)
+            s.snapshot(f"v{r + 1}")
+            out, took = run([dvr, "--store", a, "push", f"data/v{r + 1}", url] + common)
+            info = json.loads(out)
+            assert info["base"] == f"v{r}", info
+            pct_s.append(took)
+            pct_bytes.append(info["sent_bytes"])
+        del pages, arr
+        s.close()
+
+        figures = [
+            ("push_full", min(full_s), "s", "cat | ssh", cat_s),
+            ("push_full", min(full_s), "s", "zstd -1 | ssh | zstd -d", zstd_s),
+            ("push_1pct", min(pct_s), "s", "push_full", min(full_s)),
+            ("push_1pct_bytes", max(pct_bytes), "B", "push_full bytes", full_bytes),
+        ]
+        if args.json:
+            for name, value, unit, peer, pv in figures:
+                print(json.dumps({"name": name, "value": value, "unit": unit, "peer": peer, "peer_value": pv,
+                                  "ratio": value / pv, "bytes": size}))
+        else:
+            print(f"migrate-bench: {size / 2**30:.2f} GiB snapshot, stores in {work} (tmpfs), ssh to 127.0.0.1, best of {repeat}\n")
+            print(f"  {'figure':16} {'value':>12}   {'peer':26} {'peer value':>12}   ratio (ours / peer)")
+            for name, value, unit, peer, pv in figures:
+                fmt = (lambda v: f"{v * 1000:9.1f} ms") if unit == "s" else (lambda v: f"{v / 2**20:8.2f} MiB")
+                print(f"  {name:16} {fmt(value):>12}   {peer:26} {fmt(pv):>12}   {value / pv:8.3f}")
+            print(f"\n  throughput: push {size / min(full_s) / 2**20:.0f} MiB/s, cat {size / cat_s / 2**20:.0f} MiB/s, "
+                  f"zstd -1 {size / zstd_s / 2**20:.0f} MiB/s")
+    finally:
+        if sshd:
+            sshd.kill()
+            sshd.wait()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
