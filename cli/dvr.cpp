@@ -52,7 +52,7 @@ Commands:
                       (time, label, bytes added)
   diff SESSION/A SESSION/B [--json]
                       per region: how many bytes and pages differ
-  proc dump PID --name NAME [--leave-running] [--replace] [--json]
+  proc dump PID --name NAME [--leave-running] [--json]
                       snapshot a whole process tree with CRIU (root); a DVR
                       persistent heap it maps is snapshotted, not copied
   proc restore NAME [--detach] [--pidfile FILE] [--json]
@@ -465,10 +465,9 @@ int cmd_proc(Args& a) {
   if (verb == "dump") {
     proc::DumpOptions o;
     o.leave_running = a.take_flag("--leave-running");
-    o.replace = a.take_flag("--replace");
     std::string name = a.take_option("--name", "");
     if (a.rest.size() != 1 || name.empty())
-      throw Error(Errc::invalid_argument, "usage: dvr proc dump PID --name NAME [--leave-running] [--replace] [--json]");
+      throw Error(Errc::invalid_argument, "usage: dvr proc dump PID --name NAME [--leave-running] [--json]");
     pid_t pid = parse_pid(a.rest.front());
     Store store = open_store(a, true);
     proc::ProcInfo p = proc::dump(store, pid, name, o);

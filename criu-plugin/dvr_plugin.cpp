@@ -35,6 +35,7 @@
 #include "dvr/proc.hpp"
 #include "os.hpp"
 #include "proc_heaps.hpp"
+#include "store_impl.hpp"
 
 extern "C" {
 #include <criu/criu-plugin.h>
@@ -87,6 +88,9 @@ void write_image() {
 
 int dvr_init(int stage) {
   g_stage = stage;
+  // The tasks are frozen while the plugin works, and one may hold a store's
+  // lock (frozen inside a snapshot): wait a while, never forever.
+  dvr::detail::lock_wait_ms = 5000;
   if (stage != CR_PLUGIN_STAGE__RESTORE) return 0;
   try {
     std::string text = read_image();
@@ -183,12 +187,11 @@ int dvr_checkpoint_devices(int pid) {
       return -1;
     }
     const char* name = std::getenv("DVR_CRIU_NAME");
-    const char* replace = std::getenv("DVR_CRIU_REPLACE");
     std::string snapshot = std::string(dvr::proc::kHeapPrefix) +
                            (name && *name ? std::string(name)
                                           : "criu-" + std::to_string(pid) + "-" +
                                                 std::to_string(std::chrono::system_clock::now().time_since_epoch().count()));
-    g_image = heaps::snapshot_heaps(files, pid, snapshot, replace && std::string(replace) == "1");
+    g_image = heaps::snapshot_heaps(files, pid, snapshot, false);
     g_recorded.insert(files.begin(), files.end());
     write_image();
     return 0;

@@ -8,6 +8,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -148,12 +150,14 @@ std::string criu_errors(const std::string& log_path) {
   return out;
 }
 
-std::string read_proc(pid_t pid, const char* what) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/" + what, std::ios::binary);
+std::string read_proc_path(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
+
+std::string read_proc(pid_t pid, const char* what) { return read_proc_path("/proc/" + std::to_string(pid) + "/" + what); }
 
 // Work directory for CRIU images, private to the owner, removed on destruction.
 struct WorkDir {
@@ -238,6 +242,43 @@ ProcInfo read_info(const Store& store, const SnapshotInfo& si, bool verify) {
   parse_meta(std::string(static_cast<const char*>(meta.data()), meta.size()), p);
   p.stored_bytes += heap_bytes(store, p);
   return p;
+}
+
+// A process and all its descendants (from /proc/PID/task/TID/children).
+std::vector<pid_t> process_tree(pid_t root) {
+  std::vector<pid_t> out{root};
+  for (std::size_t k = 0; k < out.size() && out.size() < 100000; ++k) {
+    std::string task = "/proc/" + std::to_string(out[k]) + "/task";
+    for (auto& tid : detail::list_dir(task)) {
+      std::istringstream in(read_proc_path(task + "/" + tid + "/children"));
+      for (long c; in >> c;)
+        if (std::find(out.begin(), out.end(), static_cast<pid_t>(c)) == out.end()) out.push_back(static_cast<pid_t>(c));
+    }
+  }
+  return out;
+}
+
+void signal_tree(const std::vector<pid_t>& tree, int sig) {
+  for (pid_t p : tree) ::kill(p, sig);
+}
+
+// Work directories left by a dvr that was killed midway (its PID is in the
+// name and is gone): full images, worth removing.
+void clean_stale_work(const std::string& store_path) {
+  std::string base = store_path + "/proc-work";
+  for (auto& d : detail::list_dir(base)) {
+    auto a = d.find('-', d.find('-') + 1);  // dump-NAME-PID-RANDOM / restore-NAME-PID-RANDOM
+    auto r = d.rfind('-');
+    if (a == std::string::npos || r == std::string::npos || r == 0) continue;
+    auto p = d.rfind('-', r - 1);
+    if (p == std::string::npos) continue;
+    long pid = std::strtol(d.c_str() + p + 1, nullptr, 10);
+    std::string path = base + "/" + d;
+    struct stat st {};
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH || ::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    for (auto& f : detail::list_dir(path)) ::unlink((path + "/" + f).c_str());
+    ::rmdir(path.c_str());
+  }
 }
 
 // The label of proc/NAME: "process PID: COMMAND" (`dvr ls` shows it; a new
@@ -390,11 +431,10 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
   require_root("dump a process");
   if (pid <= 0 || ::kill(pid, 0) != 0)
     throw Error(Errc::not_found, "cannot dump process " + std::to_string(pid) + ": no such process");
-  if (!options.replace)
-    for (auto& s : store.list(kImageSession))
-      if (s.name == name)
-        throw Error(Errc::already_exists, "process snapshot '" + name + "' exists already in store " + store.path() +
-                                              "; pick another name or remove it with `dvr proc rm " + name + "`");
+  for (auto& s : store.list(kImageSession))
+    if (s.name == name)
+      throw Error(Errc::already_exists, "process snapshot '" + name + "' exists already in store " + store.path() +
+                                            "; pick another name or remove it with `dvr proc rm " + name + "`");
   const auto [criu, version] = criu_or_throw("dump a process");
   const std::string plugin = plugin_or_throw(options.plugin_dir, "dump a process");
 
@@ -409,14 +449,15 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
   while (!info.command.empty() && info.command.back() == ' ') info.command.pop_back();
   if (info.command.empty()) info.command = read_proc(pid, "comm");
 
+  clean_stale_work(store.path());
   WorkDir work(store.path(), "dump-" + name);
+  // The tree is left stopped, not killed, until its images are safely in the
+  // store: if storing them fails, the job goes on instead of being lost.
   std::vector<std::string> argv = {criu, "dump", "-t", std::to_string(pid), "-D", work.path, "-o", "dump.log", "-v2",
-                                   "--libdir", plugin};
-  if (options.leave_running) argv.push_back("--leave-running");
+                                   "--libdir", plugin, options.leave_running ? "--leave-running" : "--leave-stopped"};
+  const std::vector<pid_t> tree = process_tree(pid);
   std::string out;
-  int rc = run_capture(argv, {"DVR_CRIU_NAME=" + name,
-                              std::string("DVR_CRIU_REPLACE=") + (options.replace ? "1" : "0")},
-                       &out);
+  int rc = run_capture(argv, {"DVR_CRIU_NAME=" + name}, &out);
   // Heap snapshots the plugin took, to be removed again if the dump fails.
   auto drop_heaps = [&] {
     try {
@@ -432,7 +473,8 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
     }
     std::string errors = criu_errors(work.path + "/dump.log");
     std::string log = work.keep_log("dump.log", "dump-" + name + ".log");
-    if (!options.replace) drop_heaps();
+    drop_heaps();
+    if (!options.leave_running) signal_tree(tree, SIGCONT);  // CRIU resumes it on failure; make sure
     if (!plugin_error.empty()) throw Error(Errc::io, "cannot dump process " + std::to_string(pid) + ": " + plugin_error);
     throw Error(Errc::io, "CRIU could not dump process " + std::to_string(pid) + " (exit " + std::to_string(rc) + "):" +
                               (errors.empty() ? "\n  " + out : errors) + criu_hint(errors) + "\nfull log: " + log +
@@ -517,14 +559,17 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
     std::string meta = format_meta(info) + empties + paged_meta;
     s.track(kMetaRegion, meta.data(), meta.size());
     if (!base.empty()) s.base_on(base);
-    SnapshotInfo si = s.snapshot(name, {.label = label_for(pid, info.command),
-                                        .replace = options.replace});
+    SnapshotInfo si = s.snapshot(name, {.label = label_for(pid, info.command)});
     info.time_ns = si.time_ns;
     info.stored_bytes = si.stored_bytes + heap_bytes(store, info);
-  } catch (...) {
+  } catch (const Error& e) {
     drop_heaps();
-    throw;
+    if (options.leave_running) throw;
+    signal_tree(tree, SIGCONT);
+    throw Error(e.code(), std::string(e.what()) + " (the process was not stopped: it keeps running)");
   }
+  // Stored: now the job is stopped for good (dump without --leave-running).
+  if (!options.leave_running) signal_tree(tree, SIGKILL);
   info.seconds = since(t0);
   return info;
 }
@@ -586,9 +631,18 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
                                                 "` to run a copy beside it (nothing was changed)");
     }
 
+  // The PID file is opened before anything runs: failing to write it later
+  // would leave a job running that nobody can find.
+  detail::Fd user_pidfile;
+  if (!options.pidfile.empty()) {
+    user_pidfile = detail::Fd(::open(options.pidfile.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!user_pidfile) detail::throw_errno(errno, "cannot write PID file " + options.pidfile);
+  }
+  clean_stale_work(store.path());
   // Images back into files, in one pass that checks every page against its
   // checksum before it is copied.
-  WorkDir work(store.path(), "restore-" + name);
+  std::optional<WorkDir> work_dir(std::in_place, store.path(), "restore-" + name);
+  WorkDir& work = *work_dir;
   {
     struct Map {
       void* p = MAP_FAILED;
@@ -663,9 +717,36 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
     std::istringstream in(meta);
     std::string line;
     while (std::getline(in, line))
-      if (line.rfind("empty=", 0) == 0) detail::open_or_throw(work.path + "/" + line.substr(6), O_WRONLY | O_CREAT | O_EXCL);
+      if (line.rfind("empty=", 0) == 0) {
+        detail::check_name("image", line.substr(6));
+        detail::open_or_throw(work.path + "/" + line.substr(6), O_WRONLY | O_CREAT | O_EXCL);
+      }
   }
   // The heaps are checked by the plugin, every page before any file changes.
+  // Their present content is kept first, to be put back if CRIU fails after
+  // the plugin has rewritten them (what the job wrote since is not lost).
+  heaps::HeapImage backup;
+  if (!options.clone) {
+    std::vector<std::string> present;
+    for (auto& h : p.heaps)
+      if (detail::path_exists(h.path) && !heaps::store_of_heap(h.path).empty()) present.push_back(h.path);
+    if (!present.empty()) {
+      std::random_device rd;
+      backup = heaps::snapshot_heaps(present, 0, "proc-restore-backup-" + std::to_string(rd()) + std::to_string(rd()), false);
+    }
+  }
+  struct BackupGuard {
+    heaps::HeapImage& img;
+    bool put_back = true;
+    ~BackupGuard() {
+      if (img.heaps.empty()) return;
+      try {
+        if (put_back) heaps::restore_heaps(img);
+        heaps::remove_heaps(img);
+      } catch (const std::exception&) {
+      }
+    }
+  } backup_guard{backup};
 
   std::string pidfile = work.path + "/restored.pid";
   std::vector<std::string> argv = {criu, "restore", "-D", work.path, "-o", "restore.log", "-v2", "--libdir", plugin,
@@ -689,7 +770,13 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
     };
   }
   // Restored processes become our children when we wait for them.
-  if (!options.detach && !options.clone) ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  struct Subreaper {
+    bool on;
+    explicit Subreaper(bool want) : on(want && ::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0) {}
+    ~Subreaper() {
+      if (on) ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+    }
+  } subreaper(!options.detach && !options.clone);
   std::string out;
   int rc = run_capture(argv, {"DVR_CRIU_STORE=" + store.path()}, &out, in_child);
   if (rc != 0) {
@@ -706,6 +793,7 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
                               (errors.empty() ? "\n  " + out : errors) + criu_hint(errors) + "\nfull log: " + log +
                               "\n(nothing of it is left running; `dvr proc check` checks CRIU and the kernel)");
   }
+  backup_guard.put_back = false;  // CRIU succeeded: the restored heaps stay
   RestoreResult r;
   try {
     r.pid = static_cast<pid_t>(std::stol(detail::read_file(pidfile)));
@@ -713,13 +801,16 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
     throw Error(Errc::io, "CRIU restored process snapshot '" + name + "' but wrote no PID file");
   }
   r.seconds = since(t0);
-  if (!options.pidfile.empty()) {
+  if (user_pidfile) {
     std::string text = std::to_string(r.pid) + "\n";
-    int fd = ::open(options.pidfile.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) detail::throw_errno(errno, "cannot write PID file " + options.pidfile);
-    detail::write_all(fd, text.data(), text.size(), options.pidfile);
-    ::close(fd);
+    try {
+      detail::write_all(user_pidfile.get(), text.data(), text.size(), options.pidfile);
+    } catch (const Error&) {
+      signal_tree(process_tree(r.pid), SIGKILL);  // nobody could find it: not left running
+      throw;
+    }
   }
+  work_dir.reset();  // the images are not needed while the job runs
   if (!options.detach && !options.clone) {
     int status = 0;
     while (::waitpid(r.pid, &status, 0) < 0) {
@@ -739,12 +830,22 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
     if (out_fd < 0) detail::throw_errno(errno, "cannot open output file " + options.output);
   }
   int report[2];  // the job's PID, or errno of what failed
-  if (::pipe2(report, O_CLOEXEC) != 0) detail::throw_errno(errno, "cannot create a pipe");
+  if (::pipe2(report, O_CLOEXEC) != 0) {
+    int e = errno;
+    if (out_fd >= 0) ::close(out_fd);
+    detail::throw_errno(e, "cannot create a pipe");
+  }
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t middle = ::fork();
-  if (middle < 0) detail::throw_errno(errno, "cannot start " + argv[0]);
+  if (middle < 0) {
+    int e = errno;
+    ::close(report[0]);
+    ::close(report[1]);
+    if (out_fd >= 0) ::close(out_fd);
+    detail::throw_errno(e, "cannot start " + argv[0]);
+  }
   if (middle == 0) {
     ::close(report[0]);
     auto fail = [&](int stage) {
@@ -765,9 +866,9 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
       ::dup2(out_fd >= 0 ? out_fd : null, 2);
       if (null > 2) ::close(null);
       if (!options.cwd.empty() && ::chdir(options.cwd.c_str()) != 0) fail(4);
-      // Nothing else of ours stays open in the job.
-      for (int fd = 3; fd < 1024; ++fd)
-        if (fd != report[1]) ::close(fd);
+      // Nothing else of ours stays open in the job (report[1] closes on exec).
+      if (report[1] > 3) ::syscall(SYS_close_range, 3u, static_cast<unsigned>(report[1] - 1), 0u);
+      ::syscall(SYS_close_range, static_cast<unsigned>(report[1] + 1), ~0u, 0u);
       ::execvp(args[0], args.data());
       fail(5);
     }
@@ -780,8 +881,14 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
   // Two messages may come: the job's PID from the middle process, then (only
   // if exec failed) the job's own failure.
   long first[2] = {0, 0}, second[2] = {0, 0};
-  ssize_t n1 = ::read(report[0], first, sizeof first);
-  ssize_t n2 = n1 == sizeof first && first[0] > 0 ? ::read(report[0], second, sizeof second) : 0;
+  auto read_msg = [&](long* msg) {
+    ssize_t n;
+    while ((n = ::read(report[0], msg, 2 * sizeof(long))) < 0 && errno == EINTR) {
+    }
+    return n;
+  };
+  ssize_t n1 = read_msg(first);
+  ssize_t n2 = n1 == sizeof first && first[0] > 0 ? read_msg(second) : 0;
   ::close(report[0]);
   int status = 0;
   ::waitpid(middle, &status, 0);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -149,17 +150,31 @@ void write_note(const std::string& heap_file, TrackNote n) {
     << "region " << n.data << " " << n.size << "\n"
     << "checksum " << n.checksum << "\n"
     << "snapshot " << n.snapshot << "\n";
-  std::string text = o.str(), path = note_path(heap_file), tmp = path + ".tmp" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) return;
+  std::string text = o.str(), path = note_path(heap_file);
+  // A random name: jobs of `dvr run` are all PID 1.
+  std::random_device rd;
+  std::string tmp = path + ".tmp" + std::to_string(rd()) + std::to_string(rd());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    ::unlink(path.c_str());  // no note is safe; an old one is not
+    return;
+  }
   bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    ::unlink(path.c_str());
+  }
 }
 
 bool read_note(const std::string& heap_file, TrackNote& n) {
-  int fd = ::open(note_path(heap_file).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  int fd = ::open(note_path(heap_file).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return false;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return false;
+  }
   char buf[1024];
   ssize_t len = ::read(fd, buf, sizeof buf - 1);
   ::close(fd);
@@ -185,6 +200,29 @@ bool read_note(const std::string& heap_file, TrackNote& n) {
 
 namespace {
 
+// True when a process other than `except` maps the file `st` writably.
+bool written_elsewhere(const struct stat& st, pid_t except) {
+  DIR* d = ::opendir("/proc");
+  if (!d) return true;
+  bool found = false;
+  for (dirent* e = ::readdir(d); e && !found; e = ::readdir(d)) {
+    char* end = nullptr;
+    long p = std::strtol(e->d_name, &end, 10);
+    if (!end || *end || p <= 0 || p == except) continue;
+    std::ifstream maps(std::string("/proc/") + e->d_name + "/maps");
+    std::string line;
+    while (!found && std::getline(maps, line)) {
+      unsigned long long lo = 0, hi = 0, offset = 0, inode = 0;
+      unsigned major = 0, minor = 0;
+      char perms[8] = {};
+      if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &offset, &major, &minor, &inode) != 7) continue;
+      found = inode == st.st_ino && makedev(major, minor) == st.st_dev && perms[1] == 'w';
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
 // The region-relative byte ranges of a heap that process `pid` may have
 // written since the note's snapshot, or false when the note does not hold
 // for this process now.
@@ -193,18 +231,23 @@ bool written_by_note(pid_t pid, const HeapFile& h, const TrackNote& n, std::vect
   // The region must still be this file, mapped whole at the noted address.
   struct stat st {};
   if (::stat(h.path.c_str(), &st) != 0) return false;
+  // ... and mapped nowhere else: writes through another mapping (a second
+  // mapping here, a forked child, another process) are not in this one's
+  // write marks. (write(2) to the file is not covered either; a heap is
+  // written through its mapping.)
   std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
   std::string line;
-  bool mapped = false;
-  while (!mapped && std::getline(maps, line)) {
+  int mapped = 0, elsewhere = 0;
+  while (std::getline(maps, line)) {
     unsigned long long lo = 0, hi = 0, offset = 0, inode = 0;
     unsigned major = 0, minor = 0;
     char perms[8] = {};
     if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &offset, &major, &minor, &inode) != 7) continue;
-    mapped = lo == n.data && offset == 0 && hi >= n.end && perms[3] == 's' && inode == st.st_ino &&
-             makedev(major, minor) == st.st_dev;
+    if (inode != st.st_ino || makedev(major, minor) != st.st_dev) continue;
+    if (lo == n.data && offset == 0 && hi >= n.end && perms[3] == 's') ++mapped;
+    else if (perms[1] == 'w') ++elsewhere;  // read-only mappings cannot write
   }
-  if (!mapped) return false;
+  if (mapped != 1 || elsewhere != 0 || written_elsewhere(st, pid)) return false;
   std::vector<AddrRange> pages;
   if (!written_pages_of(pid, {n.start, n.end}, pages)) return false;  // no longer registered there
   // Whole pages outside the tracked range (an unaligned tail) count as written.
@@ -219,6 +262,9 @@ bool written_by_note(pid_t pid, const HeapFile& h, const TrackNote& n, std::vect
   }
   return true;
 }
+
+// A heap file is its region's bytes rounded up to whole pages.
+std::uint64_t file_bytes(const HeapFile& h) { return (h.bytes + 4095) & ~std::uint64_t(4095); }
 
 bool bad_field(const std::string& s) { return s.find_first_of("\t\n") != std::string::npos; }
 
@@ -245,50 +291,77 @@ HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const
   std::vector<std::pair<std::string, std::string>> groups;
   for (auto& h : image.heaps)
     if (std::find(groups.begin(), groups.end(), std::make_pair(h.store, h.session)) == groups.end()) groups.emplace_back(h.store, h.session);
-  for (auto& [store_path, session] : groups) {
-    Store store = Store::open(store_path, {.create = false});
-    Session s(store, session, SessionOptions{.tracking = Tracking::hash});
-    std::vector<std::unique_ptr<Mapping>> maps;
-    std::vector<HeapFile*> members;
-    for (auto& h : image.heaps) {
-      if (h.store != store_path || h.session != session) continue;
-      Fd fd = open_or_throw(h.path, O_RDONLY);
-      h.bytes = file_size(fd.get(), h.path);
-      if (h.bytes == 0) throw Error(Errc::invalid_argument, "heap file " + h.path + " is empty");
-      maps.push_back(std::make_unique<Mapping>(fd.get(), h.bytes, PROT_READ, false));
-      if (maps.back()->data == MAP_FAILED) throw_errno(errno, "cannot map heap file " + h.path);
-      s.track(h.region, maps.back()->data, h.bytes);
-      members.push_back(&h);
-    }
-    // Base: the snapshot the application's tracking notes refer to (then only
-    // the pages written since are read), else the session's newest snapshot.
-    std::string base;
-    TrackNote note;
-    for (HeapFile* h : members)
-      if (read_note(h->path, note)) {
-        if (base_on_if(s, note.snapshot, note.checksum)) base = note.snapshot;
-        break;
-      }
-    if (!base.empty()) {
-      for (HeapFile* h : members) {
+  // On any failure, the groups already committed are removed again: a heap
+  // snapshot nobody refers to would only block the next dump of that name.
+  std::vector<std::pair<std::string, std::string>> committed;
+  try {
+    for (auto& [store_path, session] : groups) {
+      Store store = Store::open(store_path, {.create = false});
+      Session s(store, session, SessionOptions{.tracking = Tracking::hash});
+      std::vector<std::unique_ptr<Mapping>> maps;
+      std::vector<HeapFile*> members;
+      for (auto& h : image.heaps) {
+        if (h.store != store_path || h.session != session) continue;
+        Fd fd = open_or_throw(h.path, O_RDONLY);
+        const std::uint64_t file = file_size(fd.get(), h.path);
+        if (file == 0) throw Error(Errc::invalid_argument, "heap file " + h.path + " is empty");
+        // The region's own size (the file is page-rounded), when this
+        // process's note says it: the snapshot then matches the
+        // application's snapshots of the region.
         TrackNote n;
-        std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
-        if (read_note(h->path, n) && n.snapshot == base && n.checksum == note.checksum && written_by_note(pid, *h, n, written)) {
-          assume_written(s, h->region, std::move(written));
-          if (stats) ++stats->heaps_by_note;
+        h.bytes = file;
+        if (pid > 0 && read_note(h.path, n) && identity(pid) == std::make_pair(n.start_time, n.pid_ns) &&
+            ((n.size + 4095) & ~std::uint64_t(4095)) == file)
+          h.bytes = n.size;
+        maps.push_back(std::make_unique<Mapping>(fd.get(), file, PROT_READ, false));
+        if (maps.back()->data == MAP_FAILED) throw_errno(errno, "cannot map heap file " + h.path);
+        s.track(h.region, maps.back()->data, h.bytes);
+        members.push_back(&h);
+      }
+      // Base: the snapshot the application's tracking notes refer to (then
+      // only the pages written since are read), else the session's newest.
+      std::string base;
+      TrackNote note;
+      for (HeapFile* h : members)
+        if (read_note(h->path, note)) {
+          if (base_on_if(s, note.snapshot, note.checksum)) base = note.snapshot;
+          break;
+        }
+      if (!base.empty()) {
+        for (HeapFile* h : members) {
+          TrackNote n;
+          std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
+          if (read_note(h->path, n) && n.snapshot == base && n.checksum == note.checksum && written_by_note(pid, *h, n, written)) {
+            assume_written(s, h->region, std::move(written));
+            if (stats) ++stats->heaps_by_note;
+          }
+        }
+      } else {
+        std::int64_t newest = -1;
+        for (auto& info : store.list(session))
+          if (!info.damaged && info.name != snapshot && info.time_ns > newest) {
+            newest = info.time_ns;
+            base = info.name;
+          }
+        if (!base.empty()) {
+          try {
+            s.base_on(base);
+          } catch (const Error&) {  // damaged meanwhile: no base, everything is hashed
+          }
         }
       }
-    } else {
-      std::int64_t newest = -1;
-      for (auto& info : store.list(session))
-        if (!info.damaged && info.name != snapshot && info.time_ns > newest) {
-          newest = info.time_ns;
-          base = info.name;
-        }
-      if (!base.empty()) s.base_on(base);
+      SnapshotInfo info = s.snapshot(snapshot, {.label = "heaps of process snapshot " + snapshot, .replace = replace});
+      committed.emplace_back(store_path, session);
+      if (stats) stats->stored_bytes += info.stored_bytes;
     }
-    SnapshotInfo info = s.snapshot(snapshot, {.label = "heaps of process snapshot " + snapshot, .replace = replace});
-    if (stats) stats->stored_bytes += info.stored_bytes;
+  } catch (...) {
+    for (auto& [store_path, session] : committed) {
+      try {
+        Store::open(store_path, {.create = false}).remove(session, snapshot);
+      } catch (const Error&) {
+      }
+    }
+    throw;
   }
   return image;
 }
@@ -389,9 +462,9 @@ void restore_heaps(const HeapImage& original, const std::string& preferred) {
       throw Error(Errc::corrupt, "heap snapshot " + h.session + "/" + image.snapshot + " in store " + h.store + " does not hold heap " +
                                      h.path + " (" + std::to_string(h.bytes) + " bytes) that the process snapshot refers to");
     struct stat st {};
-    if (::stat(h.path.c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) != h.bytes)
+    if (::stat(h.path.c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) != file_bytes(h))
       throw Error(Errc::invalid_argument, "heap file " + h.path + " is " + std::to_string(st.st_size) + " bytes now but was " +
-                                              std::to_string(h.bytes) + " bytes at the dump: it was changed behind dvr's back; "
+                                              std::to_string(file_bytes(h)) + " bytes at the dump: it was changed behind dvr's back; "
                                               "move it away (or delete it) and restore again — nothing was changed");
   }
   std::vector<std::pair<std::string, std::string>> groups;
@@ -407,8 +480,8 @@ void restore_heaps(const HeapImage& original, const std::string& preferred) {
       make_private_dir(parent_dir(h.path));
       ::unlink(note_path(h.path).c_str());  // whatever it said no longer holds
       Fd fd = open_or_throw(h.path, O_RDWR | O_CREAT);
-      if (::ftruncate(fd.get(), static_cast<off_t>(h.bytes)) != 0) throw_errno(errno, "cannot size heap file " + h.path);
-      maps.push_back(std::make_unique<Mapping>(fd.get(), h.bytes, PROT_READ | PROT_WRITE, false));
+      if (::ftruncate(fd.get(), static_cast<off_t>(file_bytes(h))) != 0) throw_errno(errno, "cannot size heap file " + h.path);
+      maps.push_back(std::make_unique<Mapping>(fd.get(), file_bytes(h), PROT_READ | PROT_WRITE, false));
       if (maps.back()->data == MAP_FAILED) throw_errno(errno, "cannot map heap file " + h.path);
       s.track(h.region, maps.back()->data, h.bytes);
     }

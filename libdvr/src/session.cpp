@@ -9,7 +9,11 @@
 #include <atomic>
 #include <optional>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <unordered_map>
+
+#include <pthread.h>
 
 #include "dvr/session.hpp"
 #include "chunks.hpp"
@@ -102,9 +106,36 @@ struct Session::State {
   void drop_note(const Region& r);
 };
 
+namespace {
+// Every tracking note this process has published. A fork invalidates them
+// all: the child's copy of a heap mapping is not write-tracked, so what it
+// writes would not show in the parent's marks.
+std::mutex g_notes_mu;
+std::set<std::string> g_notes;
+void forget_note(const std::string& note) {
+  std::lock_guard<std::mutex> g(g_notes_mu);
+  g_notes.erase(note);
+}
+void remember_note(const std::string& note) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ::pthread_atfork(nullptr, [] {
+      std::lock_guard<std::mutex> g(g_notes_mu);
+      for (auto& n : g_notes) ::unlink(n.c_str());
+      g_notes.clear();
+    }, nullptr);
+  });
+  std::lock_guard<std::mutex> g(g_notes_mu);
+  g_notes.insert(note);
+}
+}  // namespace
+
 void Session::State::drop_note(const Region& r) {
   auto it = heap_files.find(&r);
-  if (it != heap_files.end()) ::unlink(detail::heaps::note_path(it->second).c_str());
+  if (it == heap_files.end()) return;
+  std::string note = detail::heaps::note_path(it->second);
+  ::unlink(note.c_str());
+  forget_note(note);
 }
 
 void Session::State::publish_notes() {
@@ -122,6 +153,7 @@ void Session::State::publish_notes() {
     note.size = region->size();
     note.snapshot = base->name;
     note.checksum = base->checksum;
+    remember_note(detail::heaps::note_path(file));  // before it exists: a fork meanwhile removes it
     detail::heaps::write_note(file, note);  // best effort: a missing note only costs hashing
   }
 }
@@ -270,7 +302,11 @@ void assume_written(Session& s, const std::string& region, std::vector<std::pair
   s.state_->external[&s.region(region)] = std::move(ranges);
 }
 bool base_on_if(Session& s, const std::string& name, std::uint64_t checksum) {
-  s.base_on(name);
+  try {
+    s.base_on(name);
+  } catch (const Error&) {
+    return false;  // removed or damaged since: compare by hash instead
+  }
   if (s.state_->base && s.state_->base->checksum == checksum) return true;
   s.state_->base.reset();
   s.state_->head.clear();
@@ -829,6 +865,9 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   allocation.commit();
   store.index_published(store.manifest_path(m.session, m.name), m);
   for (auto& [region, t] : state_->tracks) t.synced = true;
+  // The notes describe the marks about to be cleared: gone first, so that no
+  // moment (nor a failure to write the new ones) leaves a stale one.
+  for (auto& [region, file] : state_->heap_files) state_->drop_note(*region);
   // Live memory now equals this snapshot: track writes relative to it.
   state_->rearm();
   state_->replace_base(std::move(m));
@@ -1019,6 +1058,7 @@ void Session::restore(const std::string& name) {
       }
     }
   });
+  for (auto& [region, file] : state_->heap_files) state_->drop_note(*region);  // before the marks are cleared
   state_->rearm();
   for (auto& mr : m.regions)
     for (auto& r : state_->regions)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -211,10 +212,26 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive) : fd_(-1) {
     s.forked_ = true;
   }
   fd_ = s.lock_fd_.get();
+  const long wait_ms = lock_wait_ms.load();
+  if (wait_ms >= 0) {
+    // Bounded: the CRIU plugin runs while the process it dumps is frozen, and
+    // that process may hold this lock (frozen inside a snapshot).
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+    while (::flock(fd_, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK && errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw Error(Errc::io, "store " + s.path + " stayed locked by another process for " + std::to_string(wait_ms) +
+                                  " ms (a frozen process may be inside a snapshot or restore); try again");
+      ::usleep(2000);
+    }
+    return;
+  }
   while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
     if (errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
   }
 }
+
+std::atomic<long> lock_wait_ms{-1};
 
 StoreImpl::Lock::~Lock() { ::flock(fd_, LOCK_UN); }
 

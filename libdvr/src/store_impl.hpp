@@ -1,6 +1,7 @@
 // The shared state behind dvr::Store handles. Private to libdvr.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,11 @@ inline constexpr std::uint64_t kInitialPackSize = 64ull << 20;  // packs start s
 /// Throws invalid_argument unless `name` is 1–128 characters of [A-Za-z0-9._-]
 /// not starting with '.', so it can never name anything outside its directory.
 void check_name(const char* kind, const std::string& name);
+
+/// How long StoreImpl::Lock waits for the store lock, in ms (-1, the default:
+/// as long as it takes). The CRIU plugin bounds it: the process it dumps is
+/// frozen and may hold the lock.
+extern std::atomic<long> lock_wait_ms;
 bool valid_name(const std::string& name);
 
 class StoreImpl {

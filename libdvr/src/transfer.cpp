@@ -477,10 +477,13 @@ struct Incoming {
   std::string session, name, label, base;
   std::uint32_t chunk_size = 0;
   bool paged = true;
+  std::unique_ptr<Session> session_obj;  // the regions live in it from the start
   struct Region {
     std::string name;
     std::uint64_t size = 0;
-    std::unique_ptr<Anon> mem;
+    bool sdk_owned = false;
+    char* data = nullptr;       // alloc()ed by the session, or mem
+    std::unique_ptr<Anon> mem;  // for track()ed regions
     std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
     std::vector<Hash128> hashes;  // per chunk, as declared
     std::vector<char> seen;
@@ -584,7 +587,7 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
         if (d.size() != chunk_len(r, j)) bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' has the wrong length");
         if (content_hash(d.data(), d.size(), in.paged) != h)
           bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' fails its XXH3-128 checksum");
-        std::memcpy(r.mem->data() + j * in.chunk_size, d.data(), d.size());
+        std::memcpy(r.data + j * in.chunk_size, d.data(), d.size());
         mark(r, j * in.chunk_size, j * in.chunk_size + d.size());
         r.hashes[j] = h;
         st.data_bytes += d.size();
@@ -605,7 +608,7 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
         const detail::ManifestRegion* br = base_region(r.name);
         if (!br || !in.paged || !in.b->paged || br->size != r.size) bad_stream("pages arrive for a chunk with no base to patch");
         // The whole chunk as it will be: the base's bytes, then the pages.
-        char* at = r.mem->data() + j * in.chunk_size;
+        char* at = r.data + j * in.chunk_size;
         read_base(static_cast<std::uint32_t>(br - in.b->regions.data()), j, at, len);
         std::uint64_t off = 0;
         for (auto x : list) {
@@ -638,7 +641,7 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
         Hash128 h = p.hash();
         const std::uint32_t len = chunk_len(r, j);
         if (!in.b || in.b->chunk_size != in.chunk_size || in.b->paged != in.paged) bad_stream("a chunk is copied from a base of another kind");
-        if (read_base(brx, bj, r.mem->data() + j * in.chunk_size, len) != h) bad_stream("a chunk copied from the base has another checksum");
+        if (read_base(brx, bj, r.data + j * in.chunk_size, len) != h) bad_stream("a chunk copied from the base has another checksum");
         mark(r, j * in.chunk_size, j * in.chunk_size + len);
         r.hashes[j] = h;
         ++st.chunks_skipped;
@@ -688,7 +691,7 @@ void begin_item(Incoming& in, const std::string& payload, Store& store) {
     Incoming::Region r;
     r.name = p.str();
     r.size = p.u64();
-    (void)p.u8();
+    r.sdk_owned = p.u8() != 0;
     detail::check_name("region", r.name);
     if (r.size == 0 || r.size > (1ull << 46)) bad_stream("region '" + r.name + "' has an impossible size");
     std::uint64_t chunks = (r.size + in.chunk_size - 1) / in.chunk_size;
@@ -708,16 +711,26 @@ void begin_item(Incoming& in, const std::string& payload, Store& store) {
                                        " does not hold; send it without --base (or with a base both sides hold) — nothing was stored");
     in.b = load(store, in.session, in.base);
     if (fingerprint(*in.b) != bfp)
-      throw Error(Errc::invalid_argument, "snapshot '" + in.session + "/" + in.base + "' in store " + store.path() +
+      throw Error(Errc::not_found, "snapshot '" + in.session + "/" + in.base + "' in store " + store.path() +
                                               " differs from the sender's base of that name; send without --base — nothing was stored");
   }
-  for (auto& r : in.regions) r.mem = std::make_unique<Anon>(r.size);
+  // SDK-owned regions are alloc()ed, the others tracked, so that the
+  // snapshot published here records them as the sender's did.
+  in.session_obj = std::make_unique<Session>(store, in.session, SessionOptions{.tracking = Tracking::hash});
+  for (auto& r : in.regions) {
+    if (r.sdk_owned) {
+      r.data = static_cast<char*>(in.session_obj->alloc(r.name, r.size).data());
+    } else {
+      r.mem = std::make_unique<Anon>(r.size);
+      r.data = r.mem->data();
+      in.session_obj->track(r.name, r.data, r.size);
+    }
+  }
 }
 
 // Publishes one checked snapshot.
 std::uint64_t commit(Store& store, Incoming& in) {
-  Session s(store, in.session, SessionOptions{.tracking = Tracking::hash});
-  for (auto& r : in.regions) s.track(r.name, r.mem->data(), r.size);
+  Session& s = *in.session_obj;
   if (!in.base.empty()) {
     s.base_on(in.base);
     for (auto& r : in.regions) {
@@ -872,7 +885,9 @@ Stats send_negotiated(const Store& store, const std::string& ref, int in, int ou
 
 Stats receive_negotiated(Store& store, int in, int out) {
   char magic[8];
-  if (!read_fd(in, magic, 8, true) || std::memcmp(magic, kNegotiateMagic, 8) != 0)
+  if (!read_fd(in, magic, 8, true))
+    throw Error(Errc::io, "the sending side ended before the transfer started (its message is above)");
+  if (std::memcmp(magic, kNegotiateMagic, 8) != 0)
     throw Error(Errc::corrupt, "the sender does not speak the Memory DVR negotiation (is it `dvr send --negotiate`?)");
   std::istringstream hello(recv_text(in));
   std::string answer, line, session, name;

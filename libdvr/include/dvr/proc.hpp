@@ -53,8 +53,6 @@ struct ProcInfo {
 struct DumpOptions {
   bool leave_running = false;  // keep the process running after the dump
   std::string plugin_dir;      // "" = plugin_dir()
-  /// Replace an existing process snapshot of that name.
-  bool replace = false;
 };
 
 struct RestoreOptions {
