@@ -182,6 +182,22 @@ struct WorkDir {
   }
 };
 
+// After CRIU failed: the plugin's reason (if it gave one), the error lines of
+// CRIU's log, and where the log is kept for the operator.
+struct CriuFailure {
+  std::string plugin_error, errors, log;
+};
+CriuFailure criu_failure(const WorkDir& work, const std::string& log, const std::string& keep_as) {
+  CriuFailure f;
+  try {
+    f.plugin_error = detail::read_file(work.path + "/" + heaps::kErrorName);
+  } catch (const Error&) {
+  }
+  f.errors = criu_errors(work.path + "/" + log);
+  f.log = work.keep_log(log, keep_as);
+  return f;
+}
+
 // key=value lines (values may hold anything but a newline).
 std::string format_meta(const ProcInfo& p) {
   std::ostringstream o;
@@ -466,13 +482,7 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
     }
   };
   if (rc != 0) {
-    std::string plugin_error;
-    try {
-      plugin_error = detail::read_file(work.path + "/" + heaps::kErrorName);
-    } catch (const Error&) {
-    }
-    std::string errors = criu_errors(work.path + "/dump.log");
-    std::string log = work.keep_log("dump.log", "dump-" + name + ".log");
+    auto [plugin_error, errors, log] = criu_failure(work, "dump.log", "dump-" + name + ".log");
     drop_heaps();
     if (!options.leave_running) signal_tree(tree, SIGCONT);  // CRIU resumes it on failure; make sure
     if (!plugin_error.empty()) throw Error(Errc::io, "cannot dump process " + std::to_string(pid) + ": " + plugin_error);
@@ -780,13 +790,7 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   std::string out;
   int rc = run_capture(argv, {"DVR_CRIU_STORE=" + store.path()}, &out, in_child);
   if (rc != 0) {
-    std::string plugin_error;
-    try {
-      plugin_error = detail::read_file(work.path + "/" + heaps::kErrorName);
-    } catch (const Error&) {
-    }
-    std::string errors = criu_errors(work.path + "/restore.log");
-    std::string log = work.keep_log("restore.log", "restore-" + name + ".log");
+    auto [plugin_error, errors, log] = criu_failure(work, "restore.log", "restore-" + name + ".log");
     if (rc == 126) throw Error(Errc::io, "cannot " + std::string(verb) + ": could not set up a private mount namespace for its heaps");
     if (!plugin_error.empty()) throw Error(Errc::io, "cannot restore process snapshot '" + name + "': " + plugin_error);
     throw Error(Errc::io, "CRIU could not restore process snapshot '" + name + "' (exit " + std::to_string(rc) + "):" +

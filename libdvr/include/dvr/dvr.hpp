@@ -14,6 +14,7 @@
 // error.hpp: dvr::Error and its codes.
 #pragma once
 
+#include "dvr/arena.hpp"
 #include "dvr/clone.hpp"
 #include "dvr/error.hpp"
 #include "dvr/session.hpp"
