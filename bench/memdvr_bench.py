@@ -9,6 +9,9 @@ For one float32 array of --size bytes, pre-faulted, all in one run:
   snapshot_full       memdvr snapshot after every page changed  vs np.save (tmpfs), pickle.dumps
   sdk_*               the same three for an SDK-owned array (session.array(): page-aligned,
                       where a tracked numpy array starts 16 bytes past a page boundary)
+  clone_open          a copy-on-write clone of the snapshot (numpy views, lazy: pages are
+                      read when touched), unverified; clone_open_verified hashes every chunk
+                      first; clone_first_touch reads one float of every page of the clone
 Each figure is the best of --repeat rounds. With --json, one object per line:
 {"name", "value" (s), "unit", "peer", "peer_value", "ratio" (peer/value), "bytes"}.
 """
@@ -127,6 +130,24 @@ def main():
         own = s.array("data", (n // 4,), np.float32)
         own[:] = 0  # pre-fault
         snap_own, restore_own, restore_own_1pct = measure("sdk", own)
+
+        # The lazy way back: a copy-on-write clone of the snapshot (numpy
+        # views mapped from the store) is ready before any byte is copied;
+        # pages are read when touched. Unverified open (verify=False), and
+        # verified (every chunk hashed first), then the first full read.
+        def clone_open(verify):
+            with s.clone("sdk-loaded", verify=verify):
+                pass
+
+        clone_fast = best(repeat, lambda i: None, lambda: clone_open(False))
+        clone_verified = best(repeat, lambda i: None, lambda: clone_open(True))
+        with s.clone("sdk-loaded", verify=False) as c:
+            t = time.perf_counter()
+            view = c["data"]
+            touched = float(view[:: 1024].sum())  # one float per page: every page faulted in
+            clone_read = time.perf_counter() - t
+            del view
+        assert touched == touched
         del own
         tracking = "/".join(sorted(modes))
 
@@ -143,6 +164,9 @@ def main():
             ("sdk_restore_full", restore_own, "np.load (tmpfs)", load_s),
             ("sdk_restore_1pct", restore_own_1pct, "np.load (tmpfs)", load_s),
             ("sdk_restore_1pct", restore_own_1pct, "pickle.loads", pickle_loads_s),
+            ("clone_open", clone_fast, "np.load (tmpfs)", load_s),
+            ("clone_open_verified", clone_verified, "np.load (tmpfs)", load_s),
+            ("clone_first_touch", clone_read, "np.load (tmpfs)", load_s),
         ]
         if args.json:
             for name, value, peer, peer_value in figures:

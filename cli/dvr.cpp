@@ -491,6 +491,7 @@ int cmd_proc(Args& a) {
     if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr proc " + verb + " NAME [--pidfile FILE] [--json]");
     Store store = open_store(a, false);
     proc::RestoreResult r = proc::restore(store, a.rest.front(), o);
+    for (auto& n : r.notes) std::cerr << "dvr: note: " << n << "\n";
     if (!o.detach) return r.exit_status;
     if (a.json)
       std::cout << "{\"name\":" << json_string(a.rest.front()) << ",\"pid\":" << r.pid << ",\"seconds\":" << r.seconds << "}\n";

@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -208,6 +209,8 @@ std::string format_meta(const ProcInfo& p) {
     << "leave_running=" << (p.leave_running ? 1 : 0) << "\n"
     << "image_bytes=" << p.image_bytes << "\n";
   for (auto& h : p.heaps) o << "heap=" << h.bytes << "\t" << h.store << "\t" << h.session << "\t" << h.path << "\n";
+  for (auto& f : p.files) o << "file=" << f.size << "\t" << f.mtime_ns << "\t" << f.path << "\n";
+  o << "kernel=" << p.kernel << "\n";
   std::string cmd = p.command;
   std::replace(cmd.begin(), cmd.end(), '\n', ' ');
   o << "command=" << cmd << "\n";
@@ -232,6 +235,12 @@ void parse_meta(const std::string& text, ProcInfo& p) {
       else if (k == "leave_running") p.leave_running = v == "1";
       else if (k == "image_bytes") p.image_bytes = std::stoull(v);
       else if (k == "command") p.command = v;
+      else if (k == "kernel") p.kernel = v;
+      else if (k == "file") {
+        auto t1 = v.find('\t'), t2 = v.find('\t', t1 + 1);
+        if (t1 == std::string::npos || t2 == std::string::npos) throw std::invalid_argument("file");
+        p.files.push_back({v.substr(t2 + 1), std::stoull(v.substr(0, t1)), std::stoll(v.substr(t1 + 1, t2 - t1 - 1))});
+      }
       else if (k == "heap") {
         auto t1 = v.find('\t'), t2 = v.find('\t', t1 + 1), t3 = v.find('\t', t2 + 1);
         if (t1 == std::string::npos || t2 == std::string::npos || t3 == std::string::npos) throw std::invalid_argument("heap");
@@ -276,6 +285,39 @@ std::vector<pid_t> process_tree(pid_t root) {
 
 void signal_tree(const std::vector<pid_t>& tree, int sig) {
   for (pid_t p : tree) ::kill(p, sig);
+}
+
+std::string kernel_release() {
+  struct utsname u {};
+  return ::uname(&u) == 0 ? u.release : "";
+}
+
+// The programs and libraries the processes map (not heaps, devices or
+// deleted files), with what identifies their content well enough for CRIU.
+std::vector<MappedFile> mapped_files(const std::vector<pid_t>& tree) {
+  std::vector<MappedFile> out;
+  auto add = [&](const std::string& path) {
+    if (path.empty() || path[0] != '/' || path.find(" (deleted)") != std::string::npos) return;
+    for (const char* skip : {"/proc/", "/sys/", "/memfd:"})  // devices fail S_ISREG below
+      if (path.rfind(skip, 0) == 0) return;
+    if (!heaps::store_of_heap(path).empty()) return;
+    if (std::any_of(out.begin(), out.end(), [&](const MappedFile& f) { return f.path == path; })) return;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
+    out.push_back({path, static_cast<std::uint64_t>(st.st_size), st.st_mtim.tv_sec * 1000000000ll + st.st_mtim.tv_nsec});
+  };
+  for (pid_t p : tree) {
+    char buf[4096];
+    ssize_t n = ::readlink(("/proc/" + std::to_string(p) + "/exe").c_str(), buf, sizeof buf - 1);
+    if (n > 0) add(std::string(buf, static_cast<std::size_t>(n)));
+    std::istringstream maps(read_proc(p, "maps"));
+    std::string line;
+    while (std::getline(maps, line)) {
+      auto slash = line.find(" /");
+      if (slash != std::string::npos && line.find("rw-s") == std::string::npos) add(line.substr(slash + 1));
+    }
+  }
+  return out;
 }
 
 // Work directories left by a dvr that was killed midway (its PID is in the
@@ -464,6 +506,7 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
   std::replace(info.command.begin(), info.command.end(), '\0', ' ');
   while (!info.command.empty() && info.command.back() == ' ') info.command.pop_back();
   if (info.command.empty()) info.command = read_proc(pid, "comm");
+  info.kernel = kernel_release();
 
   clean_stale_work(store.path());
   WorkDir work(store.path(), "dump-" + name);
@@ -472,6 +515,7 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
   std::vector<std::string> argv = {criu, "dump", "-t", std::to_string(pid), "-D", work.path, "-o", "dump.log", "-v2",
                                    "--libdir", plugin, options.leave_running ? "--leave-running" : "--leave-stopped"};
   const std::vector<pid_t> tree = process_tree(pid);
+  info.files = mapped_files(tree);
   std::string out;
   int rc = run_capture(argv, {"DVR_CRIU_NAME=" + name}, &out);
   // Heap snapshots the plugin took, to be removed again if the dump fails.
@@ -622,6 +666,26 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   require_root(verb);
   const std::string criu = criu_or_throw(verb).first;
   const std::string plugin = plugin_or_throw(options.plugin_dir, verb);
+  // Preflight: what CRIU needs from this host, compared with the dumping one.
+  {
+    std::vector<std::string> differ;
+    for (auto& f : p.files) {
+      struct stat st {};
+      if (::stat(f.path.c_str(), &st) != 0) differ.push_back(f.path + " is missing");
+      else if (static_cast<std::uint64_t>(st.st_size) != f.size)
+        differ.push_back(f.path + " is " + std::to_string(st.st_size) + " bytes here, " + std::to_string(f.size) + " where it was dumped");
+      else if (st.st_mtim.tv_sec * 1000000000ll + st.st_mtim.tv_nsec != f.mtime_ns)
+        differ.push_back(f.path + " was modified since the dump (same size, another time stamp)");
+    }
+    if (!differ.empty()) {
+      std::string list;
+      for (std::size_t k = 0; k < differ.size() && k < 8; ++k) list += "\n  " + differ[k];
+      if (differ.size() > 8) list += "\n  ... and " + std::to_string(differ.size() - 8) + " more";
+      throw Error(Errc::unsupported, "cannot " + std::string(verb) + " '" + name + "': CRIU needs the programs and libraries it "
+                                     "ran with, at the same paths, and here they differ:" + list +
+                                     "\ninstall the same versions (the same packages or build) at the same paths; nothing was changed");
+    }
+  }
   if (options.clone && !p.own_pid_namespace)
     throw Error(Errc::invalid_argument, "process snapshot '" + name + "' (PID " + std::to_string(p.pid) +
                                             ") was not dumped from a job in its own PID namespace, so a clone would need the "
@@ -799,6 +863,10 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   }
   backup_guard.put_back = false;  // CRIU succeeded: the restored heaps stay
   RestoreResult r;
+  if (!p.kernel.empty() && p.kernel != kernel_release())
+    r.notes.push_back("dumped on kernel " + p.kernel + ", restored on " + kernel_release());
+  if (!p.criu_version.empty() && p.criu_version != criu_version(criu))
+    r.notes.push_back("dumped with CRIU " + p.criu_version + ", restored with " + criu_version(criu));
   try {
     r.pid = static_cast<pid_t>(std::stol(detail::read_file(pidfile)));
   } catch (const std::exception&) {

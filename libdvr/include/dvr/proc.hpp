@@ -28,6 +28,14 @@ inline constexpr const char* kImageSession = "proc";
 /// Heap snapshots are called kHeapPrefix + NAME in each heap's session.
 inline constexpr const char* kHeapPrefix = "proc.";
 
+/// A file the dumped processes mapped (program, libraries): CRIU needs it at
+/// the same path with the same content to restore them.
+struct MappedFile {
+  std::string path;
+  std::uint64_t size = 0;
+  std::int64_t mtime_ns = 0;
+};
+
 struct HeapRef {
   std::string path;         // the heap file (STORE/heaps/SESSION/REGION)
   std::uint64_t bytes = 0;  // its size
@@ -47,6 +55,8 @@ struct ProcInfo {
   std::uint64_t stored_bytes = 0;  // bytes the dump added to the store (images and heaps)
   std::string parent;              // the dump its data was compared with ("" = none)
   std::vector<HeapRef> heaps;
+  std::vector<MappedFile> files;   // programs and libraries the processes mapped
+  std::string kernel;              // `uname -r` of the dumping host
   double seconds = 0;              // dump: time taken (0 when listed)
 };
 
@@ -71,6 +81,9 @@ struct RestoreResult {
   pid_t pid = 0;        // the restored root process
   int exit_status = 0;  // when not detached: its exit status (128+N for signal N)
   double seconds = 0;   // time until it ran
+  /// What differs from the dumping host without stopping the restore (another
+  /// kernel or CRIU version), one line each.
+  std::vector<std::string> notes;
 };
 
 /// What `dvr proc check` reports.
@@ -100,10 +113,14 @@ Preflight preflight(const std::string& plugin_dir = "", bool quick = false);
 ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOptions& options = {});
 
 /// Restores process snapshot `name`. Every byte is checked against its
-/// checksum before CRIU starts. Throws not_found, corrupt, invalid_argument
-/// (its PIDs are in use, or its heaps are mapped by a running process: stop
-/// the original or use clone), unsupported, io (CRIU failed; no process of
-/// the snapshot is left running).
+/// checksum before CRIU starts. A preflight compares this host with the
+/// dumping one first: every program and library the processes mapped must be
+/// at the same path with the same size and modification time, else
+/// unsupported lists what differs (a snapshot moved to another machine needs
+/// the same binaries). Throws not_found, corrupt, io (its PIDs are in use, or
+/// its heaps are mapped by a running process: stop the original or use
+/// clone; or CRIU failed: no process of the snapshot is left running),
+/// unsupported.
 RestoreResult restore(Store& store, const std::string& name, const RestoreOptions& options = {});
 
 /// Process snapshots, oldest first.
