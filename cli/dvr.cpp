@@ -718,8 +718,8 @@ int cmd_export(Args& a) {
   if (a.rest.size() != 1 || file.empty()) throw Error(Errc::invalid_argument, "usage: dvr export REF -o FILE [--base BASE] [--level N | --no-compress] [--json]");
   Store store = open_store(a, false);
   // Written beside FILE, renamed over it when complete: no half files.
-  std::string tmp = file + ".part";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  std::string tmp = file + ".part-" + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw Error(errno == ENOENT ? Errc::not_found : Errc::io, "cannot create " + tmp + ": " + std::strerror(errno));
   transfer::Stats st;
   try {

@@ -115,12 +115,16 @@ void Arena::resize(std::size_t n) {
   std::size_t cur = h->committed;
   if (n > cur && ::mprotect(static_cast<char*>(base()) + cur, n - cur, PROT_READ | PROT_WRITE) != 0)
     throw std::bad_alloc();
-  session_.untrack(name_);
   try {
+    session_.untrack(name_);
     session_.track(name_, base(), n);
   } catch (...) {
-    session_.track(name_, base(), cur);
-    throw;
+    try {
+      session_.track(name_, base(), cur);
+    } catch (...) {
+    }
+    if (n > cur) ::mprotect(static_cast<char*>(base()) + cur, n - cur, PROT_NONE);
+    throw std::bad_alloc();  // what std::pmr expects of a resource
   }
   if (n < cur) {
     ::madvise(static_cast<char*>(base()) + n, cur - n, MADV_DONTNEED);
@@ -133,6 +137,7 @@ void* Arena::do_allocate(std::size_t bytes, std::size_t alignment) {
   auto* h = static_cast<Header*>(base());
   if (bytes == 0) bytes = 1;
   if (alignment == 0 || (alignment & (alignment - 1)) || alignment > kPage) throw std::bad_alloc();
+  if (bytes > reserve_) throw std::bad_alloc();  // also keeps the sums below from wrapping
   std::uint64_t user = 0, end = 0;
   if (bytes <= kMaxSmall && alignment <= 16) {
     int c = class_of(bytes);
@@ -144,10 +149,17 @@ void* Arena::do_allocate(std::size_t bytes, std::size_t alignment) {
     user = round_up(h->bump, 16);
     end = user + (std::size_t{16} << c);
   } else if (bytes <= kMaxSmall) {
-    // Small with a large alignment: from the bump pointer; freed into its class.
-    std::size_t size = std::size_t{16} << class_of(std::max(bytes, alignment));
+    // Small with a large alignment: its class's free list when the head is
+    // aligned enough (blocks of a class at least as large as the alignment
+    // were carved at that alignment), else from the bump pointer.
+    int c = class_of(std::max(bytes, alignment));
+    if (std::uint64_t f = h->free_small[c]; f && f % alignment == 0) {
+      h->free_small[c] = *reinterpret_cast<std::uint64_t*>(f);
+      h->used += std::size_t{16} << c;
+      return reinterpret_cast<void*>(f);
+    }
     user = round_up(h->bump, std::max<std::size_t>(alignment, 16));
-    end = user + size;
+    end = user + (std::size_t{16} << c);
   } else {
     std::size_t cap = round_up(bytes, 16);
     // First fit among freed large blocks, wasting at most half.
@@ -217,11 +229,17 @@ void Arena::restore(const std::string& snapshot) {
     session_.untrack(name_);
     session_.track(name_, base(), n);
   };
-  retrack(want);
   try {
+    retrack(want);
     session_.restore(snapshot);
+    const auto* h = static_cast<const Header*>(base());
+    if (h->magic != kMagic || h->version != kVersion || h->committed != want)
+      throw Error(Errc::corrupt, "region '" + name_ + "' of snapshot '" + snapshot + "' is not an arena of this kind");
   } catch (...) {
-    retrack(cur);
+    try {
+      retrack(cur);
+    } catch (...) {
+    }
     if (want > cur) ::mprotect(static_cast<char*>(base()) + cur, want - cur, PROT_NONE);
     throw;
   }

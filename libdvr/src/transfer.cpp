@@ -491,6 +491,7 @@ struct Incoming {
   std::vector<Region> regions;
   std::optional<Manifest> b;  // the base, here
   std::uint64_t logical = 0;
+  Hash128 fingerprint;  // as the stream declared it (checked against what arrived)
 };
 
 void mark(Incoming::Region& r, std::uint64_t lo, std::uint64_t hi) {
@@ -576,6 +577,7 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
         total += r.seen.size();
       }
       if (count != total || fingerprint(shape) != fp) bad_stream("the snapshot's content does not match its fingerprint");
+      in.fingerprint = fp;
       return;
     }
     std::uint64_t j = 0;
@@ -606,7 +608,8 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
         }
         std::string d = take_data(p, scratch, dctx.get());
         const detail::ManifestRegion* br = base_region(r.name);
-        if (!br || !in.paged || !in.b->paged || br->size != r.size) bad_stream("pages arrive for a chunk with no base to patch");
+        if (!br || !in.paged || !in.b->paged || br->size != r.size || in.b->chunk_size != in.chunk_size)
+          bad_stream("pages arrive for a chunk with no base to patch");
         // The whole chunk as it will be: the base's bytes, then the pages.
         char* at = r.data + j * in.chunk_size;
         read_base(static_cast<std::uint32_t>(br - in.b->regions.data()), j, at, len);
@@ -673,9 +676,10 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
 }
 
 // Reads the kSnapshot record's fields and prepares the buffers.
-void begin_item(Incoming& in, const std::string& payload, Store& store) {
+void begin_item(Incoming& in, const std::string& payload, Store& store, const std::string& session_override) {
   Parse p(payload);
   in.session = p.str();
+  if (!session_override.empty()) in.session = session_override;
   in.name = p.str();
   in.label = p.str();
   (void)p.str();  // the parent there; here the base becomes the parent
@@ -686,7 +690,7 @@ void begin_item(Incoming& in, const std::string& payload, Store& store) {
   detail::check_name("session", in.session);
   detail::check_name("snapshot", in.name);
   if (in.chunk_size < 4096 || in.chunk_size > (16u << 20) || (in.chunk_size & (in.chunk_size - 1))) bad_stream("bad chunk size");
-  if (n == 0 || n > (1u << 20)) bad_stream("bad region count");
+  if (n == 0 || n > 65536) bad_stream("bad region count");
   for (std::uint32_t k = 0; k < n; ++k) {
     Incoming::Region r;
     r.name = p.str();
@@ -694,6 +698,12 @@ void begin_item(Incoming& in, const std::string& payload, Store& store) {
     r.sdk_owned = p.u8() != 0;
     detail::check_name("region", r.name);
     if (r.size == 0 || r.size > (1ull << 46)) bad_stream("region '" + r.name + "' has an impossible size");
+    // The snapshot is held in memory until it is committed: refuse what
+    // cannot fit before allocating anything for it.
+    static const std::uint64_t ram = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    if (in.logical + r.size > ram)
+      throw Error(Errc::no_space, "the stream's snapshot '" + in.session + "/" + in.name + "' is larger than this machine's memory (" +
+                                      std::to_string(ram >> 20) + " MiB), which a receive needs to hold it; nothing was stored");
     std::uint64_t chunks = (r.size + in.chunk_size - 1) / in.chunk_size;
     r.seen.assign(chunks, 0);
     r.hashes.assign(chunks, Hash128{});
@@ -732,7 +742,9 @@ void begin_item(Incoming& in, const std::string& payload, Store& store) {
 std::uint64_t commit(Store& store, Incoming& in) {
   Session& s = *in.session_obj;
   if (!in.base.empty()) {
-    s.base_on(in.base);
+    // The very base that was checked: not one replaced under its name since.
+    if (!detail::base_on_if(s, in.base, in.b->checksum))
+      throw Error(Errc::io, "base snapshot '" + in.session + "/" + in.base + "' changed while the stream arrived; send it again — nothing was stored");
     for (auto& r : in.regions) {
       const detail::ManifestRegion* br = nullptr;
       for (auto& x : in.b->regions)
@@ -741,10 +753,21 @@ std::uint64_t commit(Store& store, Incoming& in) {
       if (br && in.b->chunk_size == store.chunk_size()) detail::assume_written(s, r.name, r.written);
     }
   }
-  return s.snapshot(in.name, {.label = in.label}).stored_bytes;
+  std::uint64_t stored = s.snapshot(in.name, {.label = in.label}).stored_bytes;
+  // What was published must be what was sent (same chunking: compare).
+  Manifest got = load(store, in.session, in.name);
+  if (got.chunk_size == in.chunk_size && got.paged == in.paged && fingerprint(got) != in.fingerprint) {
+    try {
+      store.remove(in.session, in.name);
+    } catch (const Error&) {
+    }
+    throw Error(Errc::io, "snapshot '" + in.session + "/" + in.name + "' was stored with other content than sent (its base changed meanwhile); "
+                          "send it again — nothing was stored");
+  }
+  return stored;
 }
 
-Stats receive_stream(Store& store, Reader& rd) {
+Stats receive_stream(Store& store, Reader& rd, const ReceiveOptions& options = {}) {
   auto t0 = std::chrono::steady_clock::now();
   char head[16];
   rd.raw(head, 8);
@@ -768,19 +791,37 @@ Stats receive_stream(Store& store, Reader& rd) {
       break;
     }
     if (k != kSnapshot) bad_stream("a record arrives outside a snapshot");
+    if (!options.session.empty() && !items.empty()) bad_stream("it holds several snapshots, but one session was asked for");
     items.push_back(std::make_unique<Incoming>());
-    begin_item(*items.back(), payload, store);
+    begin_item(*items.back(), payload, store, options.session);
     for (std::size_t q = 0; q + 1 < items.size(); ++q)
       if (items[q]->session == items.back()->session && items[q]->name == items.back()->name) bad_stream("a snapshot arrives twice");
     read_item(*items.back(), rd, store, st);
   }
   if (items.empty()) bad_stream("it holds no snapshot");
-  // Everything checked: publish, heaps first, the process images last.
-  for (auto& in : items) {
-    st.stored_bytes += commit(store, *in);
-    st.refs.push_back(in->session + "/" + in->name);
-    st.logical_bytes += in->logical;
-    for (auto& r : in->regions) st.chunks += r.seen.size();
+  // Everything checked: publish, heaps first, the process images last; all
+  // or nothing — on a failure the ones already published go again.
+  for (auto& in : items)
+    if (has_snapshot(store, in->session, in->name))
+      throw Error(Errc::already_exists, "snapshot '" + in->session + "/" + in->name + "' appeared in store " + store.path() +
+                                            " while the stream arrived; nothing was stored");
+  std::vector<const Incoming*> published;
+  try {
+    for (auto& in : items) {
+      st.stored_bytes += commit(store, *in);
+      published.push_back(in.get());
+      st.refs.push_back(in->session + "/" + in->name);
+      st.logical_bytes += in->logical;
+      for (auto& r : in->regions) st.chunks += r.seen.size();
+    }
+  } catch (...) {
+    for (auto it = published.rbegin(); it != published.rend(); ++it) {
+      try {
+        store.remove((*it)->session, (*it)->name);
+      } catch (const Error&) {
+      }
+    }
+    throw;
   }
   st.base = items.back()->base;
   st.wire_bytes = rd.bytes;
@@ -830,9 +871,9 @@ Stats send(const Store& store, const std::string& ref, int fd, const Options& op
   return send_with(store, ref, fd, options, bases_for(items, ref, options.base));
 }
 
-Stats receive(Store& store, int fd) {
+Stats receive(Store& store, int fd, const ReceiveOptions& options) {
   Reader rd{fd};
-  return receive_stream(store, rd);
+  return receive_stream(store, rd, options);
 }
 
 Stats send_negotiated(const Store& store, const std::string& ref, int in, int out, const Options& options) {
@@ -867,7 +908,15 @@ Stats send_negotiated(const Store& store, const std::string& ref, int in, int ou
     if (line.rfind("error ", 0) == 0) throw Error(Errc::io, "the receiver refused: " + line.substr(6));
     if (line == "exists")
       throw Error(Errc::already_exists, "the receiving store holds snapshot '" + it.ref() + "' already; remove it there first — nothing was sent");
-    bases.push_back(line.rfind("base ", 0) == 0 ? line.substr(5) : "");
+    std::string b = line.rfind("base ", 0) == 0 ? line.substr(5) : "";
+    // Only a base that was offered for this item.
+    if (!b.empty() && hello.find("item " + it.session + " " + it.name + "\n") != std::string::npos) {
+      auto from = hello.find("item " + it.session + " " + it.name + "\n");
+      auto to = hello.find("item ", from + 5);
+      std::string offered = hello.substr(from, to == std::string::npos ? std::string::npos : to - from);
+      if (offered.find("\nhave " + b + " ") == std::string::npos) throw Error(Errc::corrupt, "the receiver chose a base that was not offered");
+    }
+    bases.push_back(b);
   }
   if (!options.base.empty() && bases.back().empty())
     throw Error(Errc::not_found, "the receiving store does not hold base '" + options.base + "' with the same content; push without --base");
@@ -929,8 +978,9 @@ Stats receive_negotiated(Store& store, int in, int out) {
   }
   close_item();
   send_text(out, answer);
-  if (answer.find("exists\n") != std::string::npos || answer.find("error ") != std::string::npos)
+  if (answer.find("exists\n") != std::string::npos)
     throw Error(Errc::already_exists, "refused the transfer: " + answer);
+  if (answer.find("error ") != std::string::npos) throw Error(Errc::invalid_argument, "refused the transfer: " + answer);
   try {
     Reader rd{in};
     Stats st = receive_stream(store, rd);

@@ -47,11 +47,17 @@ struct Stats {
 /// store's data fails its checksum: nothing is sent for it), io.
 Stats send(const Store& store, const std::string& ref, int fd, const Options& options = {});
 
+struct ReceiveOptions {
+  /// Store the snapshots in this session instead of the one the stream names
+  /// (a partner's copy of another rank's part, say). "" keeps the stream's.
+  std::string session;
+};
+
 /// Reads one stream from `fd` into `store`. Everything is checked before the
 /// first snapshot is published. Throws corrupt (checksum, truncation,
 /// malformed), unsupported (newer stream format), already_exists, not_found
 /// (the stream needs a base this store lacks), no_space.
-Stats receive(Store& store, int fd);
+Stats receive(Store& store, int fd, const ReceiveOptions& options = {});
 
 /// The two ends of a negotiated transfer (dvr push / pull over ssh): the
 /// receiver first says which snapshots it already holds, so that only what it

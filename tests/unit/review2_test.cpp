@@ -1,0 +1,337 @@
+// Reviewer regressions (second review): dvr::transfer (stream receive) and
+// dvr::Arena. Each test fails on the code as reviewed.
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <climits>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <memory_resource>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dvr/arena.hpp"
+#include "dvr/transfer.hpp"
+#include "hash.hpp"
+#include "test_support.hpp"
+
+using namespace dvr;
+using dvrtest::catch_error;
+using dvrtest::TempDir;
+
+namespace {
+
+constexpr std::size_t kStreamEndBytes = 8 + 4 + 8;  // kind, length, u32 count, XXH3-64
+
+// The stream of `ref` as sent by transfer::send.
+std::string stream_of(const Store& store, const std::string& ref, const transfer::Options& o = {}) {
+  int fd = ::memfd_create("review2-stream", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  transfer::send(store, ref, fd, o);
+  off_t n = ::lseek(fd, 0, SEEK_END);
+  std::string s(static_cast<std::size_t>(n), '\0');
+  REQUIRE(::pread(fd, s.data(), s.size(), 0) == n);
+  ::close(fd);
+  return s;
+}
+
+void put32(std::string& b, std::uint32_t v) { b.append(reinterpret_cast<const char*>(&v), 4); }
+void put64(std::string& b, std::uint64_t v) { b.append(reinterpret_cast<const char*>(&v), 8); }
+void putstr(std::string& b, const std::string& s) {
+  put32(b, static_cast<std::uint32_t>(s.size()));
+  b += s;
+}
+
+// One record: [u32 kind][u32 length][payload][u64 XXH3-64 of the three before].
+std::string record(std::uint32_t kind, const std::string& payload) {
+  std::string r;
+  put32(r, kind);
+  put32(r, static_cast<std::uint32_t>(payload.size()));
+  r += payload;
+  put64(r, detail::hash64(r.data(), r.size()));
+  return r;
+}
+
+std::string stream_header() {
+  std::string h("DVRSTRM\0", 8);
+  put32(h, 1);
+  put32(h, 0);
+  return h;
+}
+
+// Receives `stream` through a pipe; `before_end` runs (on the writing
+// thread) once everything but the stream-end record has been written, i.e.
+// while the receiver has read and checked every snapshot but published none.
+transfer::Stats receive_with_hook(Store& store, const std::string& stream, const std::function<void()>& before_end) {
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  std::thread writer([&] {
+    auto write_all = [&](const char* d, std::size_t n) {
+      while (n) {
+        ssize_t w = ::write(p[1], d, n);
+        if (w <= 0) return;
+        d += w;
+        n -= static_cast<std::size_t>(w);
+      }
+    };
+    write_all(stream.data(), stream.size() - kStreamEndBytes);
+    // Let the receiver reach the stream-end record (it blocks reading it).
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    before_end();
+    write_all(stream.data() + stream.size() - kStreamEndBytes, kStreamEndBytes);
+    ::close(p[1]);
+  });
+  transfer::Stats st;
+  try {
+    st = transfer::receive(store, p[0]);
+  } catch (...) {
+    writer.join();
+    ::close(p[0]);
+    throw;
+  }
+  writer.join();
+  ::close(p[0]);
+  return st;
+}
+
+bool holds(const Store& s, const std::string& session, const std::string& name) {
+  for (auto& i : s.list(session))
+    if (i.name == name) return true;
+  return false;
+}
+
+void snap(Store& store, const std::string& session, const std::string& region, std::vector<unsigned char>& data,
+          const std::string& name) {
+  Session s(store, session);
+  s.track(region, data.data(), data.size());
+  s.snapshot(name);
+}
+
+}  // namespace
+
+// ---- transfer -----------------------------------------------------------------
+
+// docs/migration.md: "A broken ... stream, a snapshot that exists already ...:
+// each is an error naming the problem, and the receiving store is exactly as
+// before." receive_stream() commits the snapshots one after another with no
+// undo: when the second commit fails, the first stays published (for a
+// process snapshot: the heap snapshots without proc/NAME, which then also
+// block every retry with "exists already").
+TEST_CASE("review2: a stream of several snapshots is published all or nothing", "[review2][transfer]") {
+  TempDir dir;
+  Store a = Store::open(dir / "a");
+  Store b = Store::open(dir / "b");
+  auto d1 = dvrtest::random_bytes(300000, 1), d2 = dvrtest::random_bytes(200000, 2);
+  snap(a, "heapish", "h", d1, "proc.night");
+  snap(a, "other", "r", d2, "night");
+  // A two-snapshot stream as a process snapshot travels: the first one's
+  // records, then the second's, then the stream end.
+  std::string s1 = stream_of(a, "heapish/proc.night"), s2 = stream_of(a, "other/night");
+  std::string end;
+  put32(end, 2);
+  std::string stream = s1.substr(0, s1.size() - kStreamEndBytes) + s2.substr(16, s2.size() - 16 - kStreamEndBytes) + record(8, end);
+
+  auto c = catch_error([&] {
+    receive_with_hook(b, stream, [&] {
+      // Meanwhile, someone takes other/night in the receiving store.
+      Store b2 = Store::open(dir / "b");
+      auto d3 = dvrtest::random_bytes(1000, 3);
+      snap(b2, "other", "r", d3, "night");
+    });
+  });
+  CHECK(c.code == Errc::already_exists);
+  // Nothing of the refused stream may be left behind.
+  CHECK_FALSE(holds(b, "heapish", "proc.night"));
+}
+
+// begin_item() checks that the receiver's base has the sender's fingerprint,
+// but commit() calls base_on(in.base) again by name and tells the session that
+// only the received ranges differ from it (assume_written). If the base was
+// replaced in between (Session::snapshot with replace, or rm + a new snapshot
+// of that name), every inherited chunk is taken from the *new* base: the
+// published snapshot silently differs from what was sent, and nothing checks
+// its fingerprint after the commit.
+TEST_CASE("review2: a received snapshot holds what was sent even if its base is replaced meanwhile", "[review2][transfer]") {
+  TempDir dir;
+  Store a = Store::open(dir / "a");
+  Store b = Store::open(dir / "b");
+  const std::size_t size = 4 << 20;  // 16 chunks of 256 KiB
+  auto live = dvrtest::random_bytes(size, 10);
+  {
+    Session s(a, "s");
+    s.track("r", live.data(), live.size());
+    s.snapshot("base");
+    live[5 * 4096 + 7] ^= 0xff;  // one page of one chunk changes
+    s.snapshot("next");
+  }
+  const auto sent = live;
+  {
+    std::string full = stream_of(a, "s/base");
+    int fd = ::memfd_create("full", MFD_CLOEXEC);
+    REQUIRE(::write(fd, full.data(), full.size()) == static_cast<ssize_t>(full.size()));
+    ::lseek(fd, 0, SEEK_SET);
+    transfer::receive(b, fd);
+    ::close(fd);
+  }
+  transfer::Options o;
+  o.base = "base";
+  std::string delta = stream_of(a, "s/next", o);
+
+  auto c = catch_error([&] {
+    receive_with_hook(b, delta, [&] {
+      Store b2 = Store::open(dir / "b");
+      b2.remove("s", "base");
+      auto other = dvrtest::random_bytes(size, 99);
+      Session s(b2, "s");
+      s.track("r", other.data(), other.size());
+      s.snapshot("base");
+    });
+  });
+  INFO(c.what);
+  if (!c.threw_dvr()) {
+    // Published: it must be what was sent.
+    std::vector<unsigned char> got(size);
+    Session r(b, "s");
+    r.track("r", got.data(), got.size());
+    r.restore("next");
+    CHECK(dvrtest::diff(got, sent) == "");
+  } else {
+    CHECK_FALSE(holds(b, "s", "next"));
+  }
+}
+
+// begin_item() sizes r.seen (1 byte per chunk) and r.hashes (16 bytes per
+// chunk) for every declared region up front and value-initialises them: a
+// ~120-byte snapshot record declaring one 128 GiB region (allowed: up to
+// 2^46 bytes a region, 2^20 regions) with 4 KiB chunks makes the receiver
+// write 544 MiB before a single chunk arrives; a few 1 TiB regions exhaust
+// the machine (OOM), contrary to "untouched parts of it cost nothing".
+TEST_CASE("review2: a stream declaring a huge region does not make the receiver allocate for it", "[review2][transfer]") {
+  TempDir dir;
+  std::string rec;
+  putstr(rec, "s");
+  putstr(rec, "n");
+  putstr(rec, "");
+  putstr(rec, "");
+  put64(rec, 0);
+  put32(rec, 4096);  // chunk size
+  rec.push_back(1);  // paged
+  put32(rec, 1);     // one region
+  putstr(rec, "r");
+  put64(rec, std::uint64_t{1} << 37);
+  rec.push_back(0);
+  putstr(rec, "");  // no base
+  put64(rec, 0);
+  put64(rec, 0);
+  const std::string stream = stream_header() + record(1, rec);  // and then the stream ends
+  const std::string store_path = dir / "b";
+  { Store::open(store_path); }
+
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(p[0]);
+    ::alarm(60);
+    auto status_kb = [](const char* key) -> long {
+      std::ifstream in("/proc/self/status");
+      for (std::string line; std::getline(in, line);)
+        if (line.rfind(key, 0) == 0) return std::stol(line.substr(std::strlen(key)));
+      return -1;
+    };
+    { std::ofstream("/proc/self/clear_refs") << "5"; }  // reset the peak to now
+    long before = status_kb("VmRSS:");
+    try {
+      Store b = Store::open(store_path);
+      int fd = ::memfd_create("s", 0);
+      if (::write(fd, stream.data(), stream.size()) != static_cast<ssize_t>(stream.size())) ::_exit(3);
+      ::lseek(fd, 0, SEEK_SET);
+      transfer::receive(b, fd);
+    } catch (...) {
+    }
+    long grew = status_kb("VmHWM:") - before;
+    if (::write(p[1], &grew, sizeof grew) != sizeof grew) ::_exit(4);
+    ::_exit(0);
+  }
+  ::close(p[1]);
+  long grew_kb = -1;
+  REQUIRE(::read(p[0], &grew_kb, sizeof grew_kb) == sizeof grew_kb);
+  ::close(p[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  INFO("receiver's peak RSS grew by " << grew_kb / 1024 << " MiB for a " << stream.size() << "-byte stream");
+  CHECK(grew_kb >= 0);
+  CHECK(grew_kb < 64 * 1024);
+}
+
+// ---- Arena --------------------------------------------------------------------
+
+// do_allocate(): cap = round_up(bytes, 16) and end = user + cap wrap around
+// for sizes near SIZE_MAX, so `end` lands *below* the committed limit: no
+// growth, no bad_alloc; a pointer is returned for a block of "2^64 - 4096"
+// bytes and the bump pointer moves backwards (the next allocations overlap
+// live blocks; used() wraps).
+TEST_CASE("review2: arena refuses sizes that wrap around instead of returning a block", "[review2][arena]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  Session s(store, "scene");
+  ArenaOptions o;
+  o.address = 0x7a0000000000;
+  o.initial = 1 << 20;
+  o.reserve = std::size_t{1} << 30;
+  o.grow_step = 1 << 20;
+  Arena arena(s, "heap", o);
+  void* first = arena.allocate(64, 16);
+  std::memset(first, 0x5a, 64);
+  const std::size_t used = arena.used();
+
+  auto huge = [&](std::size_t n) {
+    try {
+      (void)arena.allocate(n, 16);
+      return false;
+    } catch (const std::bad_alloc&) {
+      return true;
+    }
+  };
+  CHECK(huge(SIZE_MAX - 4095));
+  CHECK(huge(SIZE_MAX));
+  CHECK(arena.used() == used);
+  // The arena still hands out fresh memory after the refusals.
+  void* next = arena.allocate(64, 16);
+  CHECK(next != first);
+  CHECK(reinterpret_cast<std::uintptr_t>(next) >= reinterpret_cast<std::uintptr_t>(first) + 64);
+}
+
+// Small blocks with alignment > 16 always come from the bump pointer
+// (do_allocate's second branch never looks at the free list), although
+// do_deallocate puts them on their class's list. A steady allocate/free loop
+// of over-aligned small objects (alignas(64) structs, SIMD buffers in pmr
+// containers) therefore grows the arena without bound while used() stays
+// constant, until the reservation is full and bad_alloc is thrown.
+TEST_CASE("review2: arena reuses freed over-aligned small blocks", "[review2][arena]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  Session s(store, "scene");
+  ArenaOptions o;
+  o.address = 0x7b0000000000;
+  o.initial = 1 << 20;
+  o.reserve = std::size_t{1} << 30;
+  o.grow_step = 1 << 20;
+  Arena arena(s, "heap", o);
+  bool aligned = true;
+  for (int i = 0; i < 100000; ++i) {
+    void* p = arena.allocate(64, 64);
+    aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 64 == 0;
+    arena.deallocate(p, 64, 64);
+  }
+  CHECK(aligned);
+  CHECK(arena.used() == 0);
+  // 100000 x 64 B = 6.1 MiB of bump allocations for one live block.
+  CHECK(arena.committed() == o.initial);
+}
