@@ -11,15 +11,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "c_api_impl.hpp"  // the handles (dvr_store, dvr_session) and guarded()
 #include "dvr/dvr.hpp"
-
-struct dvr_store {
-  dvr::Store store;
-};
-
-struct dvr_session {
-  dvr::Session session;
-};
 
 namespace {
 
@@ -52,22 +45,16 @@ dvr_status status_of(dvr::Errc code) noexcept {
   return DVR_E_INTERNAL;
 }
 
-// Thrown by the entry points themselves for NULL arguments and the like; the
-// guard reports it as the C++ API would report an invalid_argument.
-dvr::Error bad_argument(const char* function, const std::string& what) {
-  return dvr::Error(dvr::Errc::invalid_argument, std::string(function) + ": " + what);
-}
-
-void require(const char* function, const void* arg, const char* arg_name) {
-  if (!arg) throw bad_argument(function, std::string(arg_name) + " is NULL");
-}
+using dvr::detail::bad_argument;
+using dvr::detail::require;
 
 }  // namespace
 
 namespace dvr::detail {
 
-// The one place C calls meet C++ exceptions. Not in a header: only this file
-// and its unit test (which feeds it every kind of exception) use it.
+// The one place C calls meet C++ exceptions: declared in c_api_impl.hpp for
+// this file and c_api_mpi.cpp (dvr_mpi); its unit test feeds it every kind of
+// exception.
 dvr_status c_call(const char* function, void (*body)(void*), void* context) noexcept {
   try {
     body(context);
@@ -89,15 +76,7 @@ dvr_status c_call(const char* function, void (*body)(void*), void* context) noex
 
 }  // namespace dvr::detail
 
-namespace {
-
-template <class F>
-dvr_status guarded(const char* function, F&& body) noexcept {
-  using Body = std::remove_reference_t<F>;
-  return dvr::detail::c_call(function, [](void* c) { (*static_cast<Body*>(c))(); }, &body);
-}
-
-}  // namespace
+using dvr::detail::guarded;
 
 extern "C" {
 
@@ -206,11 +185,13 @@ dvr_status dvr_session_open(dvr_store* store, const char* name, dvr_session** ou
     *out = nullptr;
     require(fn, store, "store");
     require(fn, name, "name");
-    *out = new dvr_session{dvr::Session(store->store, name)};
+    *out = new dvr_session(dvr::Session(store->store, name));
   });
 }
 
-void dvr_session_close(dvr_session* session) { delete session; }
+void dvr_session_close(dvr_session* session) {
+  if (session && !session->borrowed()) delete session;  // borrowed: closed with its dvr_mpi_session
+}
 
 dvr_status dvr_track(dvr_session* session, const char* region, void* data, size_t size) {
   const char* const fn = __func__;

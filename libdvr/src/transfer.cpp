@@ -610,18 +610,36 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
         const detail::ManifestRegion* br = base_region(r.name);
         if (!br || !in.paged || !in.b->paged || br->size != r.size || in.b->chunk_size != in.chunk_size)
           bad_stream("pages arrive for a chunk with no base to patch");
-        // The whole chunk as it will be: the base's bytes, then the pages.
         char* at = r.data + j * in.chunk_size;
-        read_base(static_cast<std::uint32_t>(br - in.b->regions.data()), j, at, len);
+        const std::size_t bi = br->first_chunk + j;
+        // When the snapshot will store these pages apart from the base's
+        // chunk (the rule of Session::snapshot: base overlays plus new ones at
+        // most a quarter of the pages), only the pages are needed, and the
+        // chunk's hash is checked from the base's page hashes and theirs.
+        // Otherwise the whole chunk is put together: the base's bytes, then
+        // the pages.
+        std::size_t apart = in.b->first_overlay[bi + 1] - in.b->first_overlay[bi];
+        for (auto x : list) {
+          bool already = false;
+          for (std::uint32_t k = in.b->first_overlay[bi]; k < in.b->first_overlay[bi + 1] && !already; ++k) already = in.b->overlays[k].page == x;
+          apart += already ? 0 : 1;
+        }
+        const bool pages_only = in.b->trusted(bi) && in.b->chunks[bi].length == len && apart * 4 <= pages &&
+                                store.chunk_size() == in.chunk_size;
+        if (!pages_only) read_base(static_cast<std::uint32_t>(br - in.b->regions.data()), j, at, len);
+        std::vector<std::uint64_t> ph;
+        if (pages_only) ph.assign(in.b->hashes_of(bi), in.b->hashes_of(bi) + pages);
         std::uint64_t off = 0;
         for (auto x : list) {
           std::uint64_t pl = std::min<std::uint64_t>(kPageSize, len - std::uint64_t{x} * kPageSize);
           if (off + pl > d.size()) bad_stream("a page list carries too few bytes");
           std::memcpy(at + std::uint64_t{x} * kPageSize, d.data() + off, pl);
+          if (pages_only) ph[x] = detail::page_hash(d.data() + off, pl);
           off += pl;
         }
         if (off != d.size()) bad_stream("a page list carries too many bytes");
-        if (content_hash(at, len, true) != h) bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' fails its XXH3-128 checksum");
+        if ((pages_only ? detail::tree_hash(ph.data(), ph.size()) : content_hash(at, len, true)) != h)
+          bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' fails its XXH3-128 checksum");
         for (auto x : list) mark(r, j * in.chunk_size + std::uint64_t{x} * kPageSize, std::min<std::uint64_t>(r.size, j * in.chunk_size + (std::uint64_t{x} + 1) * kPageSize));
         r.hashes[j] = h;
         st.data_bytes += d.size();

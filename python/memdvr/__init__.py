@@ -272,6 +272,17 @@ class Session:
         self._layouts: Dict[str, _Layout] = {}
         self._arrays: Dict[str, np.ndarray] = {}  # SDK-owned arrays made by array()
 
+    @classmethod
+    def _wrap(cls, core: Any, store: Store) -> "Session":
+        """A Session over a session object made elsewhere: ``core`` offers the
+        methods of ``_core.Session`` (memdvr.mpi: the rank's local session)."""
+        self = cls.__new__(cls)
+        self._store = store
+        self._core = core
+        self._layouts = {}
+        self._arrays = {}
+        return self
+
     def __repr__(self) -> str:
         state = "closed" if self._core.closed else f"regions={list(self._layouts)}"
         return f"memdvr.Session({self.name!r}, {state})"

@@ -142,7 +142,8 @@ dvr_status dvr_session_open(dvr_store* store, const char* name, dvr_session** ou
 
 /* Closes a session: forgets its regions and frees those made by dvr_alloc
  * (tracked memory is the caller's and is left alone). Snapshots stay in the
- * store. NULL is allowed and does nothing. */
+ * store. NULL is allowed and does nothing, and so is a handle from
+ * dvr_mpi_local (dvr/dvr_mpi.h), which closes with its dvr_mpi_session. */
 void dvr_session_close(dvr_session* session);
 
 /* Registers caller-owned memory [data, data + size) as region `region`. The

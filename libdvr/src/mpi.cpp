@@ -1,0 +1,418 @@
+// Coordinated snapshots across MPI ranks with partner copies (dvr/mpi.hpp,
+// docs/mpi.md).
+//
+// Per rank, in its own store:
+//   SESSION/NAME                 its part of global snapshot NAME
+//   mpi/SESSION/NAME.commit      the commit record ("seq N"), written only
+//                                after every rank voted yes; fsynced
+//   SESSION.rank-C/NAME          the copy of rank C's part it keeps as C's partner
+// Partner copies travel as transfer streams (verified chunk by chunk, only
+// what the partner lacks), carried by MPI messages.
+#include "dvr/mpi.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "dvr/transfer.hpp"
+#include "os.hpp"
+#include "store_impl.hpp"
+
+namespace dvr::mpi {
+
+namespace {
+
+constexpr int kTagStream = 0x4456;  // "DV"
+constexpr int kTagList = 0x4457;
+constexpr int kMaxSeqs = 64;        // seqs exchanged per rank in restore_latest()
+constexpr int kMsg = 512;           // bytes of an error message exchanged
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The same error on every rank: messages of the failing ranks gathered.
+[[noreturn]] void fail_all(MPI_Comm comm, int size, bool ok, const std::string& mine, const std::string& what) {
+  std::vector<char> all(static_cast<std::size_t>(size) * kMsg, 0), buf(kMsg, 0);
+  if (!ok) std::strncpy(buf.data(), mine.c_str(), kMsg - 1);
+  MPI_Allgather(buf.data(), kMsg, MPI_CHAR, all.data(), kMsg, MPI_CHAR, comm);
+  std::string msg = what + ":";
+  for (int r = 0; r < size; ++r)
+    if (all[static_cast<std::size_t>(r) * kMsg]) msg += "\n  rank " + std::to_string(r) + ": " + std::string(&all[static_cast<std::size_t>(r) * kMsg]);
+  throw Error(Errc::io, msg);
+}
+
+// Runs a collective step: `f` on this rank, then everyone learns whether all
+// succeeded; on any failure every rank throws the gathered messages.
+void all_or_throw(MPI_Comm comm, int size, const std::string& what, const std::function<void()>& f) {
+  std::string mine;
+  int ok = 1;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    ok = 0;
+    mine = e.what();
+  }
+  int all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+  if (!all) fail_all(comm, size, ok, mine, what);
+}
+
+// Sends what `produce` writes into an fd to rank `dest`, and gives what
+// arrives from rank `source` to `consume` as an fd; either may be empty
+// (nothing to send / receive). Both directions run at once, so that pairs of
+// ranks sending to each other cannot deadlock. Returns the bytes sent; an
+// exception of either side is rethrown after both streams ended.
+std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& produce, int source,
+                       const std::function<void(int)>& consume) {
+  int out[2] = {-1, -1}, in[2] = {-1, -1};
+  std::exception_ptr produce_error, consume_error;
+  std::thread producer, consumer;
+  if (produce) {
+    if (::pipe2(out, O_CLOEXEC) != 0) detail::throw_errno(errno, "cannot create a pipe");
+    producer = std::thread([&] {
+      try {
+        produce(out[1]);
+      } catch (...) {
+        produce_error = std::current_exception();
+      }
+      ::close(out[1]);  // end of stream (a truncated one after an error: the receiver refuses it)
+    });
+  }
+  if (consume) {
+    if (::pipe2(in, O_CLOEXEC) != 0) detail::throw_errno(errno, "cannot create a pipe");
+    consumer = std::thread([&] {
+      try {
+        consume(in[0]);
+      } catch (...) {
+        consume_error = std::current_exception();
+      }
+      // Drain whatever else arrives, so the writer never blocks on us.
+      char sink[65536];
+      while (::read(in[0], sink, sizeof sink) > 0) {
+      }
+      ::close(in[0]);
+    });
+  }
+  std::uint64_t sent = 0;
+  bool send_done = !produce, recv_done = !consume, final_sent = !produce;
+  std::vector<char> sbuf(1 << 20), rbuf;
+  MPI_Request sreq = MPI_REQUEST_NULL;
+  while (!send_done || !recv_done || sreq != MPI_REQUEST_NULL) {
+    bool progress = false;
+    if (sreq != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPI_Test(&sreq, &done, MPI_STATUS_IGNORE);
+      if (done) {
+        sreq = MPI_REQUEST_NULL;
+        progress = true;
+        if (final_sent) send_done = true;
+      }
+    }
+    if (!send_done && sreq == MPI_REQUEST_NULL) {
+      ssize_t n;
+      while ((n = ::read(out[0], sbuf.data(), sbuf.size())) < 0 && errno == EINTR) {
+      }
+      if (n <= 0) {
+        n = 0;
+        final_sent = true;  // the empty message ends the stream
+      }
+      sent += static_cast<std::uint64_t>(n);
+      MPI_Isend(sbuf.data(), static_cast<int>(n), MPI_BYTE, dest, kTagStream, comm, &sreq);
+      progress = true;
+    }
+    if (!recv_done) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(source, kTagStream, comm, &flag, &st);
+      if (flag) {
+        int count = 0;
+        MPI_Get_count(&st, MPI_BYTE, &count);
+        rbuf.resize(static_cast<std::size_t>(std::max(count, 1)));
+        MPI_Recv(rbuf.data(), count, MPI_BYTE, source, kTagStream, comm, MPI_STATUS_IGNORE);
+        if (count == 0) {
+          recv_done = true;
+          ::close(in[1]);
+        } else {
+          for (std::size_t off = 0; off < static_cast<std::size_t>(count);) {
+            ssize_t w = ::write(in[1], rbuf.data() + off, static_cast<std::size_t>(count) - off);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) break;  // the consumer is gone (it drains, so this does not happen)
+            off += static_cast<std::size_t>(w);
+          }
+        }
+        progress = true;
+      }
+    }
+    if (!progress) sched_yield();
+  }
+  if (producer.joinable()) producer.join();
+  if (consumer.joinable()) consumer.join();
+  if (out[0] >= 0) ::close(out[0]);
+  if (produce_error) std::rethrow_exception(produce_error);
+  if (consume_error) std::rethrow_exception(consume_error);
+  return sent;
+}
+
+// Sends a list of strings to `dest` and receives one from `source`.
+std::vector<std::string> swap_lists(MPI_Comm comm, int dest, const std::vector<std::string>& mine, int source) {
+  std::string flat;
+  for (auto& s : mine) flat += s + '\n';
+  MPI_Request req;
+  MPI_Isend(flat.data(), static_cast<int>(flat.size()), MPI_CHAR, dest, kTagList, comm, &req);
+  MPI_Status st;
+  MPI_Probe(source, kTagList, comm, &st);
+  int count = 0;
+  MPI_Get_count(&st, MPI_CHAR, &count);
+  std::string got(static_cast<std::size_t>(count), '\0');
+  MPI_Recv(got.data(), count, MPI_CHAR, source, kTagList, comm, MPI_STATUS_IGNORE);
+  MPI_Wait(&req, MPI_STATUS_IGNORE);
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  for (std::size_t nl; (nl = got.find('\n', at)) != std::string::npos; at = nl + 1) out.push_back(got.substr(at, nl - at));
+  return out;
+}
+
+}  // namespace
+
+struct Session::State {
+  Store store;
+  std::string name;
+  MPI_Comm comm;
+  Options options;
+  int rank = 0, size = 1, partner = 0, client = 0;
+  dvr::Session local;
+  State(Store s, std::string n, MPI_Comm c, const Options& o) : store(s), name(std::move(n)), comm(c), options(o), local(s, name) {}
+
+  std::string records_dir() const { return store.path() + "/mpi/" + name; }
+  std::string copies_session(int of) const { return name + ".rank-" + std::to_string(of); }
+
+  // Commit records: name -> seq.
+  std::map<std::string, std::uint64_t> records() const {
+    std::map<std::string, std::uint64_t> out;
+    for (auto& f : detail::list_dir(records_dir())) {
+      if (f.size() < 8 || f.compare(f.size() - 7, 7, ".commit") != 0) continue;
+      try {
+        std::string text = detail::read_file(records_dir() + "/" + f);
+        if (text.rfind("seq ", 0) == 0) out[f.substr(0, f.size() - 7)] = std::stoull(text.substr(4));
+      } catch (const std::exception&) {
+        // unreadable: as if not committed
+      }
+    }
+    return out;
+  }
+  void record(const std::string& snapshot, std::uint64_t seq) {
+    detail::make_private_dir(store.path() + "/mpi");
+    detail::make_private_dir(records_dir());
+    detail::write_file_atomic(records_dir(), records_dir() + "/" + snapshot + ".commit", "seq " + std::to_string(seq) + "\n");
+  }
+  bool has(const std::string& session, const std::string& snapshot) const {
+    for (auto& i : store.list(session))
+      if (i.name == snapshot && !i.damaged) return true;
+    return false;
+  }
+};
+
+Session::Session(Store store, std::string name, MPI_Comm comm, const Options& options)
+    : state_(std::make_unique<State>(std::move(store), std::move(name), comm, options)) {
+  MPI_Comm_rank(comm, &state_->rank);
+  MPI_Comm_size(comm, &state_->size);
+  int offset = options.partner_offset > 0 ? options.partner_offset % state_->size : state_->size / 2;
+  if (offset == 0) offset = state_->size > 1 ? 1 : 0;
+  state_->partner = (state_->rank + offset) % state_->size;
+  state_->client = (state_->rank - offset + state_->size) % state_->size;
+  if (state_->partner == state_->rank) state_->options.partner_copies = false;  // one rank: no partner
+}
+
+Session::~Session() = default;
+dvr::Session& Session::local() { return state_->local; }
+int Session::rank() const { return state_->rank; }
+int Session::size() const { return state_->size; }
+int Session::partner() const { return state_->partner; }
+
+std::vector<GlobalInfo> Session::committed() const {
+  std::vector<GlobalInfo> out;
+  for (auto& [n, seq] : state_->records()) out.push_back({n, seq, 0, 0, 0});
+  std::sort(out.begin(), out.end(), [](const GlobalInfo& a, const GlobalInfo& b) { return a.seq < b.seq; });
+  return out;
+}
+
+GlobalInfo Session::snapshot(const std::string& name) {
+  State& st = *state_;
+  auto t0 = std::chrono::steady_clock::now();
+  GlobalInfo info;
+  info.name = name;
+  // Phase 1: every rank snapshots its part; the vote.
+  std::uint64_t my_max = 0, max_seq = 0;
+  for (auto& [n, s] : st.records()) my_max = std::max(my_max, s);
+  MPI_Allreduce(&my_max, &max_seq, 1, MPI_UINT64_T, MPI_MAX, st.comm);
+  info.seq = max_seq + 1;
+  bool took = false;
+  std::string mine;
+  int ok = 1;
+  try {
+    if (st.records().count(name)) throw Error(Errc::already_exists, "global snapshot '" + name + "' exists already");
+    // A part without a commit record is the leftover of an attempt that was
+    // never committed (a crash between the vote and the records): replaced.
+    info.stored_bytes = st.local.snapshot(name, {.replace = true}).stored_bytes;
+    took = true;
+  } catch (const std::exception& e) {
+    ok = 0;
+    mine = e.what();
+  }
+  int all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, st.comm);
+  if (!all) {
+    // Not committed anywhere: the parts that were taken go again.
+    if (took) {
+      try {
+        st.store.remove(st.name, name);
+      } catch (const Error&) {
+      }
+    }
+    fail_all(st.comm, st.size, ok, mine, "global snapshot '" + name + "' of session '" + st.name + "' failed and was not committed");
+  }
+  // Phase 2: the commit records.
+  all_or_throw(st.comm, st.size, "global snapshot '" + name + "' could not be recorded as committed on every rank",
+               [&] { st.record(name, info.seq); });
+
+  // Partner copies: each rank sends its part to its partner, relative to the
+  // newest earlier part the partner holds, and keeps its client's.
+  if (st.options.partner_copies) {
+    std::vector<std::string> held;
+    for (auto& i : st.store.list(st.copies_session(st.client)))
+      if (!i.damaged) held.push_back(i.name);
+    std::vector<std::string> partner_has = swap_lists(st.comm, st.client, held, st.partner);
+    std::string base;
+    std::uint64_t base_seq = 0;
+    auto recs = st.records();
+    for (auto& h : partner_has)
+      if (auto it = recs.find(h); it != recs.end() && it->first != name && it->second > base_seq && st.has(st.name, h)) {
+        base = h;
+        base_seq = it->second;
+      }
+    transfer::Options topt;
+    topt.base = base;
+    topt.level = st.options.level;
+    all_or_throw(st.comm, st.size, "the partner copies of global snapshot '" + name + "' failed (it is committed; the copies are not)", [&] {
+      info.partner_bytes = exchange(
+          st.comm, st.partner, [&](int fd) { transfer::send(st.store, st.name + "/" + name, fd, topt); }, st.client,
+          [&](int fd) {
+            // A Store of its own (its own lock): the send above holds this
+            // rank's store shared while the partner's copy is received.
+            Store here = Store::open(st.store.path());
+            transfer::receive(here, fd, {.session = st.copies_session(st.client)});
+          });
+    });
+  }
+
+  // Retention: the newest `keep` global snapshots, own parts and copies.
+  if (st.options.keep > 0) {
+    std::vector<std::pair<std::uint64_t, std::string>> by_seq;
+    for (auto& [n, s] : st.records()) by_seq.emplace_back(s, n);
+    std::sort(by_seq.rbegin(), by_seq.rend());
+    for (std::size_t k = st.options.keep; k < by_seq.size(); ++k) {
+      const std::string& old = by_seq[k].second;
+      try {
+        if (st.has(st.name, old)) st.store.remove(st.name, old);
+        if (st.has(st.copies_session(st.client), old)) st.store.remove(st.copies_session(st.client), old);
+        ::unlink((st.records_dir() + "/" + old + ".commit").c_str());
+      } catch (const Error&) {
+      }
+    }
+  }
+  info.seconds = since(t0);
+  return info;
+}
+
+std::optional<std::string> Session::restore_latest() {
+  State& st = *state_;
+  // What each rank can give: its own committed, intact parts, and the parts
+  // it keeps for its client.
+  auto recs = st.records();
+  std::vector<std::uint64_t> own(kMaxSeqs, 0), held(kMaxSeqs, 0);
+  {
+    std::vector<std::uint64_t> a, b;
+    for (auto& [n, s] : recs) {
+      if (st.has(st.name, n)) a.push_back(s);
+      if (st.options.partner_copies && st.has(st.copies_session(st.client), n)) b.push_back(s);
+    }
+    std::sort(a.rbegin(), a.rend());
+    std::sort(b.rbegin(), b.rend());
+    std::copy_n(a.begin(), std::min<std::size_t>(a.size(), kMaxSeqs), own.begin());
+    std::copy_n(b.begin(), std::min<std::size_t>(b.size(), kMaxSeqs), held.begin());
+  }
+  const auto n = static_cast<std::size_t>(st.size);
+  std::vector<std::uint64_t> all_own(n * kMaxSeqs), all_held(n * kMaxSeqs);
+  MPI_Allgather(own.data(), kMaxSeqs, MPI_UINT64_T, all_own.data(), kMaxSeqs, MPI_UINT64_T, st.comm);
+  MPI_Allgather(held.data(), kMaxSeqs, MPI_UINT64_T, all_held.data(), kMaxSeqs, MPI_UINT64_T, st.comm);
+  auto in = [&](const std::vector<std::uint64_t>& v, int r, std::uint64_t s) {
+    auto b = v.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * kMaxSeqs);
+    return s != 0 && std::find(b, b + kMaxSeqs, s) != b + kMaxSeqs;
+  };
+  auto partner_of = [&](int r) {
+    int offset = (st.partner - st.rank + st.size) % st.size;
+    return (r + offset) % st.size;
+  };
+  // The newest seq every rank can restore, from its store or its partner's.
+  std::vector<std::uint64_t> candidates(all_own.begin(), all_own.end());
+  std::sort(candidates.rbegin(), candidates.rend());
+  std::uint64_t chosen = 0;
+  for (std::uint64_t s : candidates) {
+    if (s == 0) break;
+    bool everyone = true;
+    for (int r = 0; r < st.size && everyone; ++r)
+      everyone = in(all_own, r, s) || (st.options.partner_copies && in(all_held, partner_of(r), s));
+    if (everyone) {
+      chosen = s;
+      break;
+    }
+  }
+  if (chosen == 0) return std::nullopt;
+  // Its name, from the lowest rank that has a record of it.
+  int knows = -1;
+  for (auto& [nm, s] : recs)
+    if (s == chosen) knows = st.rank;
+  int root = 0;
+  int mine = knows >= 0 ? st.rank : st.size;
+  MPI_Allreduce(&mine, &root, 1, MPI_INT, MPI_MIN, st.comm);
+  char name_buf[256] = {};
+  if (st.rank == root)
+    for (auto& [nm, s] : recs)
+      if (s == chosen) std::strncpy(name_buf, nm.c_str(), sizeof name_buf - 1);
+  MPI_Bcast(name_buf, sizeof name_buf, MPI_CHAR, root, st.comm);
+  const std::string name = name_buf;
+
+  // Parts a rank lacks come back from its partner.
+  const bool need = !in(all_own, st.rank, chosen);
+  const bool client_needs = st.options.partner_copies && !in(all_own, st.client, chosen);
+  all_or_throw(st.comm, st.size, "the parts of global snapshot '" + name + "' lost with a store could not be brought back from partners", [&] {
+    if (!need && !client_needs) return;
+    exchange(
+        st.comm, st.client,
+        client_needs ? std::function<void(int)>([&](int fd) { transfer::send(st.store, st.copies_session(st.client) + "/" + name, fd); })
+                     : std::function<void(int)>(),
+        st.partner,
+        need ? std::function<void(int)>([&](int fd) {
+          Store here = Store::open(st.store.path());  // its own lock, as in snapshot()
+          for (auto& i : here.list(st.name))
+            if (i.name == name) here.remove(st.name, name);  // a damaged leftover
+          transfer::receive(here, fd, {.session = st.name});
+        })
+             : std::function<void(int)>());
+    if (need) st.record(name, chosen);
+  });
+  all_or_throw(st.comm, st.size, "global snapshot '" + name + "' could not be restored on every rank", [&] { st.local.restore(name); });
+  return name;
+}
+
+}  // namespace dvr::mpi
