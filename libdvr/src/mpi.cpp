@@ -107,6 +107,7 @@ std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& 
   bool send_done = !produce, recv_done = !consume, final_sent = !produce;
   std::vector<char> sbuf(1 << 20), rbuf;
   MPI_Request sreq = MPI_REQUEST_NULL;
+  int idle = 0;
   while (!send_done || !recv_done || sreq != MPI_REQUEST_NULL) {
     bool progress = false;
     if (sreq != MPI_REQUEST_NULL) {
@@ -153,7 +154,11 @@ std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& 
         progress = true;
       }
     }
-    if (!progress) sched_yield();
+    // Waiting: yield at first, then sleep a little, so that this loop does
+    // not take the CPU the stream's own threads (and other ranks) need.
+    if (progress) idle = 0;
+    else if (++idle < 64) sched_yield();
+    else ::usleep(idle < 1024 ? 50 : 500);
   }
   if (producer.joinable()) producer.join();
   if (consumer.joinable()) consumer.join();
