@@ -13,6 +13,8 @@
 
 #include <dvr/dvr.hpp>
 
+#include "regions.hpp"
+
 #include <map>
 #include <memory>
 #include <optional>
@@ -35,10 +37,6 @@ PyObject* exception_for(dvr::Errc code) {
   auto i = static_cast<std::size_t>(code);
   if (i < std::size(g_exc.by_code) && g_exc.by_code[i]) return g_exc.by_code[i];
   return g_exc.base;
-}
-
-[[noreturn]] void invalid(const std::string& message) {
-  throw dvr::Error(dvr::Errc::invalid_argument, message);
 }
 
 void register_exceptions(py::module_& m) {
@@ -103,143 +101,17 @@ dvr::Tracking parse_tracking(const std::string& s) {
   invalid("unknown tracking mode '" + s + "': use \"write_protect\" or \"hash\"");
 }
 
-std::string type_name(py::handle obj) {
-  return py::str(py::type::handle_of(obj).attr("__name__"));
-}
-
-// A Py_buffer held for as long as a region is tracked.
-struct HeldBuffer {
-  Py_buffer view{};
-  bool held = false;
-  HeldBuffer() = default;
-  HeldBuffer(const HeldBuffer&) = delete;
-  HeldBuffer& operator=(const HeldBuffer&) = delete;
-  ~HeldBuffer() {
-    if (held) PyBuffer_Release(&view);
-  }
-};
-
-// The exporter behind every memoryview onto SDK-owned memory (alloc()ed regions,
-// clone regions). `owner` keeps the Session or Clone alive; `token` tells the
-// owner that some view may still point into the memory.
-struct MemoryOwner {
-  py::object owner;
-  void* data = nullptr;
-  std::size_t size = 0;
-  bool readonly = false;
-  std::shared_ptr<int> token;
-};
-
-py::memoryview view_of(py::object owner, void* data, std::size_t size, bool readonly,
-                       std::shared_ptr<int> token) {
-  auto holder = std::make_unique<MemoryOwner>();
-  holder->owner = std::move(owner);
-  holder->data = data;
-  holder->size = size;
-  holder->readonly = readonly;
-  holder->token = std::move(token);
-  py::object exporter = py::cast(std::move(holder));
-  PyObject* mv = PyMemoryView_FromObject(exporter.ptr());
-  if (!mv) throw py::error_already_set();
-  return py::reinterpret_steal<py::memoryview>(mv);
-}
-
-py::dict region_info_dict(const dvr::RegionInfo& r) {
-  py::dict d;
-  d["name"] = r.name;
-  d["size"] = r.size;
-  d["sdk_owned"] = r.sdk_owned;
-  return d;
-}
-
-py::dict snapshot_info_dict(const dvr::SnapshotInfo& i) {
-  py::dict d;
-  d["session"] = i.session;
-  d["name"] = i.name;
-  d["parent"] = i.parent;
-  d["label"] = i.label;
-  d["time_ns"] = i.time_ns;
-  d["logical_bytes"] = i.logical_bytes;
-  d["stored_bytes"] = i.stored_bytes;
-  d["chunks"] = i.chunks;
-  d["zero_chunks"] = i.zero_chunks;
-  py::list regions;
-  for (const auto& r : i.regions) regions.append(region_info_dict(r));
-  d["regions"] = regions;
-  d["tracking"] = i.tracking;
-  d["chunks_read"] = i.chunks_read;
-  d["damaged"] = i.damaged;
-  d["damage"] = i.damage;
-  return d;
-}
-
 // ---------------------------------------------------------------- Session
 
 struct PySession {
-  // Declared before `session` so that they are released after it: the library
-  // lets go of the memory first, then Python gets its buffers back.
-  std::map<std::string, std::unique_ptr<HeldBuffer>> buffers;
-  std::map<std::string, py::object> objects;  // the tracked Python objects
-  std::map<std::string, std::shared_ptr<int>> tokens;  // alloc()ed regions
+  RegionBuffers regions;  // before `session`: released after it (regions.hpp)
   std::optional<dvr::Session> session;
 
   dvr::Session& get() {
     if (!session) invalid("memdvr: the session is closed");
     return *session;
   }
-
-  void check_no_views(const std::string& region) {
-    auto it = tokens.find(region);
-    if (it != tokens.end() && it->second.use_count() > 1)
-      invalid("region '" + region + "' of session '" + get().name() +
-              "' is still referenced by " + std::to_string(it->second.use_count() - 1) +
-              " Python buffer(s) (arrays or memoryviews from alloc()/array()): delete them "
-              "before untracking it or closing the session");
-  }
-
-  void forget(const std::string& region) {
-    tokens.erase(region);
-    objects.erase(region);
-    buffers.erase(region);
-  }
 };
-
-void session_track(PySession& s, const std::string& name, py::object obj) {
-  dvr::Session& session = s.get();
-  auto held = std::make_unique<HeldBuffer>();
-  if (PyObject_GetBuffer(obj.ptr(), &held->view, PyBUF_RECORDS_RO) != 0) {
-    PyErr_Clear();
-    invalid("cannot track region '" + name + "': a " + type_name(obj) +
-            " does not expose a buffer (track a numpy array, bytearray or memoryview)");
-  }
-  held->held = true;
-  if (held->view.readonly)
-    invalid("cannot track region '" + name + "': the " + type_name(obj) +
-            " is read-only (a bytes object, or an array with writeable=False); "
-            "track a writable buffer");
-  if (!PyBuffer_IsContiguous(&held->view, 'C'))
-    invalid("cannot track region '" + name + "': the " + type_name(obj) +
-            " is not C-contiguous (a strided slice such as a[::2], or a transposed "
-            "array); track np.ascontiguousarray(a) instead");
-  session.track(name, held->view.buf, static_cast<std::size_t>(held->view.len));
-  s.buffers[name] = std::move(held);
-  s.objects[name] = std::move(obj);
-}
-
-py::memoryview session_alloc(py::object self, const std::string& name, std::size_t size) {
-  auto& s = self.cast<PySession&>();
-  dvr::Region& r = s.get().alloc(name, size);
-  auto token = std::make_shared<int>(0);
-  s.tokens[name] = token;
-  return view_of(self, r.data(), r.size(), false, token);
-}
-
-py::object session_buffer(py::object self, const std::string& name) {
-  auto& s = self.cast<PySession&>();
-  dvr::Region& r = s.get().region(name);
-  if (auto it = s.objects.find(name); it != s.objects.end()) return it->second;
-  return view_of(self, r.data(), r.size(), false, s.tokens[name]);
-}
 
 // ---------------------------------------------------------------- Clone
 
@@ -247,12 +119,6 @@ struct PyClone {
   std::unique_ptr<dvr::Clone> clone;
 };
 
-py::list regions_list(const std::vector<dvr::Region*>& regions) {
-  py::list out;
-  for (const dvr::Region* r : regions)
-    out.append(region_info_dict({r->name(), r->size(), r->sdk_owned()}));
-  return out;
-}
 
 }  // namespace
 
@@ -261,11 +127,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("__version__") = dvr::version();
   register_exceptions(m);
 
-  py::class_<MemoryOwner>(m, "_MemoryOwner", py::buffer_protocol())
-      .def_buffer([](MemoryOwner& o) {
-        return py::buffer_info(o.data, 1, py::format_descriptor<std::uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(o.size)}, {1}, o.readonly);
-      });
+  register_memory_owner(m);
 
   // ---- Store
   py::class_<dvr::Store>(m, "Store", "A handle to an open store (a directory of snapshots).")
@@ -419,21 +281,34 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("store", [](PySession& s) { return s.get().store(); })
       .def_property_readonly("head", [](PySession& s) { return s.get().head(); })
       .def_property_readonly("closed", [](PySession& s) { return !s.session.has_value(); })
-      .def("track", &session_track, py::arg("name"), py::arg("buffer"),
-           "Tracks a writable C-contiguous buffer in place (zero-copy); holds a reference to it.")
-      .def("alloc", &session_alloc, py::arg("name"), py::arg("size"),
-           "Allocates an SDK-owned, zero-filled region; returns a writable memoryview onto it.")
+      .def(
+          "track", [](PySession& s, const std::string& name, py::object obj) { s.regions.track(s.get(), name, std::move(obj)); },
+          py::arg("name"), py::arg("buffer"),
+          "Tracks a writable C-contiguous buffer in place (zero-copy); holds a reference to it.")
+      .def(
+          "alloc",
+          [](py::object self, const std::string& name, std::size_t size) {
+            auto& s = self.cast<PySession&>();
+            return s.regions.alloc(self, s.get(), name, size);
+          },
+          py::arg("name"), py::arg("size"),
+          "Allocates an SDK-owned, zero-filled region; returns a writable memoryview onto it.")
       .def(
           "untrack",
           [](PySession& s, const std::string& name) {
             s.get().region(name);  // not_found first
-            s.check_no_views(name);
+            s.regions.check_no_views(s.get().name(), name);
             s.get().untrack(name);
-            s.forget(name);
+            s.regions.forget(name);
           },
           py::arg("name"))
-      .def("buffer", &session_buffer, py::arg("name"),
-           "The tracked object, or a new memoryview onto an SDK-owned region.")
+      .def(
+          "buffer",
+          [](py::object self, const std::string& name) {
+            auto& s = self.cast<PySession&>();
+            return s.regions.buffer(self, s.get(), name);
+          },
+          py::arg("name"), "The tracked object, or a new memoryview onto an SDK-owned region.")
       .def("regions", [](PySession& s) { return regions_list(s.get().regions()); })
       .def(
           "snapshot",
@@ -494,11 +369,9 @@ PYBIND11_MODULE(_core, m) {
       .def("close",
            [](PySession& s) {
              if (!s.session) return;
-             for (const auto& [name, token] : s.tokens) s.check_no_views(name);
+             s.regions.check_no_views(s.session->name());
              s.session.reset();
-             s.tokens.clear();
-             s.objects.clear();
-             s.buffers.clear();
+             s.regions.clear();
            },
            "Ends the session: forgets every region and releases the tracked buffers.");
 

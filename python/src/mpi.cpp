@@ -27,56 +27,15 @@
 #include <dvr/dvr.hpp>
 #include <dvr/mpi.hpp>
 
+#include "regions.hpp"
+
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-namespace py = pybind11;
-
 namespace {
-
-[[noreturn]] void invalid(const std::string& message) {
-  throw dvr::Error(dvr::Errc::invalid_argument, message);
-}
-
-std::string type_name(py::handle obj) {
-  return py::str(py::type::handle_of(obj).attr("__name__"));
-}
-
-// A Py_buffer held for as long as a region is tracked.
-struct HeldBuffer {
-  Py_buffer view{};
-  bool held = false;
-  HeldBuffer() = default;
-  HeldBuffer(const HeldBuffer&) = delete;
-  HeldBuffer& operator=(const HeldBuffer&) = delete;
-  ~HeldBuffer() {
-    if (held) PyBuffer_Release(&view);
-  }
-};
-
-// The exporter behind every memoryview onto an SDK-owned region. `owner` keeps
-// the LocalSession alive; `token` tells it that a view may still point there.
-struct MemoryOwner {
-  py::object owner;
-  void* data = nullptr;
-  std::size_t size = 0;
-  std::shared_ptr<int> token;
-};
-
-py::memoryview view_of(py::object owner, void* data, std::size_t size, std::shared_ptr<int> token) {
-  auto holder = std::make_unique<MemoryOwner>();
-  holder->owner = std::move(owner);
-  holder->data = data;
-  holder->size = size;
-  holder->token = std::move(token);
-  py::object exporter = py::cast(std::move(holder));
-  PyObject* mv = PyMemoryView_FromObject(exporter.ptr());
-  if (!mv) throw py::error_already_set();
-  return py::reinterpret_steal<py::memoryview>(mv);
-}
 
 py::dict global_info_dict(const dvr::mpi::GlobalInfo& g) {
   py::dict d;
@@ -88,43 +47,10 @@ py::dict global_info_dict(const dvr::mpi::GlobalInfo& g) {
   return d;
 }
 
-// The same dicts as memdvr._core (core.cpp), which memdvr.Session reads.
-py::dict region_info_dict(const std::string& name, std::size_t size, bool sdk_owned) {
-  py::dict d;
-  d["name"] = name;
-  d["size"] = size;
-  d["sdk_owned"] = sdk_owned;
-  return d;
-}
-
-py::dict snapshot_info_dict(const dvr::SnapshotInfo& i) {
-  py::dict d;
-  d["session"] = i.session;
-  d["name"] = i.name;
-  d["parent"] = i.parent;
-  d["label"] = i.label;
-  d["time_ns"] = i.time_ns;
-  d["logical_bytes"] = i.logical_bytes;
-  d["stored_bytes"] = i.stored_bytes;
-  d["chunks"] = i.chunks;
-  d["zero_chunks"] = i.zero_chunks;
-  py::list regions;
-  for (const auto& r : i.regions) regions.append(region_info_dict(r.name, r.size, r.sdk_owned));
-  d["regions"] = regions;
-  d["tracking"] = i.tracking;
-  d["chunks_read"] = i.chunks_read;
-  d["damaged"] = i.damaged;
-  d["damage"] = i.damage;
-  return d;
-}
-
 // ---------------------------------------------------------------- MpiSession
 
 struct MpiSession {
-  // Declared before `mpi`, so released after it (see the top of the file).
-  std::map<std::string, std::unique_ptr<HeldBuffer>> buffers;
-  std::map<std::string, py::object> objects;           // the tracked Python objects
-  std::map<std::string, std::shared_ptr<int>> tokens;  // alloc()ed regions
+  RegionBuffers regions;  // before `mpi`: released after it (see the top of the file)
   std::unique_ptr<dvr::mpi::Session> mpi;
 
   dvr::mpi::Session& get() {
@@ -132,21 +58,6 @@ struct MpiSession {
     return *mpi;
   }
   dvr::Session& local() { return get().local(); }
-
-  void check_no_views(const std::string& region) {
-    auto it = tokens.find(region);
-    if (it != tokens.end() && it->second.use_count() > 1)
-      invalid("region '" + region + "' of session '" + local().name() + "' is still referenced by " +
-              std::to_string(it->second.use_count() - 1) +
-              " Python buffer(s) (arrays or memoryviews from alloc()/array()): delete them "
-              "before untracking it or closing the session");
-  }
-
-  void forget(const std::string& region) {
-    tokens.erase(region);
-    objects.erase(region);
-    buffers.erase(region);
-  }
 };
 
 // The rank's local session: a view of its MpiSession.
@@ -155,51 +66,12 @@ struct LocalSession {
   MpiSession* s = nullptr;
 };
 
-LocalSession& as_local(py::handle self) { return self.cast<LocalSession&>(); }
-
-void local_track(LocalSession& l, const std::string& name, py::object obj) {
-  MpiSession& s = *l.s;
-  dvr::Session& session = s.local();
-  auto held = std::make_unique<HeldBuffer>();
-  if (PyObject_GetBuffer(obj.ptr(), &held->view, PyBUF_RECORDS_RO) != 0) {
-    PyErr_Clear();
-    invalid("cannot track region '" + name + "': a " + type_name(obj) +
-            " does not expose a buffer (track a numpy array, bytearray or memoryview)");
-  }
-  held->held = true;
-  if (held->view.readonly)
-    invalid("cannot track region '" + name + "': the " + type_name(obj) +
-            " is read-only (a bytes object, or an array with writeable=False); track a writable buffer");
-  if (!PyBuffer_IsContiguous(&held->view, 'C'))
-    invalid("cannot track region '" + name + "': the " + type_name(obj) +
-            " is not C-contiguous (a strided slice such as a[::2], or a transposed array); "
-            "track np.ascontiguousarray(a) instead");
-  session.track(name, held->view.buf, static_cast<std::size_t>(held->view.len));
-  s.buffers[name] = std::move(held);
-  s.objects[name] = std::move(obj);
-}
-
-py::memoryview local_alloc(py::object self, const std::string& name, std::size_t size) {
-  MpiSession& s = *as_local(self).s;
-  dvr::Region& r = s.local().alloc(name, size);
-  auto token = std::make_shared<int>(0);
-  s.tokens[name] = token;
-  return view_of(self, r.data(), r.size(), token);
-}
-
-py::object local_buffer(py::object self, const std::string& name) {
-  MpiSession& s = *as_local(self).s;
-  dvr::Region& r = s.local().region(name);
-  if (auto it = s.objects.find(name); it != s.objects.end()) return it->second;
-  return view_of(self, r.data(), r.size(), s.tokens[name]);
-}
-
 void local_untrack(LocalSession& l, const std::string& name) {
   MpiSession& s = *l.s;
   s.local().region(name);  // not_found first
-  s.check_no_views(name);
+  s.regions.check_no_views(s.local().name(), name);
   s.local().untrack(name);
-  s.forget(name);
+  s.regions.forget(name);
 }
 
 }  // namespace
@@ -219,11 +91,7 @@ PYBIND11_MODULE(_mpi, m) {
       },
       "MPI_Get_library_version() of the MPI library this module is linked to.");
 
-  py::class_<MemoryOwner>(m, "_MemoryOwner", py::buffer_protocol(), py::module_local())
-      .def_buffer([](MemoryOwner& o) {
-        return py::buffer_info(o.data, 1, py::format_descriptor<std::uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(o.size)}, {1}, false);
-      });
+  register_memory_owner(m);
 
   // ---- LocalSession: what memdvr.Session calls on memdvr._core.Session.
   py::class_<LocalSession>(m, "LocalSession",
@@ -233,20 +101,28 @@ PYBIND11_MODULE(_mpi, m) {
       .def_property_readonly("store", [](LocalSession& l) { return l.s->local().store(); })
       .def_property_readonly("head", [](LocalSession& l) { return l.s->local().head(); })
       .def_property_readonly("closed", [](LocalSession& l) { return !l.s->mpi; })
-      .def("track", &local_track, py::arg("name"), py::arg("buffer"),
-           "Tracks a writable C-contiguous buffer in place (zero-copy); holds a reference to it.")
-      .def("alloc", &local_alloc, py::arg("name"), py::arg("size"),
-           "Allocates an SDK-owned, zero-filled region; returns a writable memoryview onto it.")
+      .def(
+          "track",
+          [](LocalSession& l, const std::string& name, py::object obj) { l.s->regions.track(l.s->local(), name, std::move(obj)); },
+          py::arg("name"), py::arg("buffer"),
+          "Tracks a writable C-contiguous buffer in place (zero-copy); holds a reference to it.")
+      .def(
+          "alloc",
+          [](py::object self, const std::string& name, std::size_t size) {
+            MpiSession& s = *self.cast<LocalSession&>().s;
+            return s.regions.alloc(self, s.local(), name, size);
+          },
+          py::arg("name"), py::arg("size"),
+          "Allocates an SDK-owned, zero-filled region; returns a writable memoryview onto it.")
       .def("untrack", &local_untrack, py::arg("name"))
-      .def("buffer", &local_buffer, py::arg("name"),
-           "The tracked object, or a new memoryview onto an SDK-owned region.")
-      .def("regions",
-           [](LocalSession& l) {
-             py::list out;
-             for (const dvr::Region* r : l.s->local().regions())
-               out.append(region_info_dict(r->name(), r->size(), r->sdk_owned()));
-             return out;
-           })
+      .def(
+          "buffer",
+          [](py::object self, const std::string& name) {
+            MpiSession& s = *self.cast<LocalSession&>().s;
+            return s.regions.buffer(self, s.local(), name);
+          },
+          py::arg("name"), "The tracked object, or a new memoryview onto an SDK-owned region.")
+      .def("regions", [](LocalSession& l) { return regions_list(l.s->local().regions()); })
       .def(
           "snapshot",
           [](LocalSession& l, const std::string& name, const std::string& label, bool replace) {
@@ -395,11 +271,9 @@ PYBIND11_MODULE(_mpi, m) {
           "close",
           [](MpiSession& s) {
             if (!s.mpi) return;
-            for (const auto& [name, token] : s.tokens) s.check_no_views(name);
+            s.regions.check_no_views(s.local().name());
             s.mpi.reset();
-            s.tokens.clear();
-            s.objects.clear();
-            s.buffers.clear();
+            s.regions.clear();
           },
           "Ends the session: forgets every local region and releases the tracked buffers.");
 }
