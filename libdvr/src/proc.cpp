@@ -183,6 +183,21 @@ struct WorkDir {
   }
 };
 
+// A mapping of a whole file, unmapped on destruction.
+struct Map {
+  void* p = MAP_FAILED;
+  std::size_t n = 0;
+  Map(int fd, std::size_t len, int prot, int flags, const std::string& what) : n(len) {
+    p = ::mmap(nullptr, len, prot, flags, fd, 0);
+    if (p == MAP_FAILED) detail::throw_errno(errno, "cannot map " + what);
+  }
+  ~Map() {
+    if (p != MAP_FAILED) ::munmap(p, n);
+  }
+  Map(const Map&) = delete;
+  Map& operator=(const Map&) = delete;
+};
+
 // After CRIU failed: the plugin's reason (if it gave one), the error lines of
 // CRIU's log, and where the log is kept for the operator.
 struct CriuFailure {
@@ -539,20 +554,9 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
   // chunks, compared page by page with the newest earlier dump of the same
   // command, so what did not change is not stored again.
   try {
-    struct Map {
-      void* p = MAP_FAILED;
-      std::size_t n = 0;
-      ~Map() {
-        if (p != MAP_FAILED) ::munmap(p, n);
-      }
-    };
     std::vector<std::unique_ptr<Map>> maps;
     auto map_file = [&](const std::string& p, std::uint64_t n, int fd) {
-      auto m = std::make_unique<Map>();
-      m->n = n;
-      m->p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (m->p == MAP_FAILED) detail::throw_errno(errno, "cannot map CRIU image " + p);
-      maps.push_back(std::move(m));
+      maps.push_back(std::make_unique<Map>(fd, n, PROT_READ, MAP_PRIVATE, "CRIU image " + p));
       return maps.back()->p;
     };
     Session s(store, kImageSession, SessionOptions{.tracking = Tracking::hash});
@@ -718,13 +722,6 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   std::optional<WorkDir> work_dir(std::in_place, store.path(), "restore-" + name);
   WorkDir& work = *work_dir;
   {
-    struct Map {
-      void* p = MAP_FAILED;
-      std::size_t n = 0;
-      ~Map() {
-        if (p != MAP_FAILED) ::munmap(p, n);
-      }
-    };
     std::vector<std::unique_ptr<Map>> maps;
     std::string meta;
     Session s(store, kImageSession, SessionOptions{.tracking = Tracking::hash});
@@ -778,10 +775,9 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
       std::string path = work.path + "/" + r.name;
       Fd fd = detail::open_or_throw(path, O_RDWR | O_CREAT | O_EXCL);
       if (::ftruncate(fd.get(), static_cast<off_t>(r.size)) != 0) detail::throw_errno(errno, "cannot size " + path);
-      auto m = std::make_unique<Map>();
-      m->n = r.size;
-      m->p = ::mmap(nullptr, r.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
-      if (m->p == MAP_FAILED) detail::throw_errno(errno, "cannot map " + path);
+      // Populated in one go: a GiB of page images faulted in page by page
+      // would cost more than copying it.
+      auto m = std::make_unique<Map>(fd.get(), r.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, path);
       s.track(r.name, m->p, r.size);
       maps.push_back(std::move(m));
     }
