@@ -433,12 +433,25 @@ def test_damaged_image_is_refused_and_nothing_is_half_restored(work, damage):
         pack = max(packs, key=lambda p: largest_data_extent(p)[1])
         offset, length = largest_data_extent(pack)
         assert length > 0, f"no data in {pack}"
-        at = offset + length // 2
-        with open(pack, "r+b") as f:
-            f.seek(at)
-            b = f.read(1)
-            f.seek(at)
-            f.write(bytes([b[0] ^ 0x40]))
+        # Space reserved for a snapshot but left unused (its chunk was found
+        # stored already) also reads as data: flip bytes from the middle on
+        # until `dvr verify` sees the damage, i.e. the byte belongs to the
+        # snapshot.
+        def flip(at):
+            with open(pack, "r+b") as f:
+                f.seek(at)
+                b = f.read(1)
+                f.seek(at)
+                f.write(bytes([b[0] ^ 0x40]))
+        step = max(4096, length // 64)
+        candidates = [offset + length // 2 + k * step for k in range(64)] + [offset + k * step for k in range(64)]
+        for at in (a for a in candidates if offset <= a < offset + length):
+            flip(at)
+            if work.dvr("verify", expect=None).returncode != 0:
+                break
+            flip(at)  # not referenced: put it back
+        else:
+            pytest.fail(f"no byte of {pack} that the snapshot references was found to damage")
         patterns = [r"corrupt|checksum"]
     else:
         for p in packs:
