@@ -33,9 +33,9 @@
 
 #include "dvr/error.hpp"
 #include "dvr/proc.hpp"
-#include "os.hpp"
-#include "proc_heaps.hpp"
-#include "store_impl.hpp"
+#include "base/os.hpp"
+#include "proc/proc_heaps.hpp"
+#include "store/store_impl.hpp"
 
 extern "C" {
 #include <criu/criu-plugin.h>

@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 
-#include "manifest.hpp"
+#include "format/manifest.hpp"
 #include "test_support.hpp"
 
 using namespace dvr;

@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 
-#include "dirty.hpp"
+#include "track/dirty.hpp"
 
 using dvr::detail::AddrRange;
 using dvr::detail::WriteTracker;

@@ -7,7 +7,7 @@
 
 #include <set>
 
-#include "manifest.hpp"
+#include "format/manifest.hpp"
 #include "test_support.hpp"
 
 using dvr::Errc;

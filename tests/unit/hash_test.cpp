@@ -4,7 +4,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "hash.hpp"
+#include "base/hash.hpp"
 #include "test_support.hpp"
 
 using dvr::detail::Hash128;

@@ -5,7 +5,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "proc_heaps.hpp"
+#include "proc/proc_heaps.hpp"
 #include "test_support.hpp"
 
 using namespace dvr;

@@ -7,8 +7,8 @@
 #include <map>
 #include <random>
 
-#include "manifest.hpp"
-#include "chunks.hpp"
+#include "format/manifest.hpp"
+#include "format/chunks.hpp"
 #include "test_support.hpp"
 
 using namespace dvr;

@@ -2,8 +2,8 @@
 // truncation, bit flips, version handling and tables that lie.
 #include <cstring>
 
-#include "hash.hpp"
-#include "manifest.hpp"
+#include "base/hash.hpp"
+#include "format/manifest.hpp"
 #include "test_support.hpp"
 
 using dvr::Errc;

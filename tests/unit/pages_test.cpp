@@ -13,8 +13,8 @@
 #include <optional>
 #include <set>
 
-#include "chunks.hpp"
-#include "manifest.hpp"
+#include "format/chunks.hpp"
+#include "format/manifest.hpp"
 #include "test_support.hpp"
 
 using namespace dvr;

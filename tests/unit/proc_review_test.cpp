@@ -16,7 +16,7 @@
 #include <chrono>
 #include <thread>
 
-#include "proc_heaps.hpp"
+#include "proc/proc_heaps.hpp"
 #include "test_support.hpp"
 
 using namespace dvr;

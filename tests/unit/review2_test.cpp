@@ -17,7 +17,7 @@
 
 #include "dvr/arena.hpp"
 #include "dvr/transfer.hpp"
-#include "hash.hpp"
+#include "base/hash.hpp"
 #include "test_support.hpp"
 
 using namespace dvr;

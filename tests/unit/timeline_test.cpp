@@ -3,8 +3,8 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
-#include "chunks.hpp"
-#include "manifest.hpp"
+#include "format/chunks.hpp"
+#include "format/manifest.hpp"
 #include "test_support.hpp"
 
 using namespace dvr;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "manifest.hpp"
+#include "format/manifest.hpp"
 
 namespace dvr::detail {
 

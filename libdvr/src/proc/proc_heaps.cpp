@@ -1,5 +1,5 @@
 // DVR persistent heaps in whole-process snapshots (see proc_heaps.hpp).
-#include "proc_heaps.hpp"
+#include "proc/proc_heaps.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -16,10 +16,10 @@
 #include <set>
 #include <sstream>
 
-#include "dirty.hpp"
+#include "track/dirty.hpp"
 #include "dvr/session.hpp"
-#include "os.hpp"
-#include "store_impl.hpp"
+#include "base/os.hpp"
+#include "store/store_impl.hpp"
 
 namespace dvr::detail::heaps {
 

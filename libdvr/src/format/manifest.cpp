@@ -1,4 +1,4 @@
-#include "manifest.hpp"
+#include "format/manifest.hpp"
 
 #include <bit>
 #include <cstring>

@@ -10,9 +10,9 @@
 
 #include "dvr/clone.hpp"
 #include "dvr/dvr.hpp"
-#include "chunks.hpp"
-#include "memops.hpp"
-#include "store_impl.hpp"
+#include "format/chunks.hpp"
+#include "base/memops.hpp"
+#include "store/store_impl.hpp"
 
 namespace dvr {
 

@@ -1,4 +1,4 @@
-#include "memops.hpp"
+#include "base/memops.hpp"
 
 #include <cstdint>
 #include <cstring>

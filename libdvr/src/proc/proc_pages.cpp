@@ -1,5 +1,5 @@
 // CRIU page images laid out by virtual address (see proc_pages.hpp).
-#include "proc_pages.hpp"
+#include "proc/proc_pages.hpp"
 
 #include <sys/mman.h>
 

@@ -16,13 +16,13 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "chunks.hpp"
+#include "format/chunks.hpp"
 #include "dvr/proc.hpp"
 #include "dvr/session.hpp"
-#include "hash.hpp"
-#include "manifest.hpp"
-#include "os.hpp"
-#include "store_impl.hpp"
+#include "base/hash.hpp"
+#include "format/manifest.hpp"
+#include "base/os.hpp"
+#include "store/store_impl.hpp"
 
 namespace dvr::transfer {
 

@@ -1,10 +1,10 @@
-#include "chunks.hpp"
+#include "format/chunks.hpp"
 
 #include <cstring>
 
 #include "dvr/error.hpp"
-#include "memops.hpp"
-#include "pack.hpp"
+#include "base/memops.hpp"
+#include "format/pack.hpp"
 
 namespace dvr::detail {
 

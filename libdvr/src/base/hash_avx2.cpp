@@ -1,6 +1,6 @@
 // XXH3-128 and XXH3-64 compiled for AVX2 (this file only is built with -mavx2); hash.cpp
 // calls it when the CPU has AVX2. Same function, same results, faster code path.
-#include "hash.hpp"
+#include "base/hash.hpp"
 
 #if defined(__x86_64__)
 #define XXH_INLINE_ALL

@@ -24,8 +24,8 @@
 #include <thread>
 
 #include "dvr/transfer.hpp"
-#include "os.hpp"
-#include "store_impl.hpp"
+#include "base/os.hpp"
+#include "store/store_impl.hpp"
 
 namespace dvr::mpi {
 

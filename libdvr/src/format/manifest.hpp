@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "hash.hpp"
+#include "base/hash.hpp"
 
 namespace dvr::detail {
 

@@ -27,10 +27,10 @@
 
 #include "dvr/clone.hpp"
 #include "dvr/session.hpp"
-#include "os.hpp"
-#include "proc_heaps.hpp"
-#include "proc_pages.hpp"
-#include "store_impl.hpp"
+#include "base/os.hpp"
+#include "proc/proc_heaps.hpp"
+#include "proc/proc_pages.hpp"
+#include "store/store_impl.hpp"
 
 extern char** environ;
 

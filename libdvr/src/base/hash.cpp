@@ -1,4 +1,4 @@
-#include "hash.hpp"
+#include "base/hash.hpp"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>

@@ -1,6 +1,6 @@
-#include "dirty.hpp"
+#include "track/dirty.hpp"
 
-#include "os.hpp"
+#include "base/os.hpp"
 
 #include <fcntl.h>
 #include <linux/userfaultfd.h>

@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "c_api_impl.hpp"  // the handles (dvr_store, dvr_session) and guarded()
+#include "capi/c_api_impl.hpp"  // the handles (dvr_store, dvr_session) and guarded()
 #include "dvr/dvr.hpp"
 
 namespace {

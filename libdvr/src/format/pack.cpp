@@ -1,4 +1,4 @@
-#include "pack.hpp"
+#include "format/pack.hpp"
 
 #include <fcntl.h>
 #include <libpmem2.h>
@@ -13,8 +13,8 @@
 #include <mutex>
 #include <cstring>
 
-#include "memops.hpp"
-#include "os.hpp"
+#include "base/memops.hpp"
+#include "base/os.hpp"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it

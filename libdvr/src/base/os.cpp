@@ -1,4 +1,4 @@
-#include "os.hpp"
+#include "base/os.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

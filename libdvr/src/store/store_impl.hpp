@@ -12,10 +12,10 @@
 #include <unordered_map>
 
 #include "dvr/store.hpp"
-#include "flat_map.hpp"
-#include "manifest.hpp"
-#include "os.hpp"
-#include "pack.hpp"
+#include "base/flat_map.hpp"
+#include "format/manifest.hpp"
+#include "base/os.hpp"
+#include "format/pack.hpp"
 
 namespace dvr::detail {
 

@@ -15,9 +15,9 @@
 #include <sstream>
 
 #include "dvr/dvr.hpp"
-#include "memops.hpp"
-#include "chunks.hpp"
-#include "store_impl.hpp"
+#include "base/memops.hpp"
+#include "format/chunks.hpp"
+#include "store/store_impl.hpp"
 
 namespace dvr {
 

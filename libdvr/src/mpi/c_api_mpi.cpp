@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "c_api_impl.hpp"
+#include "capi/c_api_impl.hpp"
 #include "dvr/mpi.hpp"
 
 struct dvr_mpi_session {

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "dvr/store.hpp"
-#include "hash.hpp"
-#include "os.hpp"
+#include "base/hash.hpp"
+#include "base/os.hpp"
 
 namespace dvr::detail {
 

@@ -16,11 +16,11 @@
 #include <pthread.h>
 
 #include "dvr/session.hpp"
-#include "chunks.hpp"
-#include "dirty.hpp"
-#include "memops.hpp"
-#include "proc_heaps.hpp"
-#include "store_impl.hpp"
+#include "format/chunks.hpp"
+#include "track/dirty.hpp"
+#include "base/memops.hpp"
+#include "proc/proc_heaps.hpp"
+#include "store/store_impl.hpp"
 
 namespace dvr {
 
