@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 
+#include "test_support.hpp"
 #include "track/dirty.hpp"
 
 using dvr::detail::AddrRange;
@@ -26,10 +27,7 @@ struct Pages {
 TEST_CASE("tracker: reports exactly the pages written, once, and keeps watching", "[dirty]") {
   std::string why;
   auto t = WriteTracker::open(&why);
-  if (!t) {
-    WARN("write tracking unavailable here: " << why);
-    return;
-  }
+  if (!t) DVR_SKIP("write tracking unavailable here: " << why);
   Pages mem(64);
   std::memset(mem.p, 1, mem.size);  // populated before tracking starts
   REQUIRE(t->add(mem.range(), &why));
@@ -56,10 +54,7 @@ TEST_CASE("tracker: reports exactly the pages written, once, and keeps watching"
 TEST_CASE("tracker: never-touched pages and MADV_DONTNEED are never missed", "[dirty]") {
   std::string why;
   auto t = WriteTracker::open(&why);
-  if (!t) {
-    WARN("write tracking unavailable here: " << why);
-    return;
-  }
+  if (!t) DVR_SKIP("write tracking unavailable here: " << why);
   Pages mem(32);  // not populated at all
   REQUIRE(t->add(mem.range(), &why));
   std::vector<AddrRange> w;
@@ -86,10 +81,7 @@ TEST_CASE("tracker: never-touched pages and MADV_DONTNEED are never missed", "[d
 TEST_CASE("tracker: reprotect forgets our own writes, and unmapped memory is reported as untracked", "[dirty]") {
   std::string why;
   auto t = WriteTracker::open(&why);
-  if (!t) {
-    WARN("write tracking unavailable here: " << why);
-    return;
-  }
+  if (!t) DVR_SKIP("write tracking unavailable here: " << why);
   Pages mem(16);
   REQUIRE(t->add(mem.range(), &why));
   std::memset(mem.p, 1, mem.size);
