@@ -135,6 +135,9 @@ class PackWriter {
   /// Records the page hashes of the pages copied at rel (page-aligned).
   void set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count);
   void finish();
+  /// The bytes at rel as written (through the pack's write mapping, which
+  /// stays mapped until Packs::end_writes()).
+  const char* written(std::uint64_t rel) const { return base_ + rel; }
 
  private:
   friend class Packs;

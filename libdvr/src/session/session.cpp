@@ -21,6 +21,7 @@
 #include "base/memops.hpp"
 #include "proc/proc_heaps.hpp"
 #include "store/store_impl.hpp"
+#include "store/writer.hpp"
 
 namespace dvr {
 
@@ -99,6 +100,11 @@ struct Session::State {
   bool changed_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out, bool* tracked);
   // After a successful snapshot or restore: protect the written pages again.
   void rearm();
+  // The regions as the writer's sources, each with what changed since the
+  // base when that is known; *tracked_any: some of it came from the tracker.
+  std::vector<detail::RegionSource> sources(bool* tracked_any);
+  // After a snapshot was published: it is the new base and head.
+  void adopt(Manifest&& m);
   const ManifestRegion* base_region(const Region& r) const;
   // Tracking notes of persistent regions (proc_heaps.hpp): written after a
   // snapshot or restore, removed whenever the record they describe ends.
@@ -234,23 +240,7 @@ bool Session::State::changed_since_base(const Region& r, std::vector<std::pair<s
   out.clear();
   const ManifestRegion* br = base_region(r);
   if (!br || !base->paged) return false;
-  // The region's pages are consecutive in the base's page hash table.
-  const std::uint64_t* expect = base->page_hashes.data() + base->first_page[br->first_chunk];
-  const std::size_t pages = detail::pages_in(r.size());
-  std::vector<char> differs(pages, 0);
-  auto data = static_cast<const char*>(r.data());
-  detail::parallel_for(pages, r.size(), [&](std::size_t b, std::size_t e) {
-    for (std::size_t p = b; p < e; ++p) {
-      std::size_t len = std::min<std::uint64_t>(detail::kPageSize, r.size() - p * detail::kPageSize);
-      differs[p] = detail::page_hash(data + p * detail::kPageSize, len) != expect[p];
-    }
-  });
-  for (std::size_t p = 0; p < pages; ++p) {
-    if (!differs[p]) continue;
-    std::uint64_t lo = p * detail::kPageSize, hi = std::min<std::uint64_t>(lo + detail::kPageSize, r.size());
-    if (!out.empty() && out.back().second == lo) out.back().second = hi;
-    else out.emplace_back(lo, hi);
-  }
+  out = detail::pages_differing(*base, *br, static_cast<const char*>(r.data()), r.size());
   return true;
 }
 
@@ -494,387 +484,54 @@ void Session::untrack(const std::string& name) {
   rs.erase(it);
 }
 
-namespace {
-
-// Region-relative byte ranges -> per-page and per-chunk "written" marks.
-struct WrittenPages {
-  std::vector<char> page;   // page of the region written since the base
-  std::vector<char> chunk;  // chunk holds a written page
-  WrittenPages(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges, std::uint64_t size, std::uint32_t chunk_size)
-      : page(detail::pages_in(size), 0), chunk((size + chunk_size - 1) / chunk_size, 0) {
-    for (auto& [b, e] : ranges)
-      for (std::uint64_t p = b / detail::kPageSize; p * detail::kPageSize < e && p < page.size(); ++p) {
-        page[p] = 1;
-        chunk[p * detail::kPageSize / chunk_size] = 1;
-      }
+std::vector<detail::RegionSource> Session::State::sources(bool* tracked_any) {
+  std::vector<detail::RegionSource> out;
+  *tracked_any = false;
+  for (auto& r : regions) {
+    detail::RegionSource src{r->name(), static_cast<const char*>(r->data()), r->size(), r->sdk_owned(), std::nullopt};
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+    bool tracked = false;
+    if (changed_since_base(*r, ranges, &tracked)) {
+      *tracked_any = *tracked_any || tracked;
+      src.written = std::move(ranges);
+    }
+    out.push_back(std::move(src));
   }
-};
+  return out;
+}
 
-enum class Plan : std::uint8_t { inherit, patch, whole };
-
-// Work estimate for parallel_for: scattered pages cost far more than their
-// bytes (a page-table walk and often a fault each), so each counts as 16 KiB.
-constexpr std::uint64_t kPageWork = 16u << 10;
-
-}  // namespace
+void Session::State::adopt(Manifest&& m) {
+  for (auto& [region, t] : tracks) t.synced = true;
+  // The notes describe the marks about to be cleared: gone first, so that no
+  // moment (nor a failure to write the new ones) leaves a stale one.
+  for (auto& [region, file] : heap_files) drop_note(*region);
+  // Live memory now equals this snapshot: track writes relative to it.
+  rearm();
+  head = m.name;
+  replace_base(std::move(m));
+  last_snapshot = std::chrono::steady_clock::now();
+  external.clear();
+  publish_notes();
+}
 
 SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& options) {
-  using detail::kPageSize;
   detail::check_name("snapshot", name);
-  StoreImpl& store = *state_->store.impl_;
-  const std::string ref = StoreImpl::ref(state_->name, name);
   if (state_->regions.empty())
     throw Error(Errc::invalid_argument, "session '" + state_->name + "' has no regions to snapshot as '" + name +
                                             "'; track() or alloc() memory first");
+  // What changed since the base: asked of the tracker, or found by hashing,
+  // before the store is locked.
+  bool tracked = false;
+  std::vector<detail::RegionSource> sources = state_->sources(&tracked);
 
-  Manifest m = std::move(state_->spare);
+  detail::WriteBatch batch(*state_->store.impl_);
+  detail::SnapshotWriter writer(batch, state_->name, name, {.label = options.label, .parent = state_->head, .replace = options.replace},
+                                &state_->spare);
   state_->spare = Manifest{};
-  m.regions.clear();
-  m.chunks.clear();
-  m.page_hashes.clear();
-  m.overlays.clear();
-  m.untrusted.clear();
-  m.paged = true;
-  m.session = state_->name;
-  m.name = name;
-  m.parent = state_->head;
-  m.label = options.label;
-  m.chunk_size = store.chunk_size;
-  const std::uint32_t pages_per_chunk = detail::pages_in(m.chunk_size);
-  std::vector<const char*> src;
-  // Per region: the pages written since the base, when the tracker knows them.
-  std::vector<std::optional<WrittenPages>> written(state_->regions.size());
-  std::vector<const ManifestRegion*> base_regions(state_->regions.size(), nullptr);
-  bool tracked_any = false;
-  for (std::size_t ri = 0; ri < state_->regions.size(); ++ri) {
-    Region& r = *state_->regions[ri];
-    std::uint64_t count = (r.size() + m.chunk_size - 1) / m.chunk_size;
-    m.regions.push_back({r.name(), r.size(), r.sdk_owned(), m.chunks.size(), count});
-    auto base = static_cast<const char*>(r.data());
-    for (std::uint64_t i = 0; i < count; ++i) {
-      ChunkRef c;
-      c.length = static_cast<std::uint32_t>(std::min<std::uint64_t>(m.chunk_size, r.size() - i * m.chunk_size));
-      m.chunks.push_back(c);
-      src.push_back(base + i * m.chunk_size);
-    }
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
-    bool tracked = false;
-    if (state_->changed_since_base(r, ranges, &tracked)) {
-      tracked_any = tracked_any || tracked;
-      written[ri].emplace(ranges, r.size(), m.chunk_size);
-      base_regions[ri] = state_->base_region(r);
-    }
-  }
-  m.index();
-  m.page_hashes.assign(m.first_page.back(), 0);
-
-  std::lock_guard<std::mutex> guard(store.mu);
-  StoreImpl::Lock lock(store, true);
-  if (!options.replace && detail::path_exists(store.manifest_path(m.session, name)))
-    throw Error(Errc::already_exists, "snapshot '" + ref + "' exists already; pick another name, pass replace, or `dvr rm " + ref + "` first");
-  store.refresh_index();
-  if (name == m.parent) {
-    // Replacing the head: the new version takes the old one's place in the
-    // timeline instead of becoming its own parent.
-    try {
-      m.parent = store.load_manifest(m.session, name, nullptr, false).parent;
-    } catch (const Error&) {
-      m.parent.clear();
-    }
-  }
-  store.packs->map_all();
-
-  // Chunks with no page written since the base are taken from its manifest,
-  // provided the base is still stored exactly as the session knows it (it may
-  // have been removed and its space reused). A chunk with a few written pages
-  // keeps the base's stored bytes and gets those pages stored apart
-  // (overlays); other chunks are hashed and stored whole.
-  const Manifest* base = state_->base && state_->base->paged &&
-                                 store.manifest_indexed(state_->base->session, state_->base->name, state_->base->checksum)
-                             ? &*state_->base
-                             : nullptr;
-  std::vector<Plan> plan(m.chunks.size(), Plan::whole);
-  std::vector<std::size_t> base_chunk(m.chunks.size(), 0);
-  // Patched chunk i: its written pages are pages[page_from[i] .. page_from[i+1]).
-  std::vector<std::uint32_t> pages;
-  std::vector<std::uint32_t> page_from(m.chunks.size() + 1, 0);
-  for (std::size_t ri = 0; base && ri < m.regions.size(); ++ri) {
-    const ManifestRegion* br = base_regions[ri];
-    if (!written[ri] || !br) continue;
-    const ManifestRegion& mr = m.regions[ri];
-    for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
-      std::size_t i = mr.first_chunk + j, bi = br->first_chunk + j;
-      base_chunk[i] = bi;
-      page_from[i] = page_from[i + 1] = static_cast<std::uint32_t>(pages.size());
-      if (!base->trusted(bi)) continue;  // its stored copy is damaged: read the live bytes again
-      if (!written[ri]->chunk[j]) {
-        plan[i] = Plan::inherit;
-        continue;
-      }
-      for (std::uint32_t p = 0; p < m.pages_of(i); ++p)
-        if (written[ri]->page[j * pages_per_chunk + p]) pages.push_back(p);
-      // Pages stored apart afterwards: the base's overlays and the written
-      // pages that are not among them.
-      std::size_t apart = base->first_overlay[bi + 1] - base->first_overlay[bi];
-      for (std::size_t x = page_from[i]; x < pages.size(); ++x) {
-        bool already = false;
-        for (std::uint32_t k = base->first_overlay[bi]; k < base->first_overlay[bi + 1] && !already; ++k)
-          already = base->overlays[k].page == pages[x];
-        apart += already ? 0 : 1;
-      }
-      if (apart * 4 <= m.pages_of(i)) plan[i] = Plan::patch;
-      else pages.resize(page_from[i]);
-      page_from[i + 1] = static_cast<std::uint32_t>(pages.size());
-    }
-  }
-  // (Ranges are meaningful for patched chunks only.)
-  auto patch_count = [&](std::size_t i) { return page_from[i + 1] - page_from[i]; };
-  std::vector<std::size_t> todo;
-  std::vector<std::uint64_t> slot{0};  // slot[k]: bytes todo[0..k) could need at most
-  std::uint64_t total = 0;
-  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
-    if (plan[i] == Plan::inherit) {
-      m.chunks[i] = base->chunks[base_chunk[i]];
-      std::copy_n(base->hashes_of(base_chunk[i]), m.pages_of(i), m.page_hashes.begin() + static_cast<std::ptrdiff_t>(m.first_page[i]));
-      continue;
-    }
-    std::uint64_t need = plan[i] == Plan::patch ? patch_count(i) * kPageSize : detail::round_up_page(m.chunks[i].length);
-    todo.push_back(i);
-    slot.push_back(slot.back() + need);
-    total += plan[i] == Plan::patch ? patch_count(i) * kPageWork : need;
-  }
-  // The overlays of patched chunk i go to patched[ov_from[i] ..], ov_count[i]
-  // of them (room for the base's and one per written page). Sized here, so
-  // that the workers allocate nothing.
-  std::vector<std::size_t> ov_from(m.chunks.size(), 0);
-  std::vector<std::uint32_t> ov_count(m.chunks.size(), 0);
-  std::size_t ov_room = 0;
-  for (std::size_t i : todo)
-    if (plan[i] == Plan::patch) {
-      ov_from[i] = ov_room;
-      ov_room += base->first_overlay[base_chunk[i] + 1] - base->first_overlay[base_chunk[i]] + patch_count(i);
-    }
-  std::vector<detail::Overlay> patched(ov_room);
-
-  StoreImpl::AllocationScope allocation(store);
-
-  // One pass per chunk: hash it, and if the store lacks it, copy it into a
-  // block of free pack space while it is still in cache. Each thread takes
-  // blocks of growing size as it needs them, so a snapshot that adds little
-  // takes little space. The index is only read here.
-  constexpr std::uint64_t kMinBlock = 1u << 20, kMaxBlock = 64u << 20;
-  constexpr std::uint64_t kMinReserveStep = 256u << 10, kMaxReserveStep = 8u << 20;
-  constexpr std::uint64_t kMaxRun = 256u << 10;
-  std::atomic<std::uint64_t> stored{0};
-  detail::parallel_for(todo.size(), total, [&](std::size_t b, std::size_t e) {
-    struct Block {
-      StoreImpl::Placement at;
-      std::uint64_t length = 0, used = 0, reserved = 0;
-      std::optional<detail::PackWriter> writer;
-    } block;
-    // Blocks start at an eighth of what the slice could need (at least 1 MiB)
-    // and double: few blocks for big snapshots, small ones for small snapshots.
-    std::uint64_t block_size = detail::round_up_page(std::clamp((slot[e] - slot[b]) / 8, kMinBlock, kMaxBlock));
-    std::uint64_t step = kMinReserveStep, written_here = 0;
-    std::unordered_map<detail::Hash128, std::size_t, detail::Hash128Hasher> mine;
-    std::vector<std::uint32_t> changed;  // pages of the current patched chunk that changed
-    struct {
-      std::uint64_t dst = 0;
-      const char* src = nullptr;
-      std::uint64_t len = 0;
-    } run;
-    auto flush = [&] {
-      if (run.len) block.writer->copy(run.dst, run.src, run.len);
-      run.len = 0;
-    };
-    auto close_block = [&] {
-      if (!block.writer) return;
-      flush();
-      // Space reserved but not used stays allocated: it is free space the next
-      // snapshot fills without faulting its pages in again (gc punches it).
-      block.writer->finish();  // on this thread: drains its own non-temporal stores
-      block.writer.reset();
-    };
-    // Stores `len` bytes from `from`, whose page hashes are `hashes`, in free
-    // pack space; k: position in todo.
-    auto place = [&](std::size_t k, const char* from, std::uint64_t len, const std::uint64_t* hashes) -> detail::PageLoc {
-      std::uint64_t need = detail::round_up_page(len);
-      if (!block.writer || block.used + need > block.length) {
-        close_block();
-        std::uint64_t size = std::max(need, std::min(block_size, slot[e] - slot[k]));
-        block_size = std::min(block_size * 2, kMaxBlock);
-        auto placed = allocation.take(size);
-        block.at = placed.first;
-        block.length = size;
-        block.used = block.reserved = 0;
-        block.writer.emplace(std::move(placed.second));
-      }
-      if (block.used + need > block.reserved) {
-        // Reserve in growing steps: few calls for big snapshots, little
-        // over-reservation for small ones.
-        std::uint64_t take = std::min(std::max(step, block.used + need - block.reserved), block.length - block.reserved);
-        block.writer->reserve(block.reserved, take);
-        block.reserved += take;
-        step = std::min(step * 2, kMaxReserveStep);
-      }
-      if (run.len && run.src + run.len == from && run.dst + run.len == block.used && run.len < kMaxRun) {
-        run.len += len;
-      } else {
-        flush();
-        run = {block.used, from, len};
-      }
-      detail::PageLoc at{block.at.pack, block.at.offset + block.used};
-      block.writer->set_hashes(block.used, hashes, detail::pages_in(len));
-      block.used += need;
-      written_here += need;
-      return at;
-    };
-    try {
-      for (std::size_t k = b; k < e; ++k) {
-        const std::size_t i = todo[k];
-        auto& c = m.chunks[i];
-        std::uint64_t* hashes = m.page_hashes.data() + m.first_page[i];
-        const std::uint32_t npages = m.pages_of(i);
-        if (k + 1 < e && plan[todo[k + 1]] == Plan::patch) {
-          // Written pages are scattered: start loading the next chunk's
-          // while this one is hashed, instead of stalling on each in turn.
-          const std::size_t next = todo[k + 1];
-          for (std::uint32_t x = page_from[next]; x < page_from[next + 1]; ++x)
-            for (std::uint64_t line = 0; line < 512; line += 64) __builtin_prefetch(src[next] + pages[x] * kPageSize + line);
-        }
-        if (plan[i] == Plan::patch) {
-          // The base's stored bytes, with the written pages that changed
-          // stored apart.
-          const std::size_t bi = base_chunk[i];
-          detail::ChunkView was = detail::view_of(*base, bi);
-          c = *was.ref;
-          std::copy_n(was.pages, npages, hashes);
-          detail::Overlay* ov = patched.data() + ov_from[i];
-          std::uint32_t n_ov = static_cast<std::uint32_t>(was.overlay_count);
-          std::copy_n(was.overlays, n_ov, ov);
-          changed.clear();
-          for (std::uint32_t x = page_from[i]; x < page_from[i + 1]; ++x) {
-            const std::uint32_t p = pages[x];
-            const char* now = src[i] + p * kPageSize;
-            const std::uint32_t len = was.page_length(p);
-            const std::uint64_t h = detail::page_hash(now, len);
-            if (h == was.pages[p]) {
-              // Written but perhaps unchanged: compare with the stored page.
-              detail::PageLoc at = was.location(p);
-              const char* old = at.pack ? store.packs->mapped(at.pack, at.offset, len) : nullptr;
-              if (at.pack ? old && std::memcmp(old, now, len) == 0 : detail::all_zero(now, len)) continue;
-            }
-            hashes[p] = h;
-            changed.push_back(p);
-          }
-          c.hash = detail::tree_hash(hashes, npages);
-          if (changed.empty()) {
-            ov_count[i] = n_ov;
-            for (std::uint32_t x = 0; x < n_ov; ++x) ov[x].chunk = i;
-            continue;
-          }
-          // Back to content stored whole before (a trial undone by hand, say):
-          // point at that copy, after comparing the bytes.
-          if (const ChunkRef* known = store.find_chunk(c.hash, src[i], c.length)) {
-            c.pack = known->pack;
-            c.offset = known->offset;
-            ov_count[i] = 0;
-            continue;
-          }
-          for (std::uint32_t p : changed) {
-            const char* now = src[i] + p * kPageSize;
-            const std::uint32_t len = was.page_length(p);
-            const std::uint64_t h = hashes[p];
-            detail::Overlay o{i, p, 0, 0};
-            if (!(h == detail::zero_page_hash(len) && detail::all_zero(now, len))) {
-              detail::PageLoc at = place(k, now, len, &hashes[p]);
-              o.pack = at.pack;
-              o.offset = at.offset;
-            }
-            std::uint32_t pos = 0;
-            while (pos < n_ov && ov[pos].page < p) ++pos;
-            if (pos == n_ov || ov[pos].page != p) {
-              std::copy_backward(ov + pos, ov + n_ov, ov + n_ov + 1);
-              ++n_ov;
-            }
-            ov[pos] = o;
-          }
-          for (std::uint32_t x = 0; x < n_ov; ++x) ov[x].chunk = i;
-          ov_count[i] = n_ov;
-          continue;
-        }
-        detail::hash_pages(src[i], c.length, hashes);
-        c.hash = detail::tree_hash(hashes, npages);
-        if (detail::is_zero_tree(c.hash, c.length) && detail::all_zero(src[i], c.length)) {
-          c.pack = 0;
-          c.offset = 0;
-          continue;
-        }
-        // Reuse a stored copy, or one written by this snapshot, only if it
-        // holds exactly these bytes.
-        const ChunkRef* known = store.find_chunk(c.hash, src[i], c.length);
-        if (!known) {
-          auto it = mine.find(c.hash);
-          if (it != mine.end() && std::memcmp(src[it->second], src[i], c.length) == 0) known = &m.chunks[it->second];
-        }
-        if (known) {
-          c.pack = known->pack;
-          c.offset = known->offset;
-          continue;
-        }
-        detail::PageLoc at = place(k, src[i], c.length, hashes);
-        c.pack = at.pack;
-        c.offset = at.offset;
-        mine.emplace(c.hash, i);
-      }
-      close_block();
-    } catch (...) {
-      run.len = 0;
-      if (block.writer) block.writer->finish();
-      throw;
-    }
-    stored += written_here;
-  });
-
-  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
-    if (plan[i] == Plan::inherit) {
-      for (std::uint32_t k = base->first_overlay[base_chunk[i]]; k < base->first_overlay[base_chunk[i] + 1]; ++k) {
-        m.overlays.push_back(base->overlays[k]);
-        m.overlays.back().chunk = i;
-      }
-    } else if (plan[i] == Plan::patch) {
-      m.overlays.insert(m.overlays.end(), patched.begin() + static_cast<std::ptrdiff_t>(ov_from[i]),
-                        patched.begin() + static_cast<std::ptrdiff_t>(ov_from[i] + ov_count[i]));
-    }
-  }
-  m.index();
-  m.stored_bytes = stored.load();
-  m.chunks_read = todo.size();
-  m.flags = tracked_any ? detail::kManifestTrackedWrites : 0;
-  m.time_ns = detail::now_ns();
+  detail::write_snapshot(writer, sources, state_->base ? &*state_->base : nullptr, tracked);
   std::exception_ptr after_commit;
-  try {
-    store.publish_manifest(m);  // the commit point
-  } catch (const Error& e) {
-    // Only syncing the directory may have failed after the rename: then the
-    // snapshot exists, and its space must not be given back.
-    if (!store.manifest_unchanged(m)) throw;
-    after_commit = std::make_exception_ptr(Error(e.code(), "snapshot '" + ref + "' was taken, but " + e.what() +
-                                                                 "; it may not survive a crash of the machine"));
-  }
-  allocation.commit();
-  store.index_published(store.manifest_path(m.session, m.name), m);
-  for (auto& [region, t] : state_->tracks) t.synced = true;
-  // The notes describe the marks about to be cleared: gone first, so that no
-  // moment (nor a failure to write the new ones) leaves a stale one.
-  for (auto& [region, file] : state_->heap_files) state_->drop_note(*region);
-  // Live memory now equals this snapshot: track writes relative to it.
-  state_->rearm();
-  state_->replace_base(std::move(m));
-  state_->last_snapshot = std::chrono::steady_clock::now();
-  state_->head = name;
-  state_->external.clear();
-  state_->publish_notes();
+  batch.publish({&writer}, &after_commit);
+  state_->adopt(std::move(writer.published()));
   if (after_commit) std::rethrow_exception(after_commit);
   return detail::info_from_manifest(*state_->base);
 }
@@ -924,7 +581,7 @@ void Session::restore(const std::string& name) {
     std::uint64_t copy_bytes = 0;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
     const ManifestRegion* br = nullptr;
-    std::optional<WrittenPages> w;
+    std::optional<detail::WrittenPages> w;
     bool tracked = false;
     if (state_->changed_since_base(*live, ranges, &tracked)) {
       // Live memory is the base snapshot except the pages written since: copy
@@ -980,7 +637,7 @@ void Session::restore(const std::string& name) {
   std::vector<std::size_t> touched;
   for (auto& j : jobs) {
     copy_bytes += std::min<std::uint64_t>(j.p1 * kPageSize, m.chunks[j.chunk].length) - j.p0 * kPageSize;
-    work += std::max<std::uint64_t>(kPageWork, (j.p1 - j.p0) * kPageSize);
+    work += std::max<std::uint64_t>(detail::kPageWork, (j.p1 - j.p0) * kPageSize);
     if (touched.empty() || touched.back() != j.chunk) touched.push_back(j.chunk);
   }
   auto damaged = [&](std::size_t chunk, std::uint64_t lo, std::uint64_t hi, const std::string& why) {

@@ -1,0 +1,497 @@
+#include "store/writer.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+
+#include "base/memops.hpp"
+#include "base/os.hpp"
+#include "format/chunks.hpp"
+
+namespace dvr::detail {
+
+namespace {
+
+// Blocks of pack space a lane takes: from an eighth of what it could need (at
+// least 1 MiB), doubling up to 64 MiB. Reservations on the file system grow
+// the same way, from 256 KiB to 8 MiB. Adjacent copies are merged up to
+// 256 KiB.
+constexpr std::uint64_t kMinBlock = 1u << 20, kMaxBlock = 64u << 20;
+constexpr std::uint64_t kMinReserveStep = 256u << 10, kMaxReserveStep = 8u << 20;
+constexpr std::uint64_t kMaxRun = 256u << 10;
+
+
+
+
+}  // namespace
+
+bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::uint32_t* pages, std::size_t count,
+                       std::uint32_t chunk_pages) {
+  std::size_t apart = base.first_overlay[base_chunk + 1] - base.first_overlay[base_chunk];
+  for (std::size_t x = 0; x < count; ++x) {
+    bool already = false;
+    for (std::uint32_t k = base.first_overlay[base_chunk]; k < base.first_overlay[base_chunk + 1] && !already; ++k)
+      already = base.overlays[k].page == pages[x];
+    apart += already ? 0 : 1;
+  }
+  return apart * 4 <= chunk_pages;
+}
+
+ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size) {
+  // The region's pages are consecutive in the base's page hash table.
+  const std::uint64_t* expect = base.page_hashes.data() + base.first_page[region.first_chunk];
+  const std::size_t pages = pages_in(size);
+  std::vector<char> differs(pages, 0);
+  parallel_for(pages, size, [&](std::size_t b, std::size_t e) {
+    for (std::size_t p = b; p < e; ++p) {
+      std::size_t len = std::min<std::uint64_t>(kPageSize, size - p * kPageSize);
+      differs[p] = page_hash(data + p * kPageSize, len) != expect[p];
+    }
+  });
+  ByteRanges out;
+  for (std::size_t p = 0; p < pages; ++p) {
+    if (!differs[p]) continue;
+    std::uint64_t lo = p * kPageSize, hi = std::min<std::uint64_t>(lo + kPageSize, size);
+    if (!out.empty() && out.back().second == lo) out.back().second = hi;
+    else out.emplace_back(lo, hi);
+  }
+  return out;
+}
+
+// ---- WriteBatch ---------------------------------------------------------------
+
+WriteBatch::WriteBatch(StoreImpl& store) : store_(store), guard_(store.mu), lock_(store, true), space_(store) {
+  store_.refresh_index();
+  store_.packs->map_all();
+}
+
+WriteBatch::~WriteBatch() = default;
+
+std::vector<SnapshotInfo> WriteBatch::publish(const std::vector<SnapshotWriter*>& writers, std::exception_ptr* after_commit_out) {
+  for (SnapshotWriter* w : writers) w->assemble();
+  std::vector<const Manifest*> done;
+  std::exception_ptr after_commit;
+  for (SnapshotWriter* w : writers) {
+    Manifest& m = w->m_;
+    const std::string ref = StoreImpl::ref(m.session, m.name);
+    try {
+      store_.publish_manifest(m);  // the commit point
+      done.push_back(&m);
+    } catch (const Error& e) {
+      // Only syncing the directory may have failed after the rename: then the
+      // snapshot exists, and its space must not be given back.
+      if (store_.manifest_unchanged(m)) {
+        done.push_back(&m);
+        if (!after_commit)
+          after_commit = std::make_exception_ptr(
+              Error(e.code(), "snapshot '" + ref + "' was taken, but " + e.what() + "; it may not survive a crash of the machine"));
+        continue;
+      }
+      // All or nothing: take back the ones published before this one.
+      for (auto it = done.rbegin(); it != done.rend(); ++it) {
+        ::unlink(store_.manifest_path((*it)->session, (*it)->name).c_str());
+        try {
+          fsync_dir(store_.session_dir((*it)->session));
+        } catch (const Error&) {
+        }
+      }
+      throw;
+    }
+  }
+  space_.commit();
+  std::vector<SnapshotInfo> out;
+  for (const Manifest* m : done) {
+    store_.index_published(store_.manifest_path(m->session, m->name), *m);
+    out.push_back(info_from_manifest(*m));
+  }
+  if (after_commit) {
+    if (!after_commit_out) std::rethrow_exception(after_commit);
+    *after_commit_out = after_commit;
+  }
+  return out;
+}
+
+// ---- SnapshotWriter -----------------------------------------------------------
+
+SnapshotWriter::SnapshotWriter(WriteBatch& batch, const std::string& session, const std::string& name, const WriterOptions& options,
+                               Manifest* reuse)
+    : batch_(batch) {
+  check_name("session", session);
+  check_name("snapshot", name);
+  StoreImpl& store = batch_.store();
+  const std::string ref = StoreImpl::ref(session, name);
+  if (!options.replace && path_exists(store.manifest_path(session, name)))
+    throw Error(Errc::already_exists, "snapshot '" + ref + "' exists already; pick another name, pass replace, or `dvr rm " + ref + "` first");
+  if (reuse) m_ = std::move(*reuse);
+  m_.regions.clear();
+  m_.chunks.clear();
+  m_.page_hashes.clear();
+  m_.overlays.clear();
+  m_.untrusted.clear();
+  m_.paged = true;
+  m_.session = session;
+  m_.name = name;
+  m_.parent = options.parent;
+  m_.label = options.label;
+  m_.chunk_size = store.chunk_size;
+  m_.flags = 0;
+  m_.chunks_read = 0;
+  m_.checksum = 0;
+  if (name == m_.parent) {
+    // Replacing the head: the new version takes the old one's place in the
+    // timeline instead of becoming its own parent.
+    try {
+      m_.parent = store.load_manifest(session, name, nullptr, false).parent;
+    } catch (const Error&) {
+      m_.parent.clear();
+    }
+  }
+}
+
+void SnapshotWriter::add_region(const std::string& name, std::uint64_t size, bool sdk_owned) {
+  if (sealed_) throw Error(Errc::io, "internal error: region '" + name + "' added after its snapshot's table was sealed");
+  const std::uint64_t count = (size + m_.chunk_size - 1) / m_.chunk_size;
+  m_.regions.push_back({name, size, sdk_owned, m_.chunks.size(), count});
+  for (std::uint64_t i = 0; i < count; ++i) {
+    ChunkRef c;
+    c.length = static_cast<std::uint32_t>(std::min<std::uint64_t>(m_.chunk_size, size - i * m_.chunk_size));
+    m_.chunks.push_back(c);
+  }
+}
+
+void SnapshotWriter::seal() {
+  sealed_ = true;
+  m_.index();
+  m_.page_hashes.assign(m_.first_page.back(), 0);
+  const std::size_t n = m_.chunks.size();
+  from_.assign(n, From::none);
+  base_chunk_.assign(n, 0);
+  ov_from_.assign(n, 0);
+  ov_count_.assign(n, 0);
+  patched_.clear();
+}
+
+bool SnapshotWriter::use_base(const Manifest* base) {
+  base_ = nullptr;
+  if (base && base->paged && base->chunk_size == m_.chunk_size && base->hydrated() &&
+      batch_.store().manifest_indexed(base->session, base->name, base->checksum))
+    base_ = base;
+  return base_ != nullptr;
+}
+
+void SnapshotWriter::inherit(std::size_t chunk, std::size_t base_chunk) {
+  m_.chunks[chunk] = base_->chunks[base_chunk];
+  std::copy_n(base_->hashes_of(base_chunk), m_.pages_of(chunk), m_.page_hashes.begin() + static_cast<std::ptrdiff_t>(m_.first_page[chunk]));
+  from_[chunk] = From::inherit;
+  base_chunk_[chunk] = base_chunk;
+}
+
+void SnapshotWriter::zero(std::size_t chunk) {
+  ChunkRef& c = m_.chunks[chunk];
+  std::uint64_t* hashes = m_.page_hashes.data() + m_.first_page[chunk];
+  for (std::uint32_t p = 0; p < m_.pages_of(chunk); ++p)
+    hashes[p] = zero_page_hash(std::min<std::uint64_t>(kPageSize, c.length - std::uint64_t{p} * kPageSize));
+  c.hash = tree_hash(hashes, m_.pages_of(chunk));
+  c.pack = 0;
+  c.offset = 0;
+  from_[chunk] = From::zero;
+}
+
+void SnapshotWriter::plan_patch(std::size_t chunk, std::size_t base_chunk, std::uint32_t changed) {
+  from_[chunk] = From::patch;
+  base_chunk_[chunk] = base_chunk;
+  ov_from_[chunk] = patched_.size();
+  // Room for the base's overlays and one per changed page.
+  patched_.resize(patched_.size() + (base_->first_overlay[base_chunk + 1] - base_->first_overlay[base_chunk]) + changed);
+}
+
+void SnapshotWriter::set_provenance(bool tracked_writes, std::uint64_t chunks_read) {
+  m_.flags = tracked_writes ? kManifestTrackedWrites : 0;
+  m_.chunks_read = chunks_read;
+}
+
+void SnapshotWriter::assemble() {
+  m_.overlays.clear();
+  for (std::size_t i = 0; i < m_.chunks.size(); ++i) {
+    switch (from_[i]) {
+      case From::none:
+        throw Error(Errc::io, "internal error: chunk " + std::to_string(i) + " of snapshot '" + StoreImpl::ref(m_.session, m_.name) +
+                                  "' was never written; nothing was published");
+      case From::inherit:
+        for (std::uint32_t k = base_->first_overlay[base_chunk_[i]]; k < base_->first_overlay[base_chunk_[i] + 1]; ++k) {
+          m_.overlays.push_back(base_->overlays[k]);
+          m_.overlays.back().chunk = i;
+        }
+        break;
+      case From::patch:
+        m_.overlays.insert(m_.overlays.end(), patched_.begin() + static_cast<std::ptrdiff_t>(ov_from_[i]),
+                           patched_.begin() + static_cast<std::ptrdiff_t>(ov_from_[i] + ov_count_[i]));
+        break;
+      default:
+        break;
+    }
+  }
+  m_.index();
+  m_.stored_bytes = stored_.load();
+  m_.time_ns = now_ns();
+}
+
+// ---- Lane ---------------------------------------------------------------------
+
+SnapshotWriter::Lane::Lane(SnapshotWriter& writer, std::uint64_t expected, bool stable_sources)
+    : w_(writer),
+      stable_(stable_sources),
+      left_(expected),
+      block_size_(round_up_page(std::clamp(expected / 8, kMinBlock, kMaxBlock))),
+      step_(kMinReserveStep) {}
+
+SnapshotWriter::Lane::~Lane() {
+  if (!block_.writer) return;
+  run_.len = 0;
+  try {
+    block_.writer->finish();  // drains this thread's non-temporal stores
+  } catch (const Error&) {
+  }
+}
+
+void SnapshotWriter::Lane::flush() {
+  if (run_.len) block_.writer->copy(run_.dst, run_.src, run_.len);
+  run_.len = 0;
+}
+
+void SnapshotWriter::Lane::close_block() {
+  if (!block_.writer) return;
+  flush();
+  // Space reserved but not used stays allocated: it is free space the next
+  // snapshot fills without faulting its pages in again (gc punches it).
+  block_.writer->finish();  // on this thread: drains its own non-temporal stores
+  block_.writer.reset();
+}
+
+PageLoc SnapshotWriter::Lane::place(const char* from, std::uint64_t len, const std::uint64_t* hashes) {
+  const std::uint64_t need = round_up_page(len);
+  if (!block_.writer || block_.used + need > block_.length) {
+    close_block();
+    std::uint64_t size = std::max(need, std::min(block_size_, std::max(left_, need)));
+    block_size_ = std::min(block_size_ * 2, kMaxBlock);
+    auto placed = w_.batch_.space().take(size);
+    block_.at = placed.first;
+    block_.length = size;
+    block_.used = block_.reserved = 0;
+    block_.writer.emplace(std::move(placed.second));
+  }
+  if (block_.used + need > block_.reserved) {
+    // Reserve in growing steps: few calls for big snapshots, little
+    // over-reservation for small ones.
+    std::uint64_t take = std::min(std::max(step_, block_.used + need - block_.reserved), block_.length - block_.reserved);
+    block_.writer->reserve(block_.reserved, take);
+    block_.reserved += take;
+    step_ = std::min(step_ * 2, kMaxReserveStep);
+  }
+  if (!stable_) {
+    block_.writer->copy(block_.used, from, len);
+  } else if (run_.len && run_.src + run_.len == from && run_.dst + run_.len == block_.used && run_.len < kMaxRun) {
+    run_.len += len;
+  } else {
+    flush();
+    run_ = {block_.used, from, len};
+  }
+  PageLoc at{block_.at.pack, block_.at.offset + block_.used};
+  block_.writer->set_hashes(block_.used, hashes, pages_in(len));
+  block_.used += need;
+  stored_ += need;
+  return at;
+}
+
+void SnapshotWriter::Lane::put_whole(std::size_t chunk, const char* data) {
+  Manifest& m = w_.m_;
+  ChunkRef& c = m.chunks[chunk];
+  std::uint64_t* hashes = m.page_hashes.data() + m.first_page[chunk];
+  left_ -= std::min(left_, round_up_page(c.length));
+  hash_pages(data, c.length, hashes);
+  c.hash = tree_hash(hashes, m.pages_of(chunk));
+  w_.from_[chunk] = From::whole;
+  if (is_zero_tree(c.hash, c.length) && all_zero(data, c.length)) {
+    c.pack = 0;
+    c.offset = 0;
+    w_.from_[chunk] = From::zero;
+    return;
+  }
+  // Reuse a stored copy, or one written by this lane, only if it holds
+  // exactly these bytes.
+  const ChunkRef* known = w_.store().find_chunk(c.hash, data, c.length);
+  if (!known) {
+    auto it = mine_.find(c.hash);
+    if (it != mine_.end() && std::memcmp(it->second.second, data, c.length) == 0) known = &m.chunks[it->second.first];
+  }
+  if (known) {
+    c.pack = known->pack;
+    c.offset = known->offset;
+    return;
+  }
+  PageLoc at = place(data, c.length, hashes);
+  c.pack = at.pack;
+  c.offset = at.offset;
+  // Later duplicates are compared with the source while it stays valid, else
+  // with the copy just written.
+  const char* kept = stable_ ? data : block_.writer->written(block_.used - round_up_page(c.length));
+  mine_.emplace(c.hash, std::make_pair(chunk, kept));
+}
+
+bool SnapshotWriter::Lane::changed_page(std::size_t chunk, std::uint32_t p, const char* now, std::uint64_t* hashes) {
+  ChunkView was = view_of(*w_.base_, w_.base_chunk_[chunk]);
+  const std::uint32_t len = was.page_length(p);
+  const std::uint64_t h = page_hash(now, len);
+  if (h == was.pages[p]) {
+    // Written but perhaps unchanged: compare with the stored page.
+    PageLoc at = was.location(p);
+    const char* old = at.pack ? w_.store().packs->mapped(at.pack, at.offset, len) : nullptr;
+    if (at.pack ? old && std::memcmp(old, now, len) == 0 : all_zero(now, len)) return false;
+  }
+  hashes[p] = h;
+  return true;
+}
+
+void SnapshotWriter::Lane::apply_patch(std::size_t chunk, const std::vector<std::uint32_t>& changed, const char* const* now) {
+  ChunkView was = view_of(*w_.base_, w_.base_chunk_[chunk]);
+  std::uint64_t* hashes = w_.m_.page_hashes.data() + w_.m_.first_page[chunk];
+  Overlay* ov = w_.patched_.data() + w_.ov_from_[chunk];
+  auto n_ov = static_cast<std::uint32_t>(was.overlay_count);
+  std::copy_n(was.overlays, n_ov, ov);
+  for (std::size_t x = 0; x < changed.size(); ++x) {
+    const std::uint32_t p = changed[x];
+    const std::uint32_t len = was.page_length(p);
+    Overlay o{chunk, p, 0, 0};
+    if (!(hashes[p] == zero_page_hash(len) && all_zero(now[x], len))) {
+      PageLoc at = place(now[x], len, &hashes[p]);
+      o.pack = at.pack;
+      o.offset = at.offset;
+    }
+    std::uint32_t pos = 0;
+    while (pos < n_ov && ov[pos].page < p) ++pos;
+    if (pos == n_ov || ov[pos].page != p) {
+      std::copy_backward(ov + pos, ov + n_ov, ov + n_ov + 1);
+      ++n_ov;
+    }
+    ov[pos] = o;
+  }
+  for (std::uint32_t x = 0; x < n_ov; ++x) ov[x].chunk = chunk;
+  w_.ov_count_[chunk] = n_ov;
+}
+
+void SnapshotWriter::Lane::finish() {
+  close_block();
+  w_.stored_ += stored_;
+  stored_ = 0;
+}
+
+// ---- write_snapshot -------------------------------------------------------------
+
+namespace {
+
+enum class Plan : std::uint8_t { inherit, patch, whole };
+
+// Which chunks to inherit, patch or store whole, and for patched chunks the
+// written pages.
+struct ChunkPlan {
+  std::vector<Plan> plan;
+  std::vector<std::size_t> base_chunk;
+  std::vector<const char*> src;  // each chunk's live bytes
+  // Patched chunk i: its written pages are pages[page_from[i] .. page_from[i+1]).
+  std::vector<std::uint32_t> pages;
+  std::vector<std::uint32_t> page_from;
+  std::uint32_t patch_count(std::size_t i) const { return page_from[i + 1] - page_from[i]; }
+};
+
+ChunkPlan plan_chunks(const Manifest& m, const std::vector<RegionSource>& regions, const Manifest* base) {
+  ChunkPlan cp;
+  const std::size_t n = m.chunks.size();
+  cp.plan.assign(n, Plan::whole);
+  cp.base_chunk.assign(n, 0);
+  cp.page_from.assign(n + 1, 0);
+  cp.src.resize(n);
+  const std::uint32_t pages_per_chunk = pages_in(m.chunk_size);
+  for (std::size_t ri = 0; ri < regions.size(); ++ri) {
+    const ManifestRegion& mr = m.regions[ri];
+    for (std::uint64_t j = 0; j < mr.chunk_count; ++j) cp.src[mr.first_chunk + j] = regions[ri].data + j * m.chunk_size;
+    const ManifestRegion* br = nullptr;
+    for (std::size_t k = 0; base && k < base->regions.size() && !br; ++k)
+      if (base->regions[k].name == mr.name && base->regions[k].size == mr.size) br = &base->regions[k];
+    if (!br || !regions[ri].written) continue;
+    WrittenPages written(*regions[ri].written, mr.size, m.chunk_size);
+    for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
+      const std::size_t i = mr.first_chunk + j, bi = br->first_chunk + j;
+      cp.base_chunk[i] = bi;
+      cp.page_from[i] = cp.page_from[i + 1] = static_cast<std::uint32_t>(cp.pages.size());
+      if (!base->trusted(bi)) continue;  // its stored copy is damaged: read the live bytes again
+      if (!written.chunk[j]) {
+        cp.plan[i] = Plan::inherit;
+        continue;
+      }
+      for (std::uint32_t p = 0; p < m.pages_of(i); ++p)
+        if (written.page[j * pages_per_chunk + p]) cp.pages.push_back(p);
+      const std::size_t first = cp.page_from[i];
+      if (store_pages_apart(*base, bi, cp.pages.data() + first, cp.pages.size() - first, m.pages_of(i))) cp.plan[i] = Plan::patch;
+      else cp.pages.resize(first);
+      cp.page_from[i + 1] = static_cast<std::uint32_t>(cp.pages.size());
+    }
+  }
+  return cp;
+}
+
+}  // namespace
+
+void write_snapshot(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked) {
+  for (auto& r : regions) w.add_region(r.name, r.size, r.sdk_owned);
+  w.seal();
+  if (!w.use_base(base)) base = nullptr;
+  const Manifest& m = w.manifest();
+  const ChunkPlan cp = plan_chunks(m, regions, base);
+
+  // Chunks with no page written since the base are taken from its manifest;
+  // the others are read on every core.
+  std::vector<std::size_t> todo;
+  std::vector<std::uint64_t> slot{0};  // slot[k]: bytes todo[0..k) could need at most
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
+    if (cp.plan[i] == Plan::inherit) {
+      w.inherit(i, cp.base_chunk[i]);
+      continue;
+    }
+    std::uint64_t need = cp.plan[i] == Plan::patch ? cp.patch_count(i) * kPageSize : round_up_page(m.chunks[i].length);
+    if (cp.plan[i] == Plan::patch) w.plan_patch(i, cp.base_chunk[i], cp.patch_count(i));
+    todo.push_back(i);
+    slot.push_back(slot.back() + need);
+    total += cp.plan[i] == Plan::patch ? cp.patch_count(i) * kPageWork : need;
+  }
+
+  // One pass per chunk: hash it, and if the store lacks it, copy it into a
+  // block of free pack space while it is still in cache. The index is only
+  // read here.
+  parallel_for(todo.size(), total, [&](std::size_t b, std::size_t e) {
+    SnapshotWriter::Lane lane(w, slot[e] - slot[b], true);
+    for (std::size_t k = b; k < e; ++k) {
+      const std::size_t i = todo[k];
+      if (k + 1 < e && cp.plan[todo[k + 1]] == Plan::patch) {
+        // Written pages are scattered: start loading the next chunk's while
+        // this one is hashed, instead of stalling on each in turn.
+        const std::size_t next = todo[k + 1];
+        for (std::uint32_t x = cp.page_from[next]; x < cp.page_from[next + 1]; ++x)
+          for (std::uint64_t line = 0; line < 512; line += 64) __builtin_prefetch(cp.src[next] + cp.pages[x] * kPageSize + line);
+      }
+      if (cp.plan[i] == Plan::patch) {
+        const char* data = cp.src[i];
+        lane.put_patch(
+            i, cp.pages.data() + cp.page_from[i], cp.patch_count(i), [data](std::uint32_t p) { return data + p * kPageSize; }, data);
+      } else {
+        lane.put_whole(i, cp.src[i]);
+      }
+    }
+    lane.finish();
+  });
+  w.set_provenance(tracked, todo.size());
+}
+
+}  // namespace dvr::detail

@@ -1,0 +1,283 @@
+// Writing snapshots into a store: the one path by which every producer
+// (sessions, the stream receiver, the CRIU heap code, MPI through sessions
+// and streams) adds data and publishes manifests. docs/format.md, "Commit".
+//
+//   WriteBatch      the exclusive right to add snapshots: store mutex, the
+//                   exclusive store lock, a current chunk index, and the pack
+//                   space taken until the manifests are published.
+//   SnapshotWriter  one snapshot in a batch: the region table, then its chunks
+//                   as they come (whole, zero, inherited from a base, or a
+//                   base's chunk with some pages stored apart), then publish.
+//   Lane            one thread's placement of new data into pack space.
+//   write_snapshot  the planner for memory that is all present at once
+//                   (a session's regions, a process's heap files).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "format/chunks.hpp"
+#include "format/manifest.hpp"
+#include "format/pack.hpp"
+#include "store/store_impl.hpp"
+
+namespace dvr::detail {
+
+/// Region-relative byte ranges [begin, end), sorted and disjoint.
+using ByteRanges = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+
+/// ByteRanges of a region as per-page and per-chunk "written" marks.
+struct WrittenPages {
+  std::vector<char> page;   // page of the region written since the base
+  std::vector<char> chunk;  // chunk holds a written page
+  WrittenPages(const ByteRanges& ranges, std::uint64_t size, std::uint32_t chunk_size)
+      : page(pages_in(size), 0), chunk((size + chunk_size - 1) / chunk_size, 0) {
+    for (auto& [b, e] : ranges)
+      for (std::uint64_t p = b / kPageSize; p * kPageSize < e && p < page.size(); ++p) {
+        page[p] = 1;
+        chunk[p * kPageSize / chunk_size] = 1;
+      }
+  }
+};
+
+/// Work estimate for parallel_for: scattered pages cost far more than their
+/// bytes (a page-table walk and often a fault each), so each counts as 16 KiB.
+inline constexpr std::uint64_t kPageWork = 16u << 10;
+
+/// The patch rule (docs/incremental.md): a chunk of which some pages changed
+/// keeps its base's stored bytes, with the changed pages stored apart, as long
+/// as the pages stored apart afterwards (the base's overlays of that chunk
+/// plus the changed pages not among them) are at most a quarter of its pages.
+/// Past that the chunk is stored whole. `pages` lists the changed pages.
+bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::uint32_t* pages, std::size_t count,
+                       std::uint32_t chunk_pages);
+
+/// The pages of `data` (`size` bytes, region `region` of `base`) whose page
+/// hashes differ from the base's, as ranges; reads all of `data`, on every
+/// core. `region` must be of the same size and `base` paged.
+ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size);
+
+class SnapshotWriter;
+
+/// The exclusive right to add snapshots to a store, from construction to
+/// destruction. While it lives this thread holds the store's mutex and the
+/// exclusive store lock (other writers and readers of the store wait), the
+/// chunk index is current and every pack is mapped for reading; pack space
+/// taken by its writers stays reserved until publish() makes it live, or is
+/// given back when the batch ends without.
+class WriteBatch {
+ public:
+  explicit WriteBatch(StoreImpl& store);
+  ~WriteBatch();
+  WriteBatch(const WriteBatch&) = delete;
+  WriteBatch& operator=(const WriteBatch&) = delete;
+
+  StoreImpl& store() { return store_; }
+  StoreImpl::AllocationScope& space() { return space_; }
+
+  /// Publishes the writers' snapshots in order, all or nothing: on a failure
+  /// the ones already published are removed again and the error is rethrown.
+  /// A failure to sync the directory after a rename keeps every snapshot and
+  /// is reported as an Error saying so: stored in *after_commit when given,
+  /// else thrown after everything is published. Returns what was published.
+  std::vector<SnapshotInfo> publish(const std::vector<SnapshotWriter*>& writers, std::exception_ptr* after_commit = nullptr);
+
+ private:
+  StoreImpl& store_;
+  std::lock_guard<std::mutex> guard_;
+  StoreImpl::Lock lock_;
+  StoreImpl::AllocationScope space_;
+};
+
+struct WriterOptions {
+  std::string label;
+  std::string parent;
+  /// Replace an existing snapshot of that name instead of failing.
+  bool replace = false;
+};
+
+/// One snapshot being written in a batch. Declare the regions, seal(), then
+/// give every chunk exactly once (through a Lane for new data), then
+/// WriteBatch::publish().
+class SnapshotWriter {
+ public:
+  /// Throws invalid_argument (bad names) and already_exists (unless
+  /// options.replace). Replacing the head: the new version takes the old one's
+  /// parent instead of becoming its own child. `reuse`, when given, lends its
+  /// memory to the manifest's tables (a session's previous base: megabytes
+  /// that fresh memory would fault in page by page).
+  SnapshotWriter(WriteBatch& batch, const std::string& session, const std::string& name, const WriterOptions& options,
+                 Manifest* reuse = nullptr);
+  SnapshotWriter(const SnapshotWriter&) = delete;
+  SnapshotWriter& operator=(const SnapshotWriter&) = delete;
+
+  /// Appends a region to the table (before seal()).
+  void add_region(const std::string& name, std::uint64_t size, bool sdk_owned);
+  /// Ends the region table: chunk slots exist from here on.
+  void seal();
+
+  /// Offers `base` (a manifest of this store) to inherit chunks from and to
+  /// patch against. Accepted only when it is paged, of this store's chunk size
+  /// and published exactly so (indexed with that checksum); returns whether
+  /// it is used. The base must outlive the writer.
+  bool use_base(const Manifest* base);
+  const Manifest* base() const { return base_; }
+
+  const Manifest& manifest() const { return m_; }
+  StoreImpl& store() { return batch_.store(); }
+  std::uint32_t chunk_size() const { return m_.chunk_size; }
+
+  /// Chunk `chunk` is chunk `base_chunk` of the base (same length), with its
+  /// overlays.
+  void inherit(std::size_t chunk, std::size_t base_chunk);
+  /// Chunk `chunk` is all zero.
+  void zero(std::size_t chunk);
+  /// Chunk `chunk` will be patched from `base_chunk` (Lane::put_patch) with at
+  /// most `changed` new pages. Call for every patched chunk before any Lane
+  /// stores into it (it sizes the overlay table, so that lanes allocate
+  /// nothing).
+  void plan_patch(std::size_t chunk, std::size_t base_chunk, std::uint32_t changed);
+
+  /// How the snapshot was taken (SnapshotInfo::tracking, chunks_read).
+  void set_provenance(bool tracked_writes, std::uint64_t chunks_read);
+
+  /// The manifest as published (valid after WriteBatch::publish()).
+  Manifest& published() { return m_; }
+
+  /// One thread's placement of new data: hashes, deduplicates against the
+  /// store and this lane's own chunks, and copies what is new into blocks of
+  /// pack space taken as needed (growing, so that a small snapshot takes
+  /// little space). Lanes of one writer may run on several threads at once.
+  class Lane {
+   public:
+    /// `expected`: bytes this lane may store at most (sizes its blocks).
+    /// `stable_sources`: the source bytes stay valid and unchanged until
+    /// finish() (live memory), so copies may be merged and deferred and
+    /// duplicates compared with the source; otherwise (a receive buffer
+    /// reused for the next chunk) every copy is made before put_* returns.
+    Lane(SnapshotWriter& writer, std::uint64_t expected, bool stable_sources);
+    ~Lane();
+    Lane(const Lane&) = delete;
+    Lane& operator=(const Lane&) = delete;
+
+    /// Stores chunk `chunk` from `data` (its full length): all zero, a copy
+    /// the store or this lane holds already, or new data.
+    void put_whole(std::size_t chunk, const char* data);
+    /// Patches chunk `chunk` (planned with plan_patch) from its base: of the
+    /// pages in `pages` (ascending), those whose bytes `page_at(p)` differ
+    /// from the base's are stored apart. When the result is a chunk the store
+    /// holds whole, that copy is used instead; `chunk_data`, when not null,
+    /// holds the whole chunk's bytes for that comparison (else it is skipped).
+    template <class PageAt>
+    void put_patch(std::size_t chunk, const std::uint32_t* pages, std::size_t count, PageAt page_at, const char* chunk_data);
+    /// Completes every copy of this lane and makes it persistent. Must be
+    /// called (on this lane's thread) before the batch publishes.
+    void finish();
+    /// Bytes of pack space this lane filled.
+    std::uint64_t stored() const { return stored_; }
+
+   private:
+    PageLoc place(const char* from, std::uint64_t len, const std::uint64_t* hashes);
+    void flush();
+    void close_block();
+    bool changed_page(std::size_t chunk, std::uint32_t p, const char* now, std::uint64_t* hashes);
+    void apply_patch(std::size_t chunk, const std::vector<std::uint32_t>& changed, const char* const* now);
+
+    SnapshotWriter& w_;
+    bool stable_;
+    std::uint64_t left_, block_size_, step_;
+    struct Block {
+      StoreImpl::Placement at;
+      std::uint64_t length = 0, used = 0, reserved = 0;
+      std::optional<PackWriter> writer;
+    } block_;
+    struct Run {
+      std::uint64_t dst = 0;
+      const char* src = nullptr;
+      std::uint64_t len = 0;
+    } run_;
+    std::uint64_t stored_ = 0;
+    // Whole chunks this lane stored: hash -> chunk (compared before reuse).
+    std::unordered_map<Hash128, std::pair<std::size_t, const char*>, Hash128Hasher> mine_;
+    std::vector<std::uint32_t> changed_;
+    std::vector<const char*> changed_at_;
+  };
+
+ private:
+  friend class WriteBatch;
+  void assemble();  // overlays in chunk order, tables indexed, stored bytes
+
+  WriteBatch& batch_;
+  Manifest m_;
+  const Manifest* base_ = nullptr;
+  bool sealed_ = false;
+  // Per chunk: where it came from, and for patched chunks their overlay slots.
+  enum class From : std::uint8_t { none, whole, zero, inherit, patch };
+  std::vector<From> from_;
+  std::vector<std::size_t> base_chunk_;
+  std::vector<std::size_t> ov_from_;
+  std::vector<std::uint32_t> ov_count_;
+  std::vector<Overlay> patched_;
+  std::atomic<std::uint64_t> stored_{0};
+};
+
+/// One region of memory that is all present while a snapshot is written.
+struct RegionSource {
+  std::string name;
+  const char* data = nullptr;
+  std::uint64_t size = 0;
+  bool sdk_owned = false;
+  /// Byte ranges that may differ from the base's region of the same name and
+  /// size; no value: unknown (everything is read and hashed).
+  std::optional<ByteRanges> written;
+};
+
+/// Writes memory as snapshot `name` of `session` in one pass on every core:
+/// chunks without written pages are inherited from `base` (when the writer
+/// accepts it), chunks with a few are patched, the rest are hashed and stored
+/// whole. `tracked` says that `written` came from write tracking (recorded in
+/// the manifest). The snapshot is not published: call batch.publish().
+void write_snapshot(SnapshotWriter& writer, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked);
+
+// ---- template -----------------------------------------------------------------
+
+template <class PageAt>
+void SnapshotWriter::Lane::put_patch(std::size_t chunk, const std::uint32_t* pages, std::size_t count, PageAt page_at,
+                                     const char* chunk_data) {
+  left_ -= std::min<std::uint64_t>(left_, count * kPageSize);
+  changed_.clear();
+  changed_at_.clear();
+  std::uint64_t* hashes = w_.m_.page_hashes.data() + w_.m_.first_page[chunk];
+  ChunkView was = view_of(*w_.base_, w_.base_chunk_[chunk]);
+  w_.m_.chunks[chunk] = *was.ref;
+  std::copy_n(was.pages, was.page_count(), hashes);
+  for (std::size_t x = 0; x < count; ++x) {
+    const char* now = page_at(pages[x]);
+    if (changed_page(chunk, pages[x], now, hashes)) {
+      changed_.push_back(pages[x]);
+      changed_at_.push_back(now);
+    }
+  }
+  w_.m_.chunks[chunk].hash = tree_hash(hashes, was.page_count());
+  // Back to content stored whole before (a trial undone by hand, say): point
+  // at that copy, after comparing the bytes.
+  if (!changed_.empty() && chunk_data) {
+    if (const ChunkRef* known = w_.store().find_chunk(w_.m_.chunks[chunk].hash, chunk_data, w_.m_.chunks[chunk].length)) {
+      w_.m_.chunks[chunk].pack = known->pack;
+      w_.m_.chunks[chunk].offset = known->offset;
+      w_.ov_count_[chunk] = 0;
+      w_.from_[chunk] = SnapshotWriter::From::whole;
+      return;
+    }
+  }
+  apply_patch(chunk, changed_, changed_at_.data());
+}
+
+}  // namespace dvr::detail
