@@ -16,6 +16,8 @@
 #include <set>
 #include <sstream>
 
+#include "base/hash.hpp"
+#include "base/mapping.hpp"
 #include "track/dirty.hpp"
 #include "dvr/session.hpp"
 #include "base/os.hpp"
@@ -29,20 +31,6 @@ std::string parent_dir(const std::string& p) {
   auto k = p.find_last_of('/');
   return k == std::string::npos || k == 0 ? std::string("/") : p.substr(0, k);
 }
-
-// A file mapping, unmapped on destruction.
-struct Mapping {
-  void* data = MAP_FAILED;
-  std::size_t length = 0;
-  Mapping(int fd, std::size_t len, int prot, bool populate) : length(len) {
-    data = ::mmap(nullptr, len, prot, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
-  }
-  ~Mapping() {
-    if (data != MAP_FAILED) ::munmap(data, length);
-  }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-};
 
 // Paths in /proc/PID/maps: everything after the inode column.
 std::string maps_path(const std::string& line) {
@@ -271,7 +259,7 @@ bool bad_field(const std::string& s) { return s.find_first_of("\t\n") != std::st
 }  // namespace
 
 HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const std::string& snapshot, bool replace,
-                         HeapStats* stats) {
+                         HeapStats* stats, std::chrono::milliseconds lock_timeout) {
   HeapImage image;
   image.snapshot = snapshot;
   for (auto& f : files) {
@@ -296,9 +284,9 @@ HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const
   std::vector<std::pair<std::string, std::string>> committed;
   try {
     for (auto& [store_path, session] : groups) {
-      Store store = Store::open(store_path, {.create = false});
+      Store store = Store::open(store_path, {.create = false, .lock_timeout = lock_timeout});
       Session s(store, session, SessionOptions{.tracking = Tracking::hash});
-      std::vector<std::unique_ptr<Mapping>> maps;
+      std::vector<Mapping> maps;
       std::vector<HeapFile*> members;
       for (auto& h : image.heaps) {
         if (h.store != store_path || h.session != session) continue;
@@ -311,11 +299,10 @@ HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const
         TrackNote n;
         h.bytes = file;
         if (pid > 0 && read_note(h.path, n) && identity(pid) == std::make_pair(n.start_time, n.pid_ns) &&
-            ((n.size + 4095) & ~std::uint64_t(4095)) == file)
+            ((n.size + kPageSize - 1) & ~(kPageSize - 1)) == file)
           h.bytes = n.size;
-        maps.push_back(std::make_unique<Mapping>(fd.get(), file, PROT_READ, false));
-        if (maps.back()->data == MAP_FAILED) throw_errno(errno, "cannot map heap file " + h.path);
-        s.track(h.region, maps.back()->data, h.bytes);
+        maps.push_back(Mapping::file(fd.get(), file, PROT_READ, MAP_SHARED, "heap file " + h.path));
+        s.track(h.region, maps.back().data(), h.bytes);
         members.push_back(&h);
       }
       // Base: the snapshot the application's tracking notes refer to (then
@@ -357,7 +344,7 @@ HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const
   } catch (...) {
     for (auto& [store_path, session] : committed) {
       try {
-        Store::open(store_path, {.create = false}).remove(session, snapshot);
+        Store::open(store_path, {.create = false, .lock_timeout = lock_timeout}).remove(session, snapshot);
       } catch (const Error&) {
       }
     }
@@ -437,10 +424,11 @@ HeapImage parse_image(const std::string& text) {
   return image;
 }
 
-std::string heap_store(const HeapFile& h, const std::string& snapshot, const std::string& preferred) {
+std::string heap_store(const HeapFile& h, const std::string& snapshot, const std::string& preferred,
+                       std::chrono::milliseconds lock_timeout) {
   if (!preferred.empty() && preferred != h.store) {
     try {
-      Store s = Store::open(preferred, {.create = false});
+      Store s = Store::open(preferred, {.create = false, .lock_timeout = lock_timeout});
       for (auto& i : s.list(h.session))
         if (i.name == snapshot) return preferred;
     } catch (const Error&) {
@@ -449,12 +437,12 @@ std::string heap_store(const HeapFile& h, const std::string& snapshot, const std
   return h.store;
 }
 
-void restore_heaps(const HeapImage& original, const std::string& preferred) {
+void restore_heaps(const HeapImage& original, const std::string& preferred, std::chrono::milliseconds lock_timeout) {
   HeapImage image = original;
-  for (auto& h : image.heaps) h.store = heap_store(h, image.snapshot, preferred);
+  for (auto& h : image.heaps) h.store = heap_store(h, image.snapshot, preferred, lock_timeout);
   // Check everything before any file changes.
   for (auto& h : image.heaps) {
-    Store store = Store::open(h.store, {.create = false});
+    Store store = Store::open(h.store, {.create = false, .lock_timeout = lock_timeout});
     SnapshotInfo info = store.info(h.session, image.snapshot);
     bool recorded = std::any_of(info.regions.begin(), info.regions.end(),
                                 [&](const RegionInfo& r) { return r.name == h.region && r.size == h.bytes; });
@@ -471,9 +459,9 @@ void restore_heaps(const HeapImage& original, const std::string& preferred) {
   for (auto& h : image.heaps)
     if (std::find(groups.begin(), groups.end(), std::make_pair(h.store, h.session)) == groups.end()) groups.emplace_back(h.store, h.session);
   for (auto& [store_path, session] : groups) {
-    Store store = Store::open(store_path, {.create = false});
+    Store store = Store::open(store_path, {.create = false, .lock_timeout = lock_timeout});
     Session s(store, session, SessionOptions{.tracking = Tracking::hash});
-    std::vector<std::unique_ptr<Mapping>> maps;
+    std::vector<Mapping> maps;
     for (auto& h : image.heaps) {
       if (h.store != store_path || h.session != session) continue;
       make_private_dir(parent_dir(parent_dir(h.path)));
@@ -481,14 +469,12 @@ void restore_heaps(const HeapImage& original, const std::string& preferred) {
       ::unlink(note_path(h.path).c_str());  // whatever it said no longer holds
       Fd fd = open_or_throw(h.path, O_RDWR | O_CREAT);
       if (::ftruncate(fd.get(), static_cast<off_t>(file_bytes(h))) != 0) throw_errno(errno, "cannot size heap file " + h.path);
-      maps.push_back(std::make_unique<Mapping>(fd.get(), file_bytes(h), PROT_READ | PROT_WRITE, false));
-      if (maps.back()->data == MAP_FAILED) throw_errno(errno, "cannot map heap file " + h.path);
-      s.track(h.region, maps.back()->data, h.bytes);
+      maps.push_back(Mapping::file(fd.get(), file_bytes(h), PROT_READ | PROT_WRITE, MAP_SHARED, "heap file " + h.path));
+      s.track(h.region, maps.back().data(), h.bytes);
     }
     // Verifies every page before the first byte of these heaps changes.
     s.restore(image.snapshot);
-    for (auto& m : maps)
-      if (::msync(m->data, m->length, MS_SYNC) != 0) throw_errno(errno, "cannot persist a restored heap file");
+    for (auto& m : maps) m.sync("a restored heap file");
   }
 }
 

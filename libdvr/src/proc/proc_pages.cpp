@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/hash.hpp"
+#include "dvr/error.hpp"
+
 namespace dvr::detail::procpages {
 
 namespace {
 
-constexpr std::uint64_t kPage = 4096;
 constexpr std::uint32_t kPePresent = 1u << 2;  // PE_PRESENT in CRIU's pagemap.proto
 
 bool varint(const unsigned char*& p, const unsigned char* end, std::uint64_t& v) {
@@ -60,7 +62,7 @@ bool fields(const unsigned char* p, const unsigned char* end, F&& f) {
 std::uint64_t Pagemap::present_bytes() const {
   std::uint64_t n = 0;
   for (auto& e : entries)
-    if (e.present) n += e.pages * kPage;
+    if (e.present) n += e.pages * kPageSize;
   return n;
 }
 
@@ -91,10 +93,10 @@ bool parse_pagemap(const char* data, std::size_t size, Pagemap& out) {
         else if (f == 2) e.pages = v;
         else if (f == 4) flags = v;
       });
-      if (!ok || e.vaddr % kPage || e.pages == 0 || e.pages > (1ull << 40) / kPage) return false;
+      if (!ok || e.vaddr % kPageSize || e.pages == 0 || e.pages > (1ull << 40) / kPageSize) return false;
       if (!out.entries.empty()) {
         const Entry& last = out.entries.back();
-        if (e.vaddr < last.vaddr + last.pages * kPage) return false;  // overlapping or unsorted
+        if (e.vaddr < last.vaddr + last.pages * kPageSize) return false;  // overlapping or unsorted
       }
       e.present = (flags & kPePresent) != 0;
       out.entries.push_back(e);
@@ -102,10 +104,6 @@ bool parse_pagemap(const char* data, std::size_t size, Pagemap& out) {
     p += len;
   }
   return !head;
-}
-
-Windows::~Windows() {
-  for (auto& w : windows_) ::munmap(w.base, kWindow);
 }
 
 bool Windows::build(const Pagemap& pm, int pages_fd, std::uint64_t file_size, bool writable, std::string* why) {
@@ -117,21 +115,26 @@ bool Windows::build(const Pagemap& pm, int pages_fd, std::uint64_t file_size, bo
   const int file_flags = (writable ? MAP_SHARED : MAP_PRIVATE) | MAP_FIXED;
   auto window_at = [&](std::uint64_t start) -> char* {
     if (windows_.empty() || windows_.back().start != start) {
-      void* b = ::mmap(nullptr, kWindow, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (b == MAP_FAILED) return nullptr;
-      windows_.push_back({start, b});
+      try {
+        maps_.push_back(Mapping::anonymous(kWindow, "for a window of a page image", prot));
+      } catch (const Error& e) {
+        if (why) *why = e.what();
+        return nullptr;
+      }
+      windows_.push_back({start, maps_.back().data()});
     }
     return static_cast<char*>(windows_.back().base);
   };
   std::uint64_t offset = 0;  // in the page image
   for (auto& e : pm.entries) {
     if (!e.present) continue;
-    std::uint64_t addr = e.vaddr, left = e.pages * kPage;
+    std::uint64_t addr = e.vaddr, left = e.pages * kPageSize;
     while (left > 0) {
       std::uint64_t start = addr / kWindow * kWindow, in = addr - start;
       std::uint64_t len = std::min(left, kWindow - in);
       char* base = window_at(start);
-      if (!base || ::mmap(base + in, len, prot, file_flags, pages_fd, static_cast<off_t>(offset)) == MAP_FAILED) {
+      if (!base) return false;
+      if (::mmap(base + in, len, prot, file_flags, pages_fd, static_cast<off_t>(offset)) == MAP_FAILED) {
         if (why) *why = std::string("cannot map the page image: ") + std::strerror(errno);
         return false;
       }

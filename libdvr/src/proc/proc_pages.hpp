@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "base/mapping.hpp"
+
 namespace dvr::detail::procpages {
 
 inline constexpr std::uint64_t kWindow = 4ull << 20;
@@ -48,7 +50,6 @@ class Windows {
     void* base = nullptr;     // where it is mapped here
   };
   Windows() = default;
-  ~Windows();
   Windows(const Windows&) = delete;
   Windows& operator=(const Windows&) = delete;
 
@@ -58,6 +59,7 @@ class Windows {
 
  private:
   std::vector<Window> windows_;
+  std::vector<Mapping> maps_;  // maps_[k] is windows_[k]'s reservation
 };
 
 /// Region name of a window: "mem-PAGESID-0000ADDRESS" (16 hex digits).
