@@ -133,13 +133,6 @@ Store open_store(const Args& a, bool create) {
   return a.store_path.empty() ? Store::open_default(o) : Store::open(a.store_path, o);
 }
 
-std::pair<std::string, std::string> split_ref(const std::string& ref) {
-  auto slash = ref.find('/');
-  if (slash == std::string::npos || slash == 0 || slash + 1 == ref.size() || ref.find('/', slash + 1) != std::string::npos)
-    throw Error(Errc::invalid_argument, "'" + ref + "' is not a snapshot reference; write SESSION/NAME, e.g. sweep/loaded");
-  return {ref.substr(0, slash), ref.substr(slash + 1)};
-}
-
 std::string format_time(std::int64_t ns) {
   std::time_t t = static_cast<std::time_t>(ns / 1000000000);
   std::tm tm{};
@@ -202,7 +195,7 @@ int cmd_ls(Args& a) {
 int cmd_info(Args& a) {
   a.json = a.take_flag("--json");
   if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr info SESSION/NAME [--json]");
-  auto [session, name] = split_ref(a.rest.front());
+  auto [session, name] = dvr::split_ref(a.rest.front());
   Store store = open_store(a, false);
   SnapshotInfo i = store.info(session, name);
   if (a.json) {
@@ -229,7 +222,7 @@ int cmd_rm(Args& a) {
   if (a.rest.empty()) throw Error(Errc::invalid_argument, "usage: dvr rm SESSION/NAME...");
   Store store = open_store(a, false);
   for (auto& ref : a.rest) {  // check every reference before removing any
-    auto [session, name] = split_ref(ref);
+    auto [session, name] = dvr::split_ref(ref);
     try {
       store.info(session, name);
     } catch (const Error& e) {
@@ -237,7 +230,7 @@ int cmd_rm(Args& a) {
     }
   }
   for (auto& ref : a.rest) {
-    auto [session, name] = split_ref(ref);
+    auto [session, name] = dvr::split_ref(ref);
     store.remove(session, name);
     std::cout << "removed " << ref << "\n";
   }
@@ -372,8 +365,8 @@ int cmd_log(Args& a) {
 int cmd_diff(Args& a) {
   a.json = a.take_flag("--json");
   if (a.rest.size() != 2) throw Error(Errc::invalid_argument, "usage: dvr diff SESSION/A SESSION/B [--json]");
-  auto [sa, na] = split_ref(a.rest[0]);
-  auto [sb, nb] = split_ref(a.rest[1]);
+  auto [sa, na] = dvr::split_ref(a.rest[0]);
+  auto [sb, nb] = dvr::split_ref(a.rest[1]);
   Store store = open_store(a, false);
   auto diffs = store.diff(sa, na, sb, nb);
   if (a.json) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dvr/error.hpp"
@@ -195,5 +196,10 @@ class Store {
   friend class Session;
   friend struct detail::StoreAccess;
 };
+
+/// Splits a snapshot reference "SESSION/NAME" ("proc/NAME" for a process
+/// snapshot) into {SESSION, NAME}. Throws invalid_argument unless it is two
+/// non-empty parts around one '/' (the parts are checked as names where used).
+std::pair<std::string, std::string> split_ref(const std::string& ref);
 
 }  // namespace dvr
