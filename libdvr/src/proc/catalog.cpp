@@ -1,0 +1,99 @@
+// Process snapshots as a store holds them (see catalog.hpp).
+#include "proc/catalog.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dvr/clone.hpp"
+#include "proc/metadata.hpp"
+#include "store/store_impl.hpp"
+
+namespace dvr::proc {
+
+namespace heaps = detail::heaps;
+
+namespace impl {
+
+namespace {
+
+// The heap snapshots of `p`, each in its heap's own store.
+heaps::HeapImage heap_image(const ProcInfo& p) {
+  heaps::HeapImage img;
+  img.snapshot = kHeapPrefix + p.name;
+  for (auto& h : p.heaps) img.heaps.push_back({h.store, h.session, "", h.path, h.bytes});
+  return img;
+}
+
+}  // namespace
+
+heaps::HeapImage heap_image_in(const Store& store, const ProcInfo& p) {
+  heaps::HeapImage img = heap_image(p);
+  for (auto& h : img.heaps) h.store = heaps::heap_store(h, img.snapshot, store.path());
+  return img;
+}
+
+std::uint64_t heap_bytes(const Store& store, const ProcInfo& p) {
+  std::uint64_t n = 0;
+  std::vector<std::pair<std::string, std::string>> seen;
+  heaps::HeapImage img = heap_image_in(store, p);
+  for (auto& h : img.heaps) {
+    if (std::find(seen.begin(), seen.end(), std::make_pair(h.store, h.session)) != seen.end()) continue;
+    seen.emplace_back(h.store, h.session);
+    try {
+      n += Store::open(h.store, {.create = false}).info(h.session, img.snapshot).stored_bytes;
+    } catch (const Error&) {
+    }
+  }
+  return n;
+}
+
+namespace {
+
+ProcInfo read_info(const Store& store, const SnapshotInfo& si, bool verify) {
+  if (si.damaged) throw Error(Errc::corrupt, "process snapshot '" + si.name + "' is damaged: " + si.damage);
+  Clone c = store.open_snapshot(kImageSession, si.name, {.verify = verify});
+  Region& meta = c.region(kMetaRegion);
+  ProcInfo p = decode_meta(std::string_view(static_cast<const char*>(meta.data()), meta.size()), si.name).info;
+  p.time_ns = si.time_ns;
+  p.parent = si.parent;
+  p.stored_bytes = si.stored_bytes + heap_bytes(store, p);
+  return p;
+}
+
+}  // namespace
+
+}  // namespace impl
+
+std::vector<ProcInfo> list(const Store& store) {
+  std::vector<ProcInfo> out;
+  for (auto& si : store.list(kImageSession)) {
+    try {
+      out.push_back(impl::read_info(store, si, false));
+    } catch (const Error& e) {
+      ProcInfo p;
+      p.name = si.name;
+      p.time_ns = si.time_ns;
+      p.command = std::string("(damaged: ") + e.what() + ")";
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+ProcInfo info(const Store& store, const std::string& name) {
+  detail::check_name("process snapshot", name);
+  for (auto& si : store.list(kImageSession))
+    if (si.name == name) return impl::read_info(store, si, false);
+  throw Error(Errc::not_found, "no process snapshot '" + name + "' in store " + store.path() + "; `dvr proc ls` lists them");
+}
+
+void remove(Store& store, const std::string& name) {
+  ProcInfo p = info(store, name);  // not_found with the right message
+  heaps::HeapImage img = impl::heap_image_in(store, p);
+  store.remove(kImageSession, name);
+  heaps::remove_heaps(img);
+}
+
+}  // namespace dvr::proc

@@ -1,0 +1,222 @@
+// Dumping a process tree into the store: proc::dump (dvr/proc.hpp, docs/criu.md).
+//
+// CRIU dumps the tree into a work directory (the plugin snapshots its DVR
+// heaps meanwhile), leaving it stopped; the images become the regions of
+// snapshot proc/NAME, page images as windows of the address space
+// (proc_pages.hpp); only then is the tree killed (or, on failure, resumed).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/mapping.hpp"
+#include "base/os.hpp"
+#include "dvr/proc.hpp"
+#include "dvr/session.hpp"
+#include "proc/catalog.hpp"
+#include "proc/criu_runner.hpp"
+#include "proc/metadata.hpp"
+#include "proc/proc_heaps.hpp"
+#include "proc/proc_pages.hpp"
+#include "proc/processes.hpp"
+#include "store/store_impl.hpp"
+
+namespace dvr::proc {
+
+namespace {
+
+using namespace impl;
+using detail::Fd;
+using detail::Mapping;
+namespace heaps = detail::heaps;
+namespace procpages = detail::procpages;
+
+// Refuses what cannot be dumped before anything runs.
+void check_dump_request(const Store& store, pid_t pid, const std::string& name) {
+  detail::check_name("process snapshot", name);
+  if (name.size() > 120) throw Error(Errc::invalid_argument, "process snapshot name '" + name + "' is longer than 120 characters");
+  require_root("dump a process");
+  if (pid <= 0 || ::kill(pid, 0) != 0)
+    throw Error(Errc::not_found, "cannot dump process " + std::to_string(pid) + ": no such process");
+  for (auto& s : store.list(kImageSession))
+    if (s.name == name)
+      throw Error(Errc::already_exists, "process snapshot '" + name + "' exists already in store " + store.path() +
+                                            "; pick another name or remove it with `dvr proc rm " + name + "`");
+}
+
+// What the metadata says of the process, as far as it is known before CRIU runs.
+Meta describe(pid_t pid, const std::string& name, const std::string& criu_version, const DumpOptions& options) {
+  Meta meta;
+  ProcInfo& info = meta.info;
+  info.name = name;
+  info.pid = pid;
+  info.own_pid_namespace = in_own_pid_namespace(pid);
+  info.criu_version = criu_version;
+  info.leave_running = options.leave_running;
+  info.command = command_line(pid);
+  info.kernel = kernel_release();
+  return meta;
+}
+
+// Removes the heap snapshots the plugin took, when the dump fails.
+void drop_plugin_heaps(const WorkDir& work) {
+  try {
+    heaps::remove_heaps(heaps::parse_image(detail::read_file(work.path + "/" + heaps::kImageName)));
+  } catch (const Error&) {
+  }
+}
+
+// Runs `criu dump`, which leaves the tree stopped (or running), not killed,
+// so that it goes on if storing its images fails. When CRIU fails, the tree
+// is resumed, the plugin's heap snapshots are removed, and this throws.
+void run_criu_dump(const std::string& criu, const std::string& plugin, pid_t pid, const std::string& name,
+                   const DumpOptions& options, const WorkDir& work, const std::vector<pid_t>& tree) {
+  std::vector<std::string> argv = {criu, "dump", "-t", std::to_string(pid), "-D", work.path, "-o", "dump.log", "-v2",
+                                   "--libdir", plugin, options.leave_running ? "--leave-running" : "--leave-stopped"};
+  std::string out;
+  int rc = run_capture(argv, {"DVR_CRIU_NAME=" + name}, &out);
+  if (rc == 0) return;
+  auto [plugin_error, errors, log] = criu_failure(work, "dump.log", "dump-" + name + ".log");
+  drop_plugin_heaps(work);
+  if (!options.leave_running) signal_tree(tree, SIGCONT);  // CRIU resumes it on failure; make sure
+  if (!plugin_error.empty()) throw Error(Errc::io, "cannot dump process " + std::to_string(pid) + ": " + plugin_error);
+  throw Error(Errc::io, "CRIU could not dump process " + std::to_string(pid) + " (exit " + std::to_string(rc) + "):" +
+                            (errors.empty() ? "\n  " + out : errors) + criu_hint(errors) + "\nfull log: " + log +
+                            "\n(`dvr proc check` checks CRIU and the kernel; a job started with `dvr run` dumps most reliably)");
+}
+
+// The image files of a dump, tracked as the regions of snapshot proc/NAME;
+// what they are tracked from (mappings of the files, windows) lives as long.
+struct Images {
+  std::vector<Mapping> maps;
+  Session session;
+  std::vector<std::unique_ptr<procpages::Windows>> windows;
+
+  explicit Images(Store& store) : session(store, kImageSession, SessionOptions{.tracking = Tracking::hash}) {}
+
+  void* map_file(const std::string& path, std::uint64_t n, int fd) {
+    maps.push_back(Mapping::file(fd, n, PROT_READ, MAP_PRIVATE, "CRIU image " + path));
+    return maps.back().data();
+  }
+};
+
+// Page images go in as windows of the address space (proc_pages.hpp), so
+// that what did not change is at the same place as in the previous dump.
+// Those it cannot lay out are left to track_image_files().
+void track_page_images(Images& img, const WorkDir& work, Meta& meta) {
+  for (auto& f : detail::list_dir(work.path)) {
+    if (f.rfind("pagemap-", 0) != 0) continue;
+    std::string p = work.path + "/" + f;
+    Fd fd = detail::open_or_throw(p, O_RDONLY);
+    std::uint64_t n = detail::file_size(fd.get(), p);
+    procpages::Pagemap pm;
+    if (n == 0 || !procpages::parse_pagemap(static_cast<const char*>(img.map_file(p, n, fd.get())), n, pm)) continue;
+    std::string pages = "pages-" + std::to_string(pm.pages_id) + ".img", pp = work.path + "/" + pages;
+    if (!detail::path_exists(pp)) continue;
+    Fd pfd = detail::open_or_throw(pp, O_RDONLY);
+    std::uint64_t size = detail::file_size(pfd.get(), pp);
+    auto w = std::make_unique<procpages::Windows>();
+    if (size == 0 || !w->build(pm, pfd.get(), size, false, nullptr)) continue;  // stored as it is
+    for (auto& win : w->windows())
+      img.session.track(procpages::window_region(pm.pages_id, win.start), win.base, procpages::kWindow);
+    img.windows.push_back(std::move(w));
+    meta.paged_images.push_back({pages, f, size});
+    meta.info.image_bytes += size;
+  }
+}
+
+// Every other image file is a region of its own; the plugin's heap image
+// also tells the metadata which heaps were snapshotted. CRIU writes some
+// empty images: they are recorded by name (restore recreates them).
+void track_image_files(Images& img, const WorkDir& work, Meta& meta) {
+  ProcInfo& info = meta.info;
+  for (auto& f : detail::list_dir(work.path)) {
+    if (f == "dump.log" || f == heaps::kErrorName) continue;
+    if (std::any_of(meta.paged_images.begin(), meta.paged_images.end(), [&](const PagedImage& g) { return g.pages == f; }))
+      continue;
+    std::string p = work.path + "/" + f;
+    Fd fd = detail::open_or_throw(p, O_RDONLY);
+    std::uint64_t n = detail::file_size(fd.get(), p);
+    if (f == heaps::kImageName) info.heaps.clear();
+    if (n == 0) continue;
+    void* data = img.map_file(p, n, fd.get());
+    info.image_bytes += n;
+    if (f == heaps::kImageName) {
+      heaps::HeapImage hi = heaps::parse_image(std::string(static_cast<const char*>(data), n));
+      for (auto& h : hi.heaps) info.heaps.push_back({h.path, h.bytes, h.store, h.session});
+    }
+    img.session.track(f, data, n);
+  }
+  for (auto& f : detail::list_dir(work.path)) {
+    if (f == "dump.log") continue;
+    struct stat st {};
+    if (::stat((work.path + "/" + f).c_str(), &st) == 0 && st.st_size == 0) meta.empty_images.push_back(f);
+  }
+}
+
+// The newest intact earlier dump of the same command ("" = none): the new
+// one is compared with it page by page, so what did not change is not
+// stored again.
+std::string newest_dump_of(const Store& store, const std::string& name, const std::string& command) {
+  std::string base;
+  std::int64_t newest = -1;
+  for (auto& si : store.list(kImageSession)) {
+    if (si.damaged || si.name == name || si.time_ns <= newest || command_of_label(si.label) != command) continue;
+    newest = si.time_ns;
+    base = si.name;
+  }
+  return base;
+}
+
+// The images become snapshot proc/NAME, with the metadata; fills in what
+// the metadata learns on the way and what the snapshot took.
+void store_images(Store& store, const std::string& name, const WorkDir& work, Meta& meta) {
+  ProcInfo& info = meta.info;
+  Images img(store);
+  track_page_images(img, work, meta);
+  track_image_files(img, work, meta);
+  info.parent = newest_dump_of(store, name, info.command);
+  std::string text = encode_meta(meta);
+  img.session.track(kMetaRegion, text.data(), text.size());
+  if (!info.parent.empty()) img.session.base_on(info.parent);
+  SnapshotInfo si = img.session.snapshot(name, {.label = label_for(info.pid, info.command)});
+  info.time_ns = si.time_ns;
+  info.stored_bytes = si.stored_bytes + heap_bytes(store, info);
+}
+
+}  // namespace
+
+ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOptions& options) {
+  auto t0 = std::chrono::steady_clock::now();
+  check_dump_request(store, pid, name);
+  const auto [criu, version] = criu_or_throw("dump a process");
+  const std::string plugin = plugin_or_throw(options.plugin_dir, "dump a process");
+  Meta meta = describe(pid, name, version, options);
+
+  clean_stale_work(store.path());
+  WorkDir work(store.path(), "dump-" + name);
+  const std::vector<pid_t> tree = process_tree(pid);
+  meta.info.files = mapped_files(tree);
+  run_criu_dump(criu, plugin, pid, name, options, work, tree);
+  try {
+    store_images(store, name, work, meta);
+  } catch (const Error& e) {
+    drop_plugin_heaps(work);
+    if (options.leave_running) throw;
+    signal_tree(tree, SIGCONT);
+    throw Error(e.code(), std::string(e.what()) + " (the process was not stopped: it keeps running)");
+  }
+  // Stored: now the job is stopped for good (dump without --leave-running).
+  if (!options.leave_running) signal_tree(tree, SIGKILL);
+  meta.info.seconds = since(t0);
+  return std::move(meta.info);
+}
+
+}  // namespace dvr::proc

@@ -1,0 +1,346 @@
+// Restoring (or cloning) a process snapshot: proc::restore (dvr/proc.hpp,
+// docs/criu.md). The phases, in order:
+//   1. check_host, check_conflicts: refuse what CRIU could not do here
+//      (programs changed, PIDs or heaps in use), before anything changes;
+//   2. rebuild_images: the image files back in a work directory, every page
+//      checked against its checksum before it is copied;
+//   3. HeapBackup: the heaps' present content kept, in case CRIU fails after
+//      the plugin rewrote them;
+//   4. run_criu_restore: CRIU (and the plugin, which restores the heaps);
+//   5. the PID file, the notes, and waiting for the job unless detached.
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/mapping.hpp"
+#include "base/os.hpp"
+#include "dvr/clone.hpp"
+#include "dvr/proc.hpp"
+#include "dvr/session.hpp"
+#include "proc/criu_runner.hpp"
+#include "proc/metadata.hpp"
+#include "proc/proc_heaps.hpp"
+#include "proc/proc_pages.hpp"
+#include "proc/processes.hpp"
+#include "store/store_impl.hpp"
+
+namespace dvr::proc {
+
+namespace {
+
+using namespace impl;
+using detail::Fd;
+using detail::Mapping;
+namespace heaps = detail::heaps;
+namespace procpages = detail::procpages;
+
+// Preflight: what CRIU needs from this host, compared with the dumping one:
+// every program and library at the same path, with the same size and time.
+void check_host(const ProcInfo& p, const std::string& name, const char* verb) {
+  std::vector<std::string> differ;
+  for (auto& f : p.files) {
+    struct stat st {};
+    if (::stat(f.path.c_str(), &st) != 0) differ.push_back(f.path + " is missing");
+    else if (static_cast<std::uint64_t>(st.st_size) != f.size)
+      differ.push_back(f.path + " is " + std::to_string(st.st_size) + " bytes here, " + std::to_string(f.size) + " where it was dumped");
+    else if (st.st_mtim.tv_sec * 1000000000ll + st.st_mtim.tv_nsec != f.mtime_ns)
+      differ.push_back(f.path + " was modified since the dump (same size, another time stamp)");
+  }
+  if (differ.empty()) return;
+  std::string list;
+  for (std::size_t k = 0; k < differ.size() && k < 8; ++k) list += "\n  " + differ[k];
+  if (differ.size() > 8) list += "\n  ... and " + std::to_string(differ.size() - 8) + " more";
+  throw Error(Errc::unsupported, "cannot " + std::string(verb) + " '" + name + "': CRIU needs the programs and libraries it "
+                                 "ran with, at the same paths, and here they differ:" + list +
+                                 "\ninstall the same versions (the same packages or build) at the same paths; nothing was changed");
+}
+
+// What would clash with running processes: a clone needs a dump from a job in
+// its own PID namespace; a restore needs the dumped PID (outside such a job)
+// free and its heaps mapped by nobody.
+void check_conflicts(const ProcInfo& p, const std::string& name, const RestoreOptions& options) {
+  if (options.clone && !p.own_pid_namespace)
+    throw Error(Errc::invalid_argument, "process snapshot '" + name + "' (PID " + std::to_string(p.pid) +
+                                            ") was not dumped from a job in its own PID namespace, so a clone would need the "
+                                            "original's PIDs; start jobs with `dvr run -- CMD` to clone them");
+  if (!p.own_pid_namespace && ::kill(p.pid, 0) == 0)
+    throw Error(Errc::io, "cannot restore process snapshot '" + name + "': PID " + std::to_string(p.pid) +
+                              " is in use (" + comm_of(p.pid) +
+                                            "); stop that process first, or start jobs with `dvr run -- CMD` so that they "
+                                            "restore in a PID namespace of their own (nothing was changed)");
+  if (!options.clone)
+    for (auto& h : p.heaps) {
+      auto users = heaps::processes_mapping(h.path);
+      if (!users.empty())
+        throw Error(Errc::io, "cannot restore process snapshot '" + name + "': its heap file " + h.path +
+                                                " is mapped by running process " + users.front() +
+                                                "; stop it first, or use `dvr proc clone " + name +
+                                                "` to run a copy beside it (nothing was changed)");
+    }
+}
+
+// The PID file is opened before anything runs: failing to write it later
+// would leave a job running that nobody can find.
+Fd open_pidfile(const std::string& path) {
+  Fd fd;
+  if (path.empty()) return fd;
+  fd = Fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) detail::throw_errno(errno, "cannot write PID file " + path);
+  return fd;
+}
+
+// The image files being rebuilt, and what the restore writes them through;
+// the regions of a session of proc that restores snapshot proc/NAME.
+struct Rebuild {
+  std::vector<Mapping> maps;  // image files stored whole
+  std::string meta;           // dvr-proc.meta as restored (checked)
+  Session session;
+  std::vector<std::unique_ptr<procpages::Windows>> windows;  // page images
+  std::map<std::string, void*> window_at;                    // window region -> where it is mapped
+
+  explicit Rebuild(Store& store) : session(store, kImageSession, SessionOptions{.tracking = Tracking::hash}) {}
+};
+
+// Page images stored as windows: recreate each file, and map its pages into
+// windows where the restore writes them (proc_pages.hpp). The layout comes
+// from the stored pagemap, read here unchecked; the restore checks every
+// byte, these included, before CRIU runs.
+void prepare_page_images(const Store& store, const std::string& name, const WorkDir& work, Rebuild& rb) {
+  Clone peek = store.open_snapshot(kImageSession, name, {.verify = false});
+  Region& m = peek.region(kMetaRegion);
+  const Meta meta = decode_meta(std::string_view(static_cast<const char*>(m.data()), m.size()), name);
+  for (auto& g : meta.paged_images) {
+    detail::check_name("image", g.pages);
+    procpages::Pagemap pm;
+    Region& r = peek.region(g.pagemap);
+    std::string why = "its pagemap cannot be read";
+    std::string path = work.path + "/" + g.pages;
+    Fd fd = detail::open_or_throw(path, O_RDWR | O_CREAT | O_EXCL);
+    if (::ftruncate(fd.get(), static_cast<off_t>(g.size)) != 0) detail::throw_errno(errno, "cannot size " + path);
+    auto w = std::make_unique<procpages::Windows>();
+    if (!procpages::parse_pagemap(static_cast<const char*>(r.data()), r.size(), pm) || !w->build(pm, fd.get(), g.size, true, &why))
+      throw Error(Errc::corrupt, "process snapshot '" + name + "': " + g.pages + " cannot be rebuilt (" + why + ")");
+    for (auto& win : w->windows()) rb.window_at[procpages::window_region(pm.pages_id, win.start)] = win.base;
+    rb.windows.push_back(std::move(w));
+  }
+}
+
+// Every stored region is tracked where it goes: a page window, the
+// metadata's buffer, or a new image file of its size.
+void track_regions(const Store& store, const std::string& name, const WorkDir& work, Rebuild& rb) {
+  for (auto& r : store.info(kImageSession, name).regions) {
+    if (auto it = rb.window_at.find(r.name); it != rb.window_at.end()) {
+      if (r.size != procpages::kWindow) throw Error(Errc::corrupt, "process snapshot '" + name + "': region " + r.name + " has a wrong size");
+      rb.session.track(r.name, it->second, r.size);
+      rb.window_at.erase(it);
+      continue;
+    }
+    if (r.name.rfind("mem-", 0) == 0)
+      throw Error(Errc::corrupt, "process snapshot '" + name + "': region " + r.name + " lies outside every stored pagemap");
+    if (r.name == kMetaRegion) {
+      rb.meta.resize(r.size);
+      rb.session.track(r.name, rb.meta.data(), r.size);
+      continue;
+    }
+    std::string path = work.path + "/" + r.name;
+    Fd fd = detail::open_or_throw(path, O_RDWR | O_CREAT | O_EXCL);
+    if (::ftruncate(fd.get(), static_cast<off_t>(r.size)) != 0) detail::throw_errno(errno, "cannot size " + path);
+    // Populated in one go: a GiB of page images faulted in page by page
+    // would cost more than copying it.
+    rb.maps.push_back(Mapping::file(fd.get(), r.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, path));
+    rb.session.track(r.name, rb.maps.back().data(), r.size);
+  }
+  if (!rb.window_at.empty())
+    throw Error(Errc::corrupt, "process snapshot '" + name + "' lacks page window " + rb.window_at.begin()->first + " its pagemap needs");
+}
+
+// Images back into files, in one pass that checks every page against its
+// checksum before it is copied; then the empty images the metadata lists.
+void rebuild_images(Store& store, const std::string& name, const WorkDir& work) {
+  Rebuild rb(store);
+  prepare_page_images(store, name, work, rb);
+  track_regions(store, name, work, rb);
+  rb.session.restore(name);
+  for (auto& e : decode_meta(rb.meta, name).empty_images) {
+    detail::check_name("image", e);
+    detail::open_or_throw(work.path + "/" + e, O_WRONLY | O_CREAT | O_EXCL);
+  }
+}
+
+// The heaps are checked by the plugin, every page before any file changes.
+// Their present content is kept first, to be put back if CRIU fails after
+// the plugin has rewritten them (what the job wrote since is not lost).
+class HeapBackup {
+ public:
+  HeapBackup(const ProcInfo& p, bool clone) {
+    if (clone) return;  // a clone's heaps are private copies: the originals are not touched
+    std::vector<std::string> present;
+    for (auto& h : p.heaps)
+      if (detail::path_exists(h.path) && !heaps::store_of_heap(h.path).empty()) present.push_back(h.path);
+    if (!present.empty()) {
+      std::random_device rd;
+      img_ = heaps::snapshot_heaps(present, 0, "proc-restore-backup-" + std::to_string(rd()) + std::to_string(rd()), false);
+    }
+  }
+  ~HeapBackup() {
+    if (img_.heaps.empty()) return;
+    try {
+      if (put_back_) heaps::restore_heaps(img_);
+      heaps::remove_heaps(img_);
+    } catch (const std::exception&) {
+    }
+  }
+  HeapBackup(const HeapBackup&) = delete;
+  HeapBackup& operator=(const HeapBackup&) = delete;
+  /// CRIU succeeded: the restored heaps stay.
+  void keep_restored() { put_back_ = false; }
+
+ private:
+  heaps::HeapImage img_;
+  bool put_back_ = true;
+};
+
+// For a clone with heaps: what CRIU's child does before exec — a mount
+// namespace of its own, with an empty tmpfs over each heap directory. The
+// plugin puts the heaps' dump-time content there, and the clone maps those
+// copies instead of the original's files. Empty otherwise.
+std::function<bool()> private_heap_dirs(const ProcInfo& p, const RestoreOptions& options) {
+  if (!options.clone || p.heaps.empty()) return {};
+  std::vector<std::string> dirs;
+  for (auto& h : p.heaps) {
+    std::string d = dir_of(h.path);
+    if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+  }
+  return [dirs] {
+    if (::unshare(CLONE_NEWNS) != 0) return false;
+    if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return false;
+    for (auto& d : dirs)
+      if (::mount("dvr-clone-heap", d.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700") != 0) return false;
+    return true;
+  };
+}
+
+// Restored processes become our children when we wait for them.
+struct Subreaper {
+  bool on;
+  explicit Subreaper(bool want) : on(want && ::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0) {}
+  ~Subreaper() {
+    if (on) ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  }
+  Subreaper(const Subreaper&) = delete;
+  Subreaper& operator=(const Subreaper&) = delete;
+};
+
+// Runs `criu restore` of the images in `work`, detached, writing the restored
+// root's PID to `pidfile`. Throws when CRIU fails (nothing of it is left
+// running then).
+void run_criu_restore(const Store& store, const std::string& name, const ProcInfo& p, const RestoreOptions& options,
+                      const std::string& criu, const std::string& plugin, const WorkDir& work, const std::string& pidfile,
+                      const char* verb) {
+  std::vector<std::string> argv = {criu, "restore", "-D", work.path, "-o", "restore.log", "-v2", "--libdir", plugin,
+                                   "--restore-detached", "--pidfile", pidfile};
+  std::string out;
+  int rc = run_capture(argv, {"DVR_CRIU_STORE=" + store.path()}, &out, private_heap_dirs(p, options));
+  if (rc == 0) return;
+  auto [plugin_error, errors, log] = criu_failure(work, "restore.log", "restore-" + name + ".log");
+  if (rc == 126) throw Error(Errc::io, "cannot " + std::string(verb) + ": could not set up a private mount namespace for its heaps");
+  if (!plugin_error.empty()) throw Error(Errc::io, "cannot restore process snapshot '" + name + "': " + plugin_error);
+  throw Error(Errc::io, "CRIU could not restore process snapshot '" + name + "' (exit " + std::to_string(rc) + "):" +
+                            (errors.empty() ? "\n  " + out : errors) + criu_hint(errors) + "\nfull log: " + log +
+                            "\n(nothing of it is left running; `dvr proc check` checks CRIU and the kernel)");
+}
+
+// What differs from the dumping host without stopping the restore.
+std::vector<std::string> host_notes(const ProcInfo& p, const std::string& criu) {
+  std::vector<std::string> notes;
+  if (!p.kernel.empty() && p.kernel != kernel_release())
+    notes.push_back("dumped on kernel " + p.kernel + ", restored on " + kernel_release());
+  if (!p.criu_version.empty() && p.criu_version != criu_version(criu))
+    notes.push_back("dumped with CRIU " + p.criu_version + ", restored with " + criu_version(criu));
+  return notes;
+}
+
+pid_t read_restored_pid(const std::string& pidfile, const std::string& name) {
+  try {
+    return static_cast<pid_t>(std::stol(detail::read_file(pidfile)));
+  } catch (const std::exception&) {
+    throw Error(Errc::io, "CRIU restored process snapshot '" + name + "' but wrote no PID file");
+  }
+}
+
+// Writes the restored root's PID to the caller's PID file; when that fails,
+// the restored tree is killed (nobody could find it) and this throws.
+void write_user_pidfile(const Fd& fd, const std::string& path, pid_t pid) {
+  if (!fd) return;
+  std::string text = std::to_string(pid) + "\n";
+  try {
+    detail::write_all(fd.get(), text.data(), text.size(), path);
+  } catch (const Error&) {
+    signal_tree(process_tree(pid), SIGKILL);
+    throw;
+  }
+}
+
+// The exit status of our (subreaped) child `pid`, 128+N for signal N.
+int wait_for(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno == EINTR) continue;
+    throw Error(Errc::io, "cannot wait for restored process " + std::to_string(pid) + ": " + std::strerror(errno));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+RestoreResult restore(Store& store, const std::string& name, const RestoreOptions& options) {
+  auto t0 = std::chrono::steady_clock::now();
+  const char* verb = options.clone ? "clone a process" : "restore a process";
+  detail::check_name("process snapshot", name);
+  ProcInfo p = info(store, name);
+  require_root(verb);
+  const std::string criu = criu_or_throw(verb).first;
+  const std::string plugin = plugin_or_throw(options.plugin_dir, verb);
+  check_host(p, name, verb);
+  check_conflicts(p, name, options);
+  Fd user_pidfile = open_pidfile(options.pidfile);
+
+  clean_stale_work(store.path());
+  std::optional<WorkDir> work(std::in_place, store.path(), "restore-" + name);
+  rebuild_images(store, name, *work);
+  HeapBackup backup(p, options.clone);
+  const bool wait = !options.detach && !options.clone;
+  Subreaper subreaper(wait);
+  const std::string pidfile = work->path + "/restored.pid";
+  run_criu_restore(store, name, p, options, criu, plugin, *work, pidfile, verb);
+  backup.keep_restored();
+
+  RestoreResult r;
+  r.notes = host_notes(p, criu);
+  r.pid = read_restored_pid(pidfile, name);
+  r.seconds = since(t0);
+  write_user_pidfile(user_pidfile, options.pidfile, r.pid);
+  work.reset();  // the images are not needed while the job runs
+  if (wait) r.exit_status = wait_for(r.pid);
+  return r;
+}
+
+}  // namespace dvr::proc
