@@ -19,135 +19,32 @@ tests/helpers/snapshot_worker.cpp), whose content is a pure function of the
 snapshot name, so `check` proves a received snapshot bit-exact in any store;
 and from the `memdvr` Python package (numpy arrays of known content).
 Process snapshots come from `dvr-test-job` ($DVR_TEST_JOB) started with
-`dvr run`, with the helpers of tests/proc/conftest.py (loaded by path).
+`dvr run` (dvrtest.Work, as in tests/proc). What the suites share (running
+commands, dvrtest.Store, process helpers) is in tests/support/dvrtest.py.
 
 Run: DVR_BIN=build/dvr DVR_WORKER=build/dvr-test-worker DVR_TEST_JOB=build/dvr-test-job \
      PYTHONPATH=build/python /usr/bin/python3 -m pytest tests/migration
 """
 
-import hashlib
-import importlib.util
-import json
 import os
-import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
+from dvrtest import (WORKER_UNIT, Store, Work, criu_unavailable, describe, dvr_bin, job_bin,  # noqa: E402,F401
+                     kill_naming, not_root, run, scratch_dir, worker_bin)
+
 HERE = Path(__file__).resolve().parent
-MIB = 1024 * 1024
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
-
-# The worker's regions with --mib 1 (snapshot_worker.cpp) and its content unit.
-WORKER_REGION_SIZES = {"r0": MIB + 4097, "r1": 300001, "r2": 5 * MIB - 3}
-WORKER_BYTES = sum(WORKER_REGION_SIZES.values())
-WORKER_UNIT = 64 * 1024
-
-
-def _load_proc_helpers():
-    """tests/proc/conftest.py as a plain module (its Job and Work classes and
-    process helpers), under a name that cannot clash with this conftest."""
-    spec = importlib.util.spec_from_file_location("dvr_proc_test_helpers", HERE.parent / "proc" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-proc_helpers = _load_proc_helpers()
-
-
-# --- running commands
-
-def describe(proc):
-    """The command, exit status and output of a finished process, for assertion messages."""
-    args = proc.args if isinstance(proc.args, str) else " ".join(str(a) for a in proc.args)
-    out, err = proc.stdout, proc.stderr
-    if isinstance(out, bytes):
-        out = f"({len(out)} bytes of binary output)" if out else ""
-    if isinstance(err, bytes):
-        err = err.decode(errors="replace")
-    return f"$ {args}\n-> exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
-
-
-def run(args, expect=None, timeout=180, input=None, stdin=subprocess.DEVNULL, env=None, binary=False):
-    """Runs a command to completion (killed after `timeout` s); checks its exit
-    status if `expect` is given. stdout is bytes with binary=True (stderr always text)."""
-    full_env = None
-    if env:
-        full_env = dict(os.environ)
-        full_env.update(env)
-    if input is not None:
-        stdin = None
-    proc = subprocess.run([str(a) for a in args], input=input, stdin=stdin, capture_output=True, timeout=timeout,
-                          env=full_env)
-    if not binary:
-        proc.stdout = proc.stdout.decode(errors="replace")
-    proc.stderr = proc.stderr.decode(errors="replace")
-    if expect is not None:
-        assert proc.returncode == expect, describe(proc)
-    return proc
-
-
-def parse_json(text, what, proc=None):
-    """The JSON object in `text`: all of it, or else its last line that parses
-    (stderr may hold warnings before the summary)."""
-    text = text.strip()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
-    pytest.fail(f"{what} is not JSON:\n" + (describe(proc) if proc is not None else text))
-
-
-def assert_failed(proc, *patterns, context=""):
-    """A refused dvr command: non-zero exit and a stderr message matching every
-    regex in `patterns` (case-insensitive). Returns the message."""
-    assert proc.returncode != 0, f"{context}: expected a failure\n{describe(proc)}"
-    err = proc.stderr.strip()
-    assert err, f"{context}: failed without a message on stderr\n{describe(proc)}"
-    for pattern in patterns:
-        assert re.search(pattern, err, re.IGNORECASE), (
-            f"{context}: the message does not match {pattern!r}\n{describe(proc)}")
-    return err
-
-
-def _binary(var):
-    path = os.environ.get(var)
-    if not path or not os.access(path, os.X_OK):
-        pytest.fail(f"${var} must name the built binary (got {path!r}); run through CTest, or set "
-                    f"DVR_BIN=BUILD/dvr DVR_WORKER=BUILD/dvr-test-worker DVR_TEST_JOB=BUILD/dvr-test-job "
-                    f"PYTHONPATH=BUILD/python")
-    return path
-
-
-@pytest.fixture(scope="session")
-def dvr_bin():
-    return _binary("DVR_BIN")
-
-
-@pytest.fixture(scope="session")
-def worker_bin():
-    return _binary("DVR_WORKER")
-
-
-@pytest.fixture(scope="session")
-def job_bin():
-    return _binary("DVR_TEST_JOB")
 
 
 @pytest.fixture(scope="session")
@@ -159,188 +56,15 @@ def memdvr():
     return module
 
 
-# --- stores
-
-class Store:
-    """One store directory, with the dvr CLI and the worker pointed at it."""
-
-    def __init__(self, path, dvr_bin, worker_bin):
-        self.path = Path(path)
-        self.dvr_bin, self.worker_bin = dvr_bin, worker_bin
-
-    def __repr__(self):
-        return f"Store({self.path})"
-
-    def argv(self, *args):
-        return [self.dvr_bin, "--store", self.path, *args]
-
-    def dvr(self, *args, expect=0, timeout=180, **kwargs):
-        return run(self.argv(*args), expect=expect, timeout=timeout, **kwargs)
-
-    def dvr_json(self, *args, expect=0, **kwargs):
-        proc = self.dvr(*args, "--json", expect=expect, **kwargs)
-        return parse_json(proc.stdout, f"the stdout of dvr {' '.join(map(str, args))} --json", proc)
-
-    def ls(self, session=None):
-        return self.dvr_json("ls", *([session] if session else []))
-
-    def refs(self):
-        return {f"{s['session']}/{s['name']}" for s in self.ls()}
-
-    def info(self, ref):
-        return self.dvr_json("info", ref)
-
-    def verify(self):
-        """`dvr verify --json`, which must find everything intact."""
-        out = self.dvr_json("verify")
-        assert out.get("ok") is True and not out.get("damaged"), f"verify of {self.path} found damage: {out}"
-        return out
-
-    # --- the worker (content a pure function of the name; see snapshot_worker.cpp)
-    def snap(self, session, *names, mib=1):
-        return run([self.worker_bin, "snap", self.path, session, *names, "--mib", mib], expect=0)
-
-    def check(self, session, *names, mib=1):
-        """Restores each name in this store and compares it byte for byte with
-        the content its name implies."""
-        proc = run([self.worker_bin, "check", self.path, session, *names, "--mib", mib], expect=None, timeout=300)
-        assert proc.returncode == 0, f"snapshots {names} of {session} do not restore bit-exact in {self.path}:\n" + \
-            describe(proc)
-        checked = [l for l in proc.stdout.splitlines() if l.startswith("ok ")]
-        assert len(checked) == len(names), describe(proc)
-        return proc
-
-    # --- what must not change when a receive is refused
-    def state(self):
-        """Everything a refused receive must leave as it was: the listing, every
-        file under sessions/, heaps/ and tmp/ and at the top level (size and
-        content; the lock and gc's epoch token aside), and what `verify` counts
-        (and that it finds nothing damaged)."""
-        files = {}
-        for entry in os.scandir(self.path):  # the top level: its regular files (no stray manifest)
-            if entry.is_file(follow_symlinks=False) and entry.name not in ("lock", "epoch"):
-                with open(entry.path, "rb") as f:
-                    files[entry.name] = (entry.stat().st_size, hashlib.sha256(f.read()).hexdigest())
-        for sub in ("sessions", "heaps", "tmp"):
-            root = self.path / sub
-            for dirpath, dirnames, filenames in os.walk(root):
-                for name in dirnames:
-                    files[os.path.relpath(os.path.join(dirpath, name), self.path) + "/"] = "dir"
-                for name in filenames:
-                    p = os.path.join(dirpath, name)
-                    with open(p, "rb") as f:
-                        digest = hashlib.sha256(f.read()).hexdigest()
-                    files[os.path.relpath(p, self.path)] = (os.path.getsize(p), digest)
-        v = self.verify()
-        return {
-            "ls": sorted(self.ls(), key=lambda s: (s.get("session", ""), s.get("name", ""))),
-            "files": files,
-            "verify": {k: v.get(k) for k in ("ok", "snapshots", "chunks", "bytes", "damaged")},
-        }
-
-    def assert_unchanged(self, before, context):
-        after = self.state()
-        if after == before:
-            return
-        lines = [f"{context}: store {self.path} changed"]
-        if after["ls"] != before["ls"]:
-            lines.append(f"  ls before: {[(s.get('session'), s.get('name')) for s in before['ls']]}")
-            lines.append(f"  ls after:  {[(s.get('session'), s.get('name')) for s in after['ls']]}")
-        for f in sorted(set(before["files"]) | set(after["files"])):
-            if before["files"].get(f) != after["files"].get(f):
-                lines.append(f"  {f}: {before['files'].get(f)} -> {after['files'].get(f)}")
-        if after["verify"] != before["verify"]:
-            lines.append(f"  verify: {before['verify']} -> {after['verify']}")
-        pytest.fail("\n".join(lines))
-
-
-# --- moving snapshots
-
-def send_to_file(store, ref, path, *opts, expect=0):
-    """`dvr send REF OPTS > path`; returns the process (stderr: the summary)."""
-    with open(path, "wb") as out:
-        proc = subprocess.run([str(a) for a in store.argv("send", ref, *opts)], stdin=subprocess.DEVNULL, stdout=out,
-                              stderr=subprocess.PIPE, timeout=180)
-    proc.stderr = proc.stderr.decode(errors="replace")
-    proc.stdout = ""
-    if expect is not None:
-        assert proc.returncode == expect, describe(proc)
-    return proc
-
-
-def receive_from_file(store, path, *opts, expect=0):
-    """`dvr receive OPTS < path`."""
-    with open(path, "rb") as f:
-        return store.dvr("receive", *opts, stdin=f, expect=expect)
-
-
-def pipe(sender, ref, receiver, send_opts=(), receive_opts=("--json",), timeout=180):
-    """`dvr --store A send REF SEND_OPTS | dvr --store B receive RECEIVE_OPTS`
-    through a real pipe. Returns (send, receive): finished processes with text
-    stdout/stderr (the sender's stdout is the pipe)."""
-    with tempfile.TemporaryFile() as send_err, tempfile.TemporaryFile() as recv_out, \
-            tempfile.TemporaryFile() as recv_err:
-        send_argv = [str(a) for a in sender.argv("send", ref, *send_opts)]
-        recv_argv = [str(a) for a in receiver.argv("receive", *receive_opts)]
-        s = subprocess.Popen(send_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=send_err)
-        try:
-            r = subprocess.Popen(recv_argv, stdin=s.stdout, stdout=recv_out, stderr=recv_err)
-        except BaseException:
-            s.kill()
-            s.wait()
-            raise
-        s.stdout.close()  # the receiver holds the only read end: the sender sees EPIPE if it quits
-        try:
-            r.wait(timeout=timeout)
-            s.wait(timeout=30)
-        finally:
-            for p in (r, s):
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        results = []
-        for argv, p, out, err in ((send_argv, s, None, send_err), (recv_argv, r, recv_out, recv_err)):
-            err.seek(0)
-            text_out = ""
-            if out is not None:
-                out.seek(0)
-                text_out = out.read().decode(errors="replace")
-            results.append(subprocess.CompletedProcess(argv, p.returncode, text_out, err.read().decode(errors="replace")))
-    return tuple(results)
-
-
-def pipe_ok(sender, ref, receiver, send_opts=("--json",)):
-    """A successful pipe round trip: (send summary, receive summary), both --json."""
-    s, r = pipe(sender, ref, receiver, send_opts=send_opts, receive_opts=("--json",))
-    assert s.returncode == 0, describe(s) + "\n(receiver)\n" + describe(r)
-    assert r.returncode == 0, describe(r) + "\n(sender)\n" + describe(s)
-    return parse_json(s.stderr, "the summary send --json prints on stderr", s), \
-        parse_json(r.stdout, "the summary receive --json prints on stdout", r)
-
-
 # --- the per-test scratch directory and its stores
-
-def _kill_naming(token):
-    for _ in range(3):
-        victims = proc_helpers.processes_naming(token)
-        if not victims:
-            return
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in victims:
-            proc_helpers.wait_gone(pid, timeout=10)
-
 
 @pytest.fixture
 def scratch():
-    root = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None, prefix="dvr-migration-test-"))
+    root = scratch_dir("dvr-migration-test-")
     try:
         yield root
     finally:
-        _kill_naming(str(root))
+        kill_naming(str(root))
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -402,8 +126,9 @@ class Sshd:
 
 
 def _sshd_unavailable():
-    if os.geteuid() != 0:
-        return "the ssh tests run their own sshd on 127.0.0.1, which needs root"
+    reason = not_root("the ssh tests run their own sshd on 127.0.0.1, which")
+    if reason:
+        return reason
     for tool in (SSHD, SSH_KEYGEN):
         if not os.access(tool, os.X_OK):
             return f"{tool} is missing (install-deps.sh installs openssh-server and openssh-client)"
@@ -499,22 +224,17 @@ def sshd():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def ssh_opts(sshd, dvr_bin):
-    """The options push and pull need to reach the test sshd and the built dvr."""
-    return ["--ssh", sshd.ssh, "--remote-dvr", dvr_bin]
-
-
 # --- whole processes (real CRIU; root)
 
 @pytest.fixture
 def work(scratch, store_a, dvr_bin, job_bin):
-    """tests/proc's Work (jobs started with `dvr run`, dump/restore helpers) on
+    """A dvrtest.Work (jobs started with `dvr run`, dump/restore helpers) on
     this test's scratch directory, dumping into store A; switch `work.store`
     to restore from another store. Skips without root and CRIU 4.x."""
-    reason = proc_helpers.why_not_runnable()
+    reason = criu_unavailable()
     if reason:
         pytest.skip(reason)
-    w = proc_helpers.Work(scratch, dvr_bin, job_bin)
+    w = Work(scratch, dvr_bin, job_bin)
     w.store = store_a.path
     try:
         yield w

@@ -23,13 +23,82 @@ import re
 import select
 import struct
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import (MIB, WORKER_BYTES, assert_failed, describe, parse_json, pipe, pipe_ok, proc_helpers,
-                      receive_from_file, run, send_to_file, ssh_opts)
+from dvrtest import MIB, WORKER_BYTES, alive, assert_failed, describe, parse_json, run
+
+# --- moving snapshots
+
+def send_to_file(store, ref, path, *opts, expect=0):
+    """`dvr send REF OPTS > path`; returns the process (stderr: the summary)."""
+    with open(path, "wb") as out:
+        proc = subprocess.run([str(a) for a in store.argv("send", ref, *opts)], stdin=subprocess.DEVNULL, stdout=out,
+                              stderr=subprocess.PIPE, timeout=180)
+    proc.stderr = proc.stderr.decode(errors="replace")
+    proc.stdout = ""
+    if expect is not None:
+        assert proc.returncode == expect, describe(proc)
+    return proc
+
+
+def receive_from_file(store, path, *opts, expect=0):
+    """`dvr receive OPTS < path`."""
+    with open(path, "rb") as f:
+        return store.dvr("receive", *opts, stdin=f, expect=expect)
+
+
+def pipe(sender, ref, receiver, send_opts=(), receive_opts=("--json",), timeout=180):
+    """`dvr --store A send REF SEND_OPTS | dvr --store B receive RECEIVE_OPTS`
+    through a real pipe. Returns (send, receive): finished processes with text
+    stdout/stderr (the sender's stdout is the pipe)."""
+    with tempfile.TemporaryFile() as send_err, tempfile.TemporaryFile() as recv_out, \
+            tempfile.TemporaryFile() as recv_err:
+        send_argv = [str(a) for a in sender.argv("send", ref, *send_opts)]
+        recv_argv = [str(a) for a in receiver.argv("receive", *receive_opts)]
+        s = subprocess.Popen(send_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=send_err)
+        try:
+            r = subprocess.Popen(recv_argv, stdin=s.stdout, stdout=recv_out, stderr=recv_err)
+        except BaseException:
+            s.kill()
+            s.wait()
+            raise
+        s.stdout.close()  # the receiver holds the only read end: the sender sees EPIPE if it quits
+        try:
+            r.wait(timeout=timeout)
+            s.wait(timeout=30)
+        finally:
+            for p in (r, s):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        results = []
+        for argv, p, out, err in ((send_argv, s, None, send_err), (recv_argv, r, recv_out, recv_err)):
+            err.seek(0)
+            text_out = ""
+            if out is not None:
+                out.seek(0)
+                text_out = out.read().decode(errors="replace")
+            results.append(subprocess.CompletedProcess(argv, p.returncode, text_out, err.read().decode(errors="replace")))
+    return tuple(results)
+
+
+def pipe_ok(sender, ref, receiver, send_opts=("--json",)):
+    """A successful pipe round trip: (send summary, receive summary), both --json."""
+    s, r = pipe(sender, ref, receiver, send_opts=send_opts, receive_opts=("--json",))
+    assert s.returncode == 0, describe(s) + "\n(receiver)\n" + describe(r)
+    assert r.returncode == 0, describe(r) + "\n(sender)\n" + describe(s)
+    return parse_json(s.stderr, "the summary send --json prints on stderr", s), \
+        parse_json(r.stdout, "the summary receive --json prints on stdout", r)
+
+
+def ssh_opts(sshd, dvr_bin):
+    """The options push and pull need to reach the test sshd and the built dvr."""
+    return ["--ssh", sshd.ssh, "--remote-dvr", dvr_bin]
+
 
 SEND_FIELDS = ("ref", "logical_bytes", "sent_bytes", "compression_ratio", "chunks", "chunks_skipped", "seconds")
 RECEIVE_FIELDS = ("ref", "logical_bytes", "received_bytes", "chunks", "stored_bytes", "seconds")
@@ -145,7 +214,7 @@ def restored_continues(job, at_dump, pid, gen):
     assert first["count"] >= at_dump["count"], f"the counter went back: dumped at {at_dump}, restored {first}"
     job.assert_intact(first, gen=gen)
     later = job.wait_count(first["count"] + 10)
-    assert proc_helpers.alive(pid) and later["id"] == first["id"]
+    assert alive(pid) and later["id"] == first["id"]
     return first
 
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import HERE, RANKS, Heat, describe, last_json
+from dvrtest import MPI_DIR, RANKS, Heat, describe, last_json
 
 PARTNER_OFFSET = RANKS // 2  # the library's default: ranks split in two halves ("nodes")
 
@@ -189,7 +189,7 @@ def test_retention(heat, reference, dvr_ls, keep):
 # --- (e) Python: memdvr.mpi over mpi4py ----------------------------------------
 
 def test_python_mpi4py(mpirun, python_env, tmp_path):
-    script = HERE / "py_heat.py"
+    script = MPI_DIR / "py_heat.py"
     root = tmp_path / "pyroot"
     common = [sys.executable, script, "--store-root", root, "--steps", "60", "--every", "10", "--keep", "2"]
 

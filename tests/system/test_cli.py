@@ -8,7 +8,7 @@ import stat
 import time
 
 import pytest
-from conftest import DVR_ERROR, PACK_METADATA_SLACK, REGION_SIZES, SNAPSHOT_BYTES, describe, run, worker_error
+from dvrtest import DVR_ERROR, PACK_METADATA_SLACK, WORKER_REGION_SIZES, WORKER_BYTES, describe, run, worker_error
 
 CHUNK = 64 * 1024  # the worker creates stores with its 64 KiB content unit
 SNAPSHOT_FIELDS = {"session", "name", "parent", "label", "time_ns", "logical_bytes", "stored_bytes", "chunks",
@@ -36,10 +36,10 @@ def test_ls_json_has_the_documented_fields_and_true_values(populated):
     for s in snaps:
         assert set(s) == SNAPSHOT_FIELDS, s
         assert s["damaged"] is False
-        assert s["logical_bytes"] == SNAPSHOT_BYTES
+        assert s["logical_bytes"] == WORKER_BYTES
         assert [(r["name"], r["size"], r["sdk_owned"]) for r in s["regions"]] == [
-            ("r0", REGION_SIZES["r0"], True), ("r1", REGION_SIZES["r1"], False), ("r2", REGION_SIZES["r2"], True)]
-        assert s["chunks"] == sum((n + CHUNK - 1) // CHUNK for n in REGION_SIZES.values())
+            ("r0", WORKER_REGION_SIZES["r0"], True), ("r1", WORKER_REGION_SIZES["r1"], False), ("r2", WORKER_REGION_SIZES["r2"], True)]
+        assert s["chunks"] == sum((n + CHUNK - 1) // CHUNK for n in WORKER_REGION_SIZES.values())
         assert s["zero_chunks"] == sum(1 for u in store.units(s["name"]) if u[2] == "zero") > 0
         assert s["label"].startswith("dvr-test-worker pid ")
         assert started - 600 * 10**9 < s["time_ns"] <= time.time_ns()
@@ -66,7 +66,7 @@ def test_info_matches_ls(populated):
         assert store.dvr_json("info", f"{session}/{name}") == entry
     text = store.dvr("info", "s/b").stdout
     assert "snapshot  s/b" in text and "parent    a" in text and "regions   3" in text, text
-    assert f"r1  293.0 KiB ({REGION_SIZES['r1']} bytes)  tracked" in text, text
+    assert f"r1  293.0 KiB ({WORKER_REGION_SIZES['r1']} bytes)  tracked" in text, text
 
 
 def test_stored_bytes_count_exactly_the_chunks_new_to_the_store(store):
@@ -95,7 +95,7 @@ def test_stat_json(populated):
     assert s["medium"] in ("disk", "dram", "pmem")
     assert s["format_version"] == 1 and s["chunk_size"] == CHUNK
     assert (s["sessions"], s["snapshots"]) == (2, 3)
-    assert s["logical_bytes"] == 3 * SNAPSHOT_BYTES
+    assert s["logical_bytes"] == 3 * WORKER_BYTES
     assert s["pack_files"] >= 1 and 0 < s["pack_bytes"] < s["logical_bytes"]
     text = populated.dvr("stat").stdout
     assert f"store      {populated.path}" in text and "sessions   2, snapshots 3" in text, text
@@ -238,7 +238,7 @@ def test_stores_with_other_chunk_sizes(store, chunk_size):
     store.snap("s", "a", "b", "--chunk-size", chunk_size)
     assert store.stat()["chunk_size"] == chunk_size
     info = store.dvr_json("info", "s/a")
-    assert info["chunks"] == sum((n + chunk_size - 1) // chunk_size for n in REGION_SIZES.values())
+    assert info["chunks"] == sum((n + chunk_size - 1) // chunk_size for n in WORKER_REGION_SIZES.values())
     store.snap("s", "c", "--chunk-size", 8192)  # an existing store keeps its chunk size
     assert store.stat()["chunk_size"] == chunk_size
     store.check("s", "a", "b", "c")

@@ -6,7 +6,7 @@ import random
 import subprocess
 import time
 
-from conftest import SNAPSHOT_BYTES, describe
+from dvrtest import WORKER_BYTES, describe
 
 
 def start(store, *args):
@@ -58,7 +58,7 @@ def test_two_sessions_at_once_and_identical_content_is_stored_once(store):
     store.gc()
     store.assert_space_matches_live_data()
     stat = store.stat()
-    assert stat["logical_bytes"] == (2 * count + 1) * SNAPSHOT_BYTES
+    assert stat["logical_bytes"] == (2 * count + 1) * WORKER_BYTES
     assert stat["pack_bytes"] < 0.55 * stat["logical_bytes"], f"identical sessions were not deduplicated: {stat}"
 
 

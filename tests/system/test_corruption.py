@@ -4,7 +4,7 @@ altered manifest, a missing pack. `dvr verify` must name every damaged snapshot
 `corrupt` naming the snapshot, and healthy snapshots must still restore."""
 
 import pytest
-from conftest import DVR_ERROR, describe, worker_error
+from dvrtest import DVR_ERROR, describe, worker_error
 
 
 def locate(store, head):

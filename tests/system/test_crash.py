@@ -14,7 +14,7 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import describe, kill
+from dvrtest import describe, kill
 
 ITERATIONS = 60
 SESSION = "crash"

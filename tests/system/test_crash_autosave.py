@@ -26,7 +26,7 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import describe, kill
+from dvrtest import describe, kill
 
 SESSION = "auto"
 KEEP = 3

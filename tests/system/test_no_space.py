@@ -13,7 +13,7 @@ import shutil
 import signal
 
 import pytest
-from conftest import DVR_ERROR, describe, run
+from dvrtest import DVR_ERROR, describe, run, skip_unless_root
 
 MIB = 1024 * 1024
 
@@ -21,8 +21,7 @@ MIB = 1024 * 1024
 @pytest.fixture
 def tmpfs(tmp_path):
     """A 24 MiB tmpfs mounted for this test only."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+    skip_unless_root("mounting a tmpfs")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     proc = run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", mnt])

@@ -5,7 +5,7 @@ import os
 import stat
 
 import pytest
-from conftest import describe, worker_error
+from dvrtest import describe, skip_unless_root, worker_error
 
 
 def modes(root):
@@ -51,8 +51,7 @@ def test_an_existing_empty_directory_is_made_private(store):
 
 
 def test_a_store_owned_by_someone_else_is_refused(store):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to give the store to another user")
+    skip_unless_root("giving the store to another user")
     store.snap("s", "a")
     os.chown(store.path, 65534, 65534)
     try:
