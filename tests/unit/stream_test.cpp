@@ -1,0 +1,520 @@
+// Streams between stores through the public API of dvr/transfer.hpp: send and
+// receive through a pipe and through a file, into the same or another
+// session, at every compression level; incremental sends against a base;
+// and damaged streams (truncated, bad magic, a newer version, flipped bytes
+// in a chunk or anywhere past the header, random bytes), each refused with
+// the documented error and the receiving store exactly as before.
+//
+// Only the public API and the bytes of the stream are used: the stream's
+// header as docs/format.md ("Stream format") gives it (8 bytes of magic, then
+// the u32 version), and chunk data found by its content in an uncompressed
+// stream (level 0). Nothing here depends on how the records are laid out.
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dvr/transfer.hpp"
+#include "test_support.hpp"
+
+using namespace dvr;
+using dvrtest::catch_error;
+using dvrtest::TempDir;
+
+namespace {
+
+using Bytes = std::vector<unsigned char>;
+
+// The sender's session "s": an SDK-owned region, a caller buffer at an odd
+// address of an odd size, and a region that is all zero.
+struct Source {
+  Bytes owned = dvrtest::random_bytes((3u << 20) + 123, 1);
+  Bytes tracked = dvrtest::random_bytes(300001, 2);
+  Bytes zero = Bytes(1u << 20, 0);
+  std::uint64_t logical() const { return owned.size() + tracked.size() + zero.size(); }
+};
+
+void snapshot(Store& store, const Source& src, const std::string& name, const std::string& label = "") {
+  dvrtest::OddBuffer odd(src.tracked.size(), 3);  // (memory a session tracks outlives it)
+  std::memcpy(odd.data(), src.tracked.data(), src.tracked.size());
+  Bytes z = src.zero;
+  Session s(store, "s");
+  auto& r = s.alloc("owned", src.owned.size());
+  std::memcpy(r.data(), src.owned.data(), src.owned.size());
+  s.track("tracked", odd.data(), odd.size());
+  s.track("zero", z.data(), z.size());
+  SnapshotOptions o;
+  o.label = label;
+  s.snapshot(name, o);
+}
+
+// Restores session/name of `store` into fresh memory: "" when it is `src`, else where it differs.
+std::string restored_diff(Store& store, const std::string& session, const std::string& name, const Source& src) {
+  Bytes tracked(src.tracked.size(), 0x55), zero(src.zero.size(), 0x55);
+  Session s(store, session);
+  auto& r = s.alloc("owned", src.owned.size());
+  s.track("tracked", tracked.data(), tracked.size());
+  s.track("zero", zero.data(), zero.size());
+  s.restore(name);
+  if (auto d = dvrtest::diff(r.data(), src.owned.data(), src.owned.size()); !d.empty()) return "owned: " + d;
+  if (auto d = dvrtest::diff(tracked, src.tracked); !d.empty()) return "tracked: " + d;
+  if (auto d = dvrtest::diff(zero, src.zero); !d.empty()) return "zero: " + d;
+  return "";
+}
+
+// A memfd holding `bytes`, positioned at its start.
+int memfd_of(const std::string& bytes) {
+  int fd = ::memfd_create("stream", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+  REQUIRE(::lseek(fd, 0, SEEK_SET) == 0);
+  return fd;
+}
+
+std::string stream_of(const Store& store, const std::string& ref, const transfer::Options& o = {},
+                      transfer::Stats* stats = nullptr) {
+  int fd = ::memfd_create("stream", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  transfer::Stats st = transfer::send(store, ref, fd, o);
+  if (stats) *stats = st;
+  off_t n = ::lseek(fd, 0, SEEK_END);
+  std::string s(static_cast<std::size_t>(n), '\0');
+  REQUIRE(::pread(fd, s.data(), s.size(), 0) == n);
+  ::close(fd);
+  return s;
+}
+
+transfer::Stats receive_bytes(Store& store, const std::string& bytes, const transfer::ReceiveOptions& o = {}) {
+  int fd = memfd_of(bytes);
+  try {
+    auto st = transfer::receive(store, fd, o);
+    ::close(fd);
+    return st;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+}
+
+// `bytes` written into a pipe by another thread (which closes it at the end)
+// while this one receives from it.
+transfer::Stats receive_through_pipe(Store& store, const std::string& bytes) {
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  std::thread writer([&] {
+    // Should the receiver stop reading and close its end: EPIPE here, not SIGPIPE.
+    sigset_t pipe_signal;
+    sigemptyset(&pipe_signal);
+    sigaddset(&pipe_signal, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
+    const char* d = bytes.data();
+    std::size_t n = bytes.size();
+    while (n) {
+      ssize_t w = ::write(p[1], d, n);
+      if (w <= 0) break;  // the receiver gave up (EPIPE)
+      d += w;
+      n -= static_cast<std::size_t>(w);
+    }
+    ::close(p[1]);
+  });
+  try {
+    auto st = transfer::receive(store, p[0]);
+    writer.join();
+    ::close(p[0]);
+    return st;
+  } catch (...) {
+    ::close(p[0]);  // unblocks the writer
+    writer.join();
+    throw;
+  }
+}
+
+// Everything a refused receive must leave as it was: the listing and every
+// file (name and content) under sessions/, heaps/ and tmp/.
+struct StoreState {
+  std::vector<std::string> snapshots;
+  std::map<std::string, std::string> files;
+  bool operator==(const StoreState&) const = default;
+};
+
+StoreState state_of(const Store& store) {
+  StoreState st;
+  for (auto& i : store.list())
+    st.snapshots.push_back(i.session + "/" + i.name + " " + i.label + " " + std::to_string(i.logical_bytes) + " " +
+                           std::to_string(i.time_ns) + (i.damaged ? " damaged" : ""));
+  for (const char* sub : {"sessions", "heaps", "tmp"}) {
+    std::string root = store.path() + "/" + sub;
+    if (!dvrtest::fs::exists(root)) continue;
+    for (auto& rel : dvrtest::tree(root)) {
+      std::string p = root + "/" + rel;
+      st.files[std::string(sub) + "/" + rel] = dvrtest::fs::is_regular_file(p) ? dvrtest::read_file(p) : "(dir)";
+    }
+  }
+  return st;
+}
+
+std::string describe(const StoreState& s) {
+  std::string out;
+  for (auto& n : s.snapshots) out += "  " + n + "\n";
+  for (auto& [f, c] : s.files) out += "  " + f + " (" + std::to_string(c.size()) + " bytes)\n";
+  return out;
+}
+
+// Two stores: A holds s/one (and whatever the test adds), B holds an
+// unrelated snapshot other/resident, so that "B is as before" compares something.
+struct Pair {
+  TempDir dir;
+  Store a = Store::open(dir / "a");
+  Store b = Store::open(dir / "b");
+  Source src;
+  Source resident{dvrtest::random_bytes(200000, 7), dvrtest::random_bytes(5000, 8), Bytes(4096, 0)};
+  Pair() {
+    snapshot(a, src, "one", "the first");
+    Session s(b, "other");
+    auto& r = s.alloc("owned", resident.owned.size());
+    std::memcpy(r.data(), resident.owned.data(), resident.owned.size());
+    s.track("tracked", resident.tracked.data(), resident.tracked.size());
+    s.track("zero", resident.zero.data(), resident.zero.size());
+    s.snapshot("resident");
+  }
+
+  // Receiving `bytes` into B fails with `code`, naming the problem, and changes nothing.
+  void refused(const std::string& bytes, Errc code, const std::string& context) {
+    INFO(context << " (" << bytes.size() << " bytes)");
+    const StoreState before = state_of(b);
+    auto c = catch_error([&] { receive_bytes(b, bytes); });
+    INFO(c.what);
+    CHECK(c.code == code);
+    CHECK(c.what.size() > 20);
+    const StoreState after = state_of(b);
+    INFO("before:\n" << describe(before) << "after:\n" << describe(after));
+    CHECK(after == before);
+  }
+
+  // B as it was at the start: the resident snapshot intact, nothing else.
+  void b_intact() {
+    CHECK(b.list("s").empty());
+    CHECK(b.verify().ok());
+    CHECK(restored_diff(b, "other", "resident", resident) == "");
+  }
+};
+
+void put_u32(std::string& s, std::size_t at, std::uint32_t v) { std::memcpy(s.data() + at, &v, 4); }
+std::uint32_t get_u32(const std::string& s, std::size_t at) {
+  std::uint32_t v;
+  std::memcpy(&v, s.data() + at, 4);
+  return v;
+}
+
+// Where the `len` bytes at `data` occur in `stream` (npos if they do not).
+std::size_t find_in(const std::string& stream, const unsigned char* data, std::size_t len) {
+  auto it = std::search(stream.begin(), stream.end(), data, data + len,
+                        [](char a, unsigned char b) { return static_cast<unsigned char>(a) == b; });
+  return it == stream.end() ? std::string::npos : static_cast<std::size_t>(it - stream.begin());
+}
+
+}  // namespace
+
+TEST_CASE("stream: send and receive through a pipe restore the snapshot bit-exact in another store", "[stream]") {
+  const int level = GENERATE(0, 1, 9);
+  INFO("level " << level);
+  Pair t;
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  transfer::Options o;
+  o.level = level;
+  std::uint64_t progress_total = 0, progress_done = 0;
+  o.progress = [&](std::uint64_t done, std::uint64_t total) {
+    progress_done = done;
+    progress_total = total;
+  };
+  transfer::Stats sent, got;
+  std::string send_error;
+  std::thread sender([&] {
+    sigset_t pipe_signal;  // a receiver that gives up: EPIPE, not SIGPIPE
+    sigemptyset(&pipe_signal);
+    sigaddset(&pipe_signal, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
+    try {
+      sent = transfer::send(t.a, "s/one", p[1], o);
+    } catch (const std::exception& e) {
+      send_error = e.what();
+    }
+    ::close(p[1]);
+  });
+  auto received = catch_error([&] { got = transfer::receive(t.b, p[0]); });
+  ::close(p[0]);
+  sender.join();
+  REQUIRE(send_error == "");
+  REQUIRE(received.what == "(returned normally)");
+
+  CHECK(sent.refs == std::vector<std::string>{"s/one"});
+  CHECK(got.refs == std::vector<std::string>{"s/one"});
+  CHECK(sent.base == "");
+  CHECK(sent.logical_bytes == t.src.logical());
+  CHECK(got.logical_bytes == t.src.logical());
+  CHECK(got.wire_bytes == sent.wire_bytes);
+  CHECK(got.chunks == sent.chunks);
+  CHECK(sent.chunks == t.a.info("s", "one").chunks);
+  CHECK(got.stored_bytes > 0);
+  CHECK(progress_total == t.src.logical());
+  CHECK(progress_done == progress_total);
+  if (level == 0) {
+    // Raw: all the non-zero data travels as it is (with a few bytes of framing).
+    CHECK(sent.compression_ratio == Approx(1).epsilon(0.01));
+    CHECK(sent.data_bytes <= sent.wire_bytes);
+    CHECK(sent.wire_bytes >= t.src.owned.size() + t.src.tracked.size());
+  } else {
+    CHECK(sent.data_bytes >= t.src.owned.size() + t.src.tracked.size());
+  }
+  // The zero region costs nothing on the wire.
+  CHECK(sent.wire_bytes < t.src.logical() - t.src.zero.size() / 2);
+
+  auto info = t.b.info("s", "one");
+  CHECK(info.label == "the first");
+  CHECK(info.logical_bytes == t.src.logical());
+  REQUIRE(info.regions.size() == 3);
+  CHECK(restored_diff(t.b, "s", "one", t.src) == "");
+  CHECK(t.b.verify().ok());
+  CHECK(restored_diff(t.b, "other", "resident", t.resident) == "");
+  // The sender's store is as it was.
+  CHECK(restored_diff(t.a, "s", "one", t.src) == "");
+}
+
+TEST_CASE("stream: a stream kept in a file is received later, into another session if asked", "[stream]") {
+  Pair t;
+  const std::string file = t.dir / "one.stream";
+  {
+    int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    REQUIRE(fd >= 0);
+    transfer::send(t.a, "s/one", fd);
+    ::close(fd);
+  }
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  transfer::ReceiveOptions ro;
+  ro.session = "copy";
+  auto got = transfer::receive(t.b, fd, ro);
+  ::close(fd);
+  CHECK(got.refs == std::vector<std::string>{"copy/one"});
+  CHECK(t.b.list("s").empty());
+  REQUIRE(t.b.list("copy").size() == 1);
+  CHECK(restored_diff(t.b, "copy", "one", t.src) == "");
+  // The same file again, now into its own session: both are there.
+  fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  transfer::receive(t.b, fd);
+  ::close(fd);
+  CHECK(restored_diff(t.b, "s", "one", t.src) == "");
+  CHECK(restored_diff(t.b, "copy", "one", t.src) == "");
+  CHECK(t.b.verify().ok());
+}
+
+TEST_CASE("stream: an incremental send against a base carries only what changed", "[stream]") {
+  Pair t;
+  transfer::Stats full;
+  const std::string first = stream_of(t.a, "s/one", {}, &full);
+  receive_bytes(t.b, first);
+  // Three scattered pages change.
+  Source next = t.src;
+  for (std::size_t page : {3u, 200u, 700u}) next.owned[page * 4096 + 17] ^= 0x5a;
+  snapshot(t.a, next, "two");
+
+  transfer::Options o;
+  o.base = "one";
+  o.level = 0;
+  transfer::Stats delta;
+  const std::string second = stream_of(t.a, "s/two", o, &delta);
+  INFO("full stream " << first.size() << " bytes, incremental " << second.size());
+  CHECK(delta.base == "one");
+  CHECK(delta.logical_bytes == next.logical());
+  CHECK(delta.chunks_skipped > 0);
+  CHECK(delta.chunks_skipped < delta.chunks);
+  CHECK(delta.data_bytes <= 3 * 4096);  // only the pages that differ
+  CHECK(second.size() * 20 < first.size());
+
+  SECTION("received where the base is: exact, and the base is untouched") {
+    auto got = receive_bytes(t.b, second);
+    CHECK(got.base == "one");
+    CHECK(got.stored_bytes <= 3 * 4096 + 4096);
+    CHECK(restored_diff(t.b, "s", "two", next) == "");
+    CHECK(restored_diff(t.b, "s", "one", t.src) == "");
+    CHECK(t.b.verify().ok());
+  }
+  SECTION("received where the base is missing: not_found, nothing stored") {
+    Store c = Store::open(t.dir / "c");
+    auto before = state_of(c);
+    auto e = catch_error([&] { receive_bytes(c, second); });
+    CHECK(e.code == Errc::not_found);
+    CHECK_THAT(e.what, Catch::Contains("one"));
+    CHECK(state_of(c) == before);
+    CHECK(c.list().empty());
+  }
+  SECTION("received where the base has other content: not_found, nothing stored") {
+    t.b.remove("s", "one");
+    Source other = t.src;
+    other.owned[12345] ^= 1;
+    snapshot(t.b, other, "one");
+    auto before = state_of(t.b);
+    auto e = catch_error([&] { receive_bytes(t.b, second); });
+    INFO(e.what);
+    CHECK(e.code == Errc::not_found);
+    CHECK(state_of(t.b) == before);
+  }
+  SECTION("a base the sender does not hold: not_found, nothing written") {
+    transfer::Options bad;
+    bad.base = "nosuch";
+    int fd = ::memfd_create("stream", MFD_CLOEXEC);
+    auto e = catch_error([&] { transfer::send(t.a, "s/two", fd, bad); });
+    CHECK(e.code == Errc::not_found);
+    CHECK(::lseek(fd, 0, SEEK_END) == 0);
+    ::close(fd);
+  }
+}
+
+TEST_CASE("stream: a snapshot the receiver holds already is already_exists, and nothing changes", "[stream]") {
+  Pair t;
+  const std::string s = stream_of(t.a, "s/one");
+  receive_bytes(t.b, s);
+  t.refused(s, Errc::already_exists, "the same stream again");
+  CHECK(restored_diff(t.b, "s", "one", t.src) == "");
+}
+
+TEST_CASE("stream: sending an unknown snapshot is not_found and writes nothing", "[stream]") {
+  Pair t;
+  int fd = ::memfd_create("stream", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  CHECK(catch_error([&] { transfer::send(t.a, "s/nosuch", fd); }).code == Errc::not_found);
+  CHECK(catch_error([&] { transfer::send(t.a, "nosuch/one", fd); }).code == Errc::not_found);
+  CHECK(::lseek(fd, 0, SEEK_END) == 0);
+  ::close(fd);
+}
+
+TEST_CASE("stream: every kind of truncated stream is corrupt, and the receiver is unchanged", "[stream]") {
+  Pair t;
+  const std::string s = stream_of(t.a, "s/one", {.level = 0});
+  REQUIRE(s.size() > 100000);
+  const std::size_t n = s.size();
+  for (std::size_t len : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{12},
+                          std::size_t{16}, std::size_t{17}, std::size_t{100}, std::size_t{4096}, n / 3, n / 2,
+                          n - 4096, n - 100, n - 21, n - 20, n - 9, n - 8, n - 1})
+    t.refused(s.substr(0, len), Errc::corrupt, "cut to " + std::to_string(len) + " of " + std::to_string(n) + " bytes");
+  // Cut at a random place, through a pipe whose writer then closes it.
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 5; ++i) {
+    std::size_t len = rng() % n;
+    INFO("through a pipe, cut to " << len);
+    auto before = state_of(t.b);
+    auto c = catch_error([&] { receive_through_pipe(t.b, s.substr(0, len)); });
+    CHECK(c.code == Errc::corrupt);
+    CHECK(state_of(t.b) == before);
+  }
+  t.b_intact();
+  // The whole stream is fine.
+  receive_bytes(t.b, s);
+  CHECK(restored_diff(t.b, "s", "one", t.src) == "");
+}
+
+TEST_CASE("stream: bad magic, a newer version or random bytes are refused, and the receiver is unchanged", "[stream]") {
+  Pair t;
+  const std::string s = stream_of(t.a, "s/one");
+  REQUIRE(s.compare(0, 8, std::string("DVRSTRM\0", 8)) == 0);  // docs/format.md
+  for (std::size_t at : {0, 3, 7}) {
+    std::string bad = s;
+    bad[at] ^= 0x20;
+    t.refused(bad, Errc::corrupt, "magic byte " + std::to_string(at) + " flipped");
+  }
+  t.refused(std::string("DVRPACK1") + s.substr(8), Errc::corrupt, "another Memory DVR file's magic");
+  const std::uint32_t version = get_u32(s, 8);
+  CHECK(version >= 1);
+  for (std::uint32_t newer : {version + 1, 99u, 0xFFFFFFFFu}) {
+    std::string bad = s;
+    put_u32(bad, 8, newer);
+    t.refused(bad, Errc::unsupported, "version " + std::to_string(newer));
+  }
+  auto noise = dvrtest::random_bytes(64 * 1024, 9);
+  t.refused(std::string(noise.begin(), noise.end()), Errc::corrupt, "random bytes");
+  t.b_intact();
+}
+
+TEST_CASE("stream: a flipped byte in a chunk's data is corrupt, and nothing is published", "[stream]") {
+  Pair t;
+  const std::string s = stream_of(t.a, "s/one", {.level = 0});
+  // Bytes of the data, found in the uncompressed stream by their content: at
+  // the start, in the middle and at the end of the SDK-owned region, and in
+  // the caller's buffer.
+  const std::size_t owned = t.src.owned.size();
+  for (std::size_t at : {std::size_t{0}, owned / 2 + 1000, owned - 64}) {
+    std::size_t where = find_in(s, t.src.owned.data() + at, 64);
+    REQUIRE(where != std::string::npos);
+    std::string bad = s;
+    bad[where + 31] ^= 0x01;
+    t.refused(bad, Errc::corrupt, "a bit of region 'owned' at byte " + std::to_string(at + 31));
+  }
+  std::size_t where = find_in(s, t.src.tracked.data() + 4096, 64);
+  REQUIRE(where != std::string::npos);
+  std::string bad = s;
+  bad[where] ^= 0xFF;
+  t.refused(bad, Errc::corrupt, "a byte of region 'tracked'");
+  t.b_intact();
+}
+
+TEST_CASE("stream: a flipped byte anywhere past the header is refused, never published", "[stream]") {
+  Pair t;
+  const std::string s = stream_of(t.a, "s/one");
+  std::mt19937_64 rng(7);
+  const std::size_t header = 16;  // magic and version (docs/format.md); flipped above
+  std::vector<std::size_t> spots;
+  for (std::size_t i = header; i < header + 64 && i < s.size(); ++i) spots.push_back(i);  // the first record
+  for (std::size_t i = s.size() - 64; i < s.size(); ++i) spots.push_back(i);             // the last ones
+  for (int i = 0; i < 60; ++i) spots.push_back(header + rng() % (s.size() - header));
+  const StoreState before = state_of(t.b);
+  for (std::size_t at : spots) {
+    std::string bad = s;
+    bad[at] ^= static_cast<char>(1u << (rng() % 8));
+    INFO("byte " << at << " of " << s.size());
+    auto c = catch_error([&] { receive_bytes(t.b, bad); });
+    INFO(c.what);
+    CHECK((c.code == Errc::corrupt || c.code == Errc::unsupported));
+    REQUIRE(state_of(t.b) == before);
+  }
+  t.b_intact();
+}
+
+TEST_CASE("stream: a snapshot whose data is damaged in the sender's store is not sent", "[stream]") {
+  Pair t;
+  // Damage the sender's copy of some of its data: a byte of the SDK-owned region in a pack.
+  bool flipped = false;
+  for (auto& pack : dvrtest::pack_files(t.a)) {
+    std::string bytes = dvrtest::read_file(pack);
+    std::size_t at = find_in(bytes, t.src.owned.data() + 8192, 64);
+    if (at == std::string::npos) continue;
+    dvrtest::flip_byte(pack, at + 5);
+    flipped = true;
+    break;
+  }
+  REQUIRE(flipped);
+  int fd = ::memfd_create("stream", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  auto c = catch_error([&] { transfer::send(t.a, "s/one", fd); });
+  CHECK(c.code == Errc::corrupt);
+  CHECK_THAT(c.what, Catch::Contains("one"));
+  // Whatever was written before the damage was found does not make a snapshot.
+  off_t n = ::lseek(fd, 0, SEEK_END);
+  std::string partial(static_cast<std::size_t>(n), '\0');
+  if (n > 0) REQUIRE(::pread(fd, partial.data(), partial.size(), 0) == n);
+  ::close(fd);
+  if (n > 0) t.refused(partial, Errc::corrupt, "what the refused send wrote");
+  t.b_intact();
+}
