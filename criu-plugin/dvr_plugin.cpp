@@ -35,7 +35,6 @@
 #include "dvr/proc.hpp"
 #include "base/os.hpp"
 #include "proc/proc_heaps.hpp"
-#include "store/store_impl.hpp"
 
 extern "C" {
 #include <criu/criu-plugin.h>
@@ -44,6 +43,11 @@ extern "C" {
 namespace {
 
 namespace heaps = dvr::detail::heaps;
+
+// The tasks are frozen while the plugin works, and one may hold a store's
+// lock (frozen inside a snapshot): wait a while for it, never forever
+// (StoreOptions::lock_timeout of every store the plugin opens).
+constexpr std::chrono::milliseconds kLockTimeout{5000};
 
 int g_stage = -1;
 heaps::HeapImage g_image;          // what this dump recorded so far
@@ -88,15 +92,12 @@ void write_image() {
 
 int dvr_init(int stage) {
   g_stage = stage;
-  // The tasks are frozen while the plugin works, and one may hold a store's
-  // lock (frozen inside a snapshot): wait a while, never forever.
-  dvr::detail::lock_wait_ms = 5000;
   if (stage != CR_PLUGIN_STAGE__RESTORE) return 0;
   try {
     std::string text = read_image();
     if (text.empty()) return 0;  // the process mapped no DVR heap
     const char* store = std::getenv("DVR_CRIU_STORE");  // the store dvr proc restores from
-    heaps::restore_heaps(heaps::parse_image(text), store ? store : "");
+    heaps::restore_heaps(heaps::parse_image(text), store ? store : "", kLockTimeout);
     return 0;
   } catch (const std::exception& e) {
     report(std::string("cannot restore the DVR heaps: ") + e.what());
@@ -191,7 +192,7 @@ int dvr_checkpoint_devices(int pid) {
                            (name && *name ? std::string(name)
                                           : "criu-" + std::to_string(pid) + "-" +
                                                 std::to_string(std::chrono::system_clock::now().time_since_epoch().count()));
-    g_image = heaps::snapshot_heaps(files, pid, snapshot, false);
+    g_image = heaps::snapshot_heaps(files, pid, snapshot, false, nullptr, kLockTimeout);
     g_recorded.insert(files.begin(), files.end());
     write_image();
     return 0;

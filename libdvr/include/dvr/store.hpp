@@ -7,6 +7,7 @@
 // a half-written snapshot. The on-disk format is specified in docs/format.md.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -43,6 +44,15 @@ struct StoreOptions {
   std::uint32_t chunk_size = 256 * 1024;
   /// Create the store if the directory does not exist or is empty.
   bool create = true;
+  /// How long a call on this handle waits for the store's lock when another
+  /// process holds it (writers take it exclusively, readers shared; a
+  /// snapshot holds it from its first read to its publication). Negative (the
+  /// default): as long as it takes. Otherwise the call gives up after this
+  /// long and throws Errc::io naming the store; nothing was changed, and the
+  /// call can simply be tried again once the other process is done. 0 tries
+  /// once. The CRIU plugin uses 5 s: the process it dumps is frozen and may be
+  /// the one holding the lock.
+  std::chrono::milliseconds lock_timeout{-1};
 };
 
 struct RegionInfo {

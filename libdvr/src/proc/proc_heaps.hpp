@@ -21,6 +21,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -83,8 +84,10 @@ struct HeapStats {
 /// pages written since are read; otherwise every page is compared with the
 /// note's (or the session's newest) snapshot by hash. The process must be
 /// frozen (CRIU has frozen it). pid 0: no process, compare by hash.
+/// `lock_timeout`: StoreOptions::lock_timeout of the heaps' stores (the CRIU
+/// plugin bounds it: the frozen process may hold a store's lock).
 HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const std::string& snapshot, bool replace,
-                         HeapStats* stats = nullptr);
+                         HeapStats* stats = nullptr, std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1));
 
 /// Removes the heap snapshots an image refers to (missing ones are fine).
 void remove_heaps(const HeapImage& image);
@@ -97,13 +100,16 @@ HeapImage parse_image(const std::string& text);
 /// process snapshot is restored from) when it holds it — a process snapshot
 /// received from another machine brings its heap snapshots along — else the
 /// heap's own store.
-std::string heap_store(const HeapFile& h, const std::string& snapshot, const std::string& preferred);
+std::string heap_store(const HeapFile& h, const std::string& snapshot, const std::string& preferred,
+                       std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1));
 
 /// Puts every heap file of `image` back to its content at dump time (files
 /// missing are created), taking each heap snapshot from heap_store(). Every
 /// byte is checked before a file is changed. Throws invalid_argument when a
 /// heap file exists with another size (changed behind dvr's back), corrupt /
 /// not_found for a damaged or missing snapshot.
-void restore_heaps(const HeapImage& image, const std::string& preferred = "");
+/// `lock_timeout` as for snapshot_heaps().
+void restore_heaps(const HeapImage& image, const std::string& preferred = "",
+                   std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1));
 
 }  // namespace dvr::detail::heaps

@@ -104,6 +104,7 @@ void check_name(const char* kind, const std::string& name) {
 StoreImpl::StoreImpl(const std::string& dir, const StoreOptions& options) {
   if (dir.empty()) throw Error(Errc::invalid_argument, "store path is empty; give a directory (or set $DVR_STORE)");
   path = dir.size() > 1 && dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir;
+  lock_timeout = options.lock_timeout;
   create_or_check(options);
   for (const std::string& dir : {sessions_dir(), tmp_dir(), path + "/packs", pins_dir()}) {
     make_private_dir(dir);
@@ -212,16 +213,19 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive) : fd_(-1) {
     s.forked_ = true;
   }
   fd_ = s.lock_fd_.get();
-  const long wait_ms = lock_wait_ms.load();
-  if (wait_ms >= 0) {
-    // Bounded: the CRIU plugin runs while the process it dumps is frozen, and
-    // that process may hold this lock (frozen inside a snapshot).
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  if (s.lock_timeout.count() >= 0) {
+    // Bounded (StoreOptions::lock_timeout): the CRIU plugin runs while the
+    // process it dumps is frozen, and that process may hold this lock (frozen
+    // inside a snapshot).
+    auto deadline = std::chrono::steady_clock::now() + s.lock_timeout;
     while (::flock(fd_, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK && errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
       if (std::chrono::steady_clock::now() >= deadline)
-        throw Error(Errc::io, "store " + s.path + " stayed locked by another process for " + std::to_string(wait_ms) +
-                                  " ms (a frozen process may be inside a snapshot or restore); try again");
+        throw Error(Errc::io, "store " + s.path + " stayed locked by another process for " +
+                                  std::to_string(s.lock_timeout.count()) +
+                                  " ms (lock_timeout): another process is inside a snapshot, restore or gc there, or "
+                                  "frozen inside one (a process being dumped); nothing was changed: try again once it "
+                                  "is done, or give a longer lock_timeout");
       ::usleep(2000);
     }
     return;
@@ -230,8 +234,6 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive) : fd_(-1) {
     if (errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
   }
 }
-
-std::atomic<long> lock_wait_ms{-1};
 
 StoreImpl::Lock::~Lock() { ::flock(fd_, LOCK_UN); }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -28,10 +29,6 @@ inline constexpr std::uint64_t kInitialPackSize = 64ull << 20;  // packs start s
 /// not starting with '.', so it can never name anything outside its directory.
 void check_name(const char* kind, const std::string& name);
 
-/// How long StoreImpl::Lock waits for the store lock, in ms (-1, the default:
-/// as long as it takes). The CRIU plugin bounds it: the process it dumps is
-/// frozen and may hold the lock.
-extern std::atomic<long> lock_wait_ms;
 bool valid_name(const std::string& name);
 
 class StoreImpl {
@@ -43,6 +40,9 @@ class StoreImpl {
   std::uint32_t chunk_size = 0;
   std::uint32_t format_version = 0;
   Medium medium = Medium::disk;
+  /// How long Lock waits for the store lock (StoreOptions::lock_timeout;
+  /// negative: as long as it takes).
+  std::chrono::milliseconds lock_timeout{-1};
 
   /// Serializes this process's use of the store (index, pack mappings).
   std::mutex mu;
