@@ -48,7 +48,7 @@ struct ArenaOptions {
   std::size_t grow_step = std::size_t{64} << 20;
 };
 
-class Arena : public std::pmr::memory_resource {
+class DVR_EXPORT Arena : public std::pmr::memory_resource {
  public:
   /// Reserves the address range, commits options.initial bytes and registers
   /// them as region `name` of `session` (the arena must not outlive it).

@@ -23,7 +23,7 @@ struct CloneOptions {
 /// snapshot can live at once. While a clone lives, the data it maps is
 /// treated as in use by the store (not reused, not freed by gc), even if the
 /// snapshot is removed. Regions are read-write; they go away with the clone.
-class Clone {
+class DVR_EXPORT Clone {
  public:
   ~Clone();
   Clone(Clone&&) noexcept;
@@ -37,7 +37,7 @@ class Clone {
   Region& region(const std::string& name);
   std::vector<Region*> regions() const;
 
-  struct State;  // opaque
+  struct DVR_NO_EXPORT State;  // opaque (hidden: libdvr's own)
 
  private:
   explicit Clone(std::unique_ptr<State> state);

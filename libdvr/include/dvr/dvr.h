@@ -39,6 +39,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dvr/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -83,10 +85,10 @@ typedef struct dvr_snapshot_info {
 /* The message of the calling thread's most recent failed dvr_* call, "" when
  * none has failed on this thread. Successful calls leave it as it is. The
  * pointer stays valid until the next failing call on this thread. Never NULL. */
-const char* dvr_errmsg(void);
+DVR_EXPORT const char* dvr_errmsg(void);
 
 /* The library version, "MAJOR.MINOR.PATCH". Never NULL. */
-const char* dvr_version(void);
+DVR_EXPORT const char* dvr_version(void);
 
 /* ---- stores ---------------------------------------------------------------- */
 
@@ -98,26 +100,26 @@ const char* dvr_version(void);
  * store, a path that is not a directory), PERMISSION (a store owned by another
  * user), UNSUPPORTED (a store written by a newer dvr), CORRUPT (a damaged
  * superblock), NO_SPACE, IO. */
-dvr_status dvr_store_open(const char* path, dvr_store** out);
+DVR_EXPORT dvr_status dvr_store_open(const char* path, dvr_store** out);
 
 /* Closes a store handle. Sessions opened from it stay usable: each keeps the
  * store open until it is closed itself. NULL is allowed and does nothing. */
-void dvr_store_close(dvr_store* store);
+DVR_EXPORT void dvr_store_close(dvr_store* store);
 
 /* Sets *out to the store's directory. The string belongs to the handle and
  * stays valid until dvr_store_close.
  * Errors: INVALID_ARGUMENT (store or out NULL). */
-dvr_status dvr_store_path(const dvr_store* store, const char** out);
+DVR_EXPORT dvr_status dvr_store_path(const dvr_store* store, const char** out);
 
 /* Lists the snapshots of `session`, oldest first, damaged ones included and
  * marked. On success *out points to *count entries in one allocation to be
  * released with dvr_list_free (*out is NULL when *count is 0: an unknown
  * session has no snapshots). On failure *out is NULL and *count 0.
  * Errors: INVALID_ARGUMENT (NULL argument, bad session name), IO. */
-dvr_status dvr_list(dvr_store* store, const char* session, dvr_snapshot_info** out, size_t* count);
+DVR_EXPORT dvr_status dvr_list(dvr_store* store, const char* session, dvr_snapshot_info** out, size_t* count);
 
 /* Frees a list returned by dvr_list (NULL is allowed and does nothing). */
-void dvr_list_free(dvr_snapshot_info* list);
+DVR_EXPORT void dvr_list_free(dvr_snapshot_info* list);
 
 /* Copies into name_buf the name of the newest snapshot of `session` whose
  * manifest and data are intact (every chunk is re-hashed, so this reads the
@@ -126,44 +128,44 @@ void dvr_list_free(dvr_snapshot_info* list);
  * always large enough. On failure name_buf holds "" (if buf_size > 0).
  * Errors: NOT_FOUND (the session has no intact snapshot), INVALID_ARGUMENT
  * (NULL argument, bad session name, buffer too small), IO. */
-dvr_status dvr_latest(dvr_store* store, const char* session, char* name_buf, size_t buf_size);
+DVR_EXPORT dvr_status dvr_latest(dvr_store* store, const char* session, char* name_buf, size_t buf_size);
 
 /* Deletes snapshot `snapshot` of `session`. Its space is reused by later
  * snapshots (`dvr gc` gives it back to the file system).
  * Errors: NOT_FOUND, INVALID_ARGUMENT (NULL argument, bad name), IO. */
-dvr_status dvr_remove(dvr_store* store, const char* session, const char* snapshot);
+DVR_EXPORT dvr_status dvr_remove(dvr_store* store, const char* session, const char* snapshot);
 
 /* ---- sessions and regions ---------------------------------------------------- */
 
 /* Opens session `name` in `store`. The session keeps the store open. On
  * failure *out is NULL.
  * Errors: INVALID_ARGUMENT (NULL argument, bad name). */
-dvr_status dvr_session_open(dvr_store* store, const char* name, dvr_session** out);
+DVR_EXPORT dvr_status dvr_session_open(dvr_store* store, const char* name, dvr_session** out);
 
 /* Closes a session: forgets its regions and frees those made by dvr_alloc
  * (tracked memory is the caller's and is left alone). Snapshots stay in the
  * store. NULL is allowed and does nothing, and so is a handle from
  * dvr_mpi_local (dvr/dvr_mpi.h), which closes with its dvr_mpi_session. */
-void dvr_session_close(dvr_session* session);
+DVR_EXPORT void dvr_session_close(dvr_session* session);
 
 /* Registers caller-owned memory [data, data + size) as region `region`. The
  * memory must stay valid until dvr_untrack or dvr_session_close. Snapshots
  * capture it and restores write it back in place.
  * Errors: INVALID_ARGUMENT (NULL argument, bad name, size 0, overlap with
  * another region), ALREADY_EXISTS (a region of that name exists). */
-dvr_status dvr_track(dvr_session* session, const char* region, void* data, size_t size);
+DVR_EXPORT dvr_status dvr_track(dvr_session* session, const char* region, void* data, size_t size);
 
 /* Allocates an SDK-owned region `region` of `size` bytes, page-aligned and
  * zero-filled, and sets *out to it. It lives until dvr_untrack or
  * dvr_session_close. On failure *out is NULL.
  * Errors: INVALID_ARGUMENT (NULL argument, bad name, size 0), ALREADY_EXISTS,
  * NO_SPACE (the memory cannot be mapped). */
-dvr_status dvr_alloc(dvr_session* session, const char* region, size_t size, void** out);
+DVR_EXPORT dvr_status dvr_alloc(dvr_session* session, const char* region, size_t size, void** out);
 
 /* Forgets region `region` (and frees it if dvr_alloc made it). Snapshots that
  * recorded it keep it.
  * Errors: NOT_FOUND, INVALID_ARGUMENT (NULL argument). */
-dvr_status dvr_untrack(dvr_session* session, const char* region);
+DVR_EXPORT dvr_status dvr_untrack(dvr_session* session, const char* region);
 
 /* Captures every region of the session as snapshot `name`, with an optional
  * free-text `label` (NULL = none). Data is persisted before the snapshot
@@ -173,7 +175,7 @@ dvr_status dvr_untrack(dvr_session* session, const char* region);
  * Errors: ALREADY_EXISTS (a snapshot of that name; remove it first),
  * INVALID_ARGUMENT (NULL argument, bad name, no regions), NO_SPACE (store full:
  * nothing is published, earlier snapshots are intact), IO. */
-dvr_status dvr_snapshot(dvr_session* session, const char* name, const char* label);
+DVR_EXPORT dvr_status dvr_snapshot(dvr_session* session, const char* name, const char* label);
 
 /* Puts every region recorded in snapshot `name` of this session back,
  * bit-exact. Everything to be copied is checked against its checksum before
@@ -182,7 +184,7 @@ dvr_status dvr_snapshot(dvr_session* session, const char* name, const char* labe
  * Errors: NOT_FOUND (no such snapshot), CORRUPT (damaged snapshot data),
  * INVALID_ARGUMENT (NULL argument, bad name, a recorded region that is not in
  * the session or has another size now), IO. */
-dvr_status dvr_restore(dvr_session* session, const char* name);
+DVR_EXPORT dvr_status dvr_restore(dvr_session* session, const char* name);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -17,10 +17,11 @@
 #include "dvr/arena.hpp"
 #include "dvr/clone.hpp"
 #include "dvr/error.hpp"
+#include "dvr/export.h"
 #include "dvr/session.hpp"
 #include "dvr/store.hpp"
 
 namespace dvr {
 /// Library version, "MAJOR.MINOR.PATCH".
-const char* version() noexcept;
+DVR_EXPORT const char* version() noexcept;
 }  // namespace dvr

@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "dvr/dvr.h"
+#include "dvr/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,7 +70,7 @@ typedef struct dvr_mpi_info {
 
 /* Fills *opts with the defaults: partner_offset 0, partner_copies 1, keep 3,
  * level 1. NULL is allowed and does nothing. */
-void dvr_mpi_options_init(dvr_mpi_options* opts);
+DVR_EXPORT void dvr_mpi_options_init(dvr_mpi_options* opts);
 
 /* Collective over `comm`. Opens session `name` in this rank's `store` (each
  * rank its own store directory). `opts` NULL means the defaults. `comm` is
@@ -77,13 +78,13 @@ void dvr_mpi_options_init(dvr_mpi_options* opts);
  * session keeps the store open. On failure *out is NULL.
  * Errors: INVALID_ARGUMENT (NULL argument, bad name, MPI_COMM_NULL, MPI not
  * initialized). */
-dvr_status dvr_mpi_session_open(dvr_store* store, const char* name, MPI_Comm comm,
+DVR_EXPORT dvr_status dvr_mpi_session_open(dvr_store* store, const char* name, MPI_Comm comm,
                                 const dvr_mpi_options* opts, dvr_mpi_session** out);
 
 /* Ends the session on this rank (not collective): forgets its regions and
  * frees those made by dvr_alloc; snapshots stay in the stores. The handle
  * from dvr_mpi_local ends with it. NULL is allowed and does nothing. */
-void dvr_mpi_session_close(dvr_mpi_session* session);
+DVR_EXPORT void dvr_mpi_session_close(dvr_mpi_session* session);
 
 /* Sets *out to this rank's own session: dvr_track / dvr_alloc / dvr_untrack
  * its regions there (dvr_snapshot / dvr_restore on it act on this rank
@@ -91,11 +92,11 @@ void dvr_mpi_session_close(dvr_mpi_session* session);
  * dvr_mpi_session_close, which ends it; dvr_session_close leaves it alone.
  * Every call returns the same handle. On failure *out is NULL.
  * Errors: INVALID_ARGUMENT (NULL argument). */
-dvr_status dvr_mpi_local(dvr_mpi_session* session, dvr_session** out);
+DVR_EXPORT dvr_status dvr_mpi_local(dvr_mpi_session* session, dvr_session** out);
 
 /* This rank's partner: the rank that keeps copies of its parts.
  * Errors: INVALID_ARGUMENT (NULL argument). */
-dvr_status dvr_mpi_partner(const dvr_mpi_session* session, int* out);
+DVR_EXPORT dvr_status dvr_mpi_partner(const dvr_mpi_session* session, int* out);
 
 /* Collective. Global snapshot `name` of every rank's regions: committed only
  * if every rank took its part, then the partner copies are sent and retention
@@ -103,7 +104,7 @@ dvr_status dvr_mpi_partner(const dvr_mpi_session* session, int* out);
  * Errors (on every rank): IO naming the failing ranks (a local snapshot
  * failed: the snapshot is committed nowhere; or the partner copies failed:
  * it is committed, the copies are not), INVALID_ARGUMENT (NULL argument). */
-dvr_status dvr_mpi_snapshot(dvr_mpi_session* session, const char* name, dvr_mpi_info* out);
+DVR_EXPORT dvr_status dvr_mpi_snapshot(dvr_mpi_session* session, const char* name, dvr_mpi_info* out);
 
 /* Collective. Restores, on every rank, the newest global snapshot every rank
  * can restore (from its own store or from its partner's copy) and copies its
@@ -112,7 +113,7 @@ dvr_status dvr_mpi_snapshot(dvr_mpi_session* session, const char* name, dvr_mpi_
  * Errors: NOT_FOUND (on every rank: there is none, a fresh start), IO (on
  * every rank, naming the failing ranks), INVALID_ARGUMENT (NULL argument,
  * buf_size < DVR_NAME_MAX + 1). */
-dvr_status dvr_mpi_restore_latest(dvr_mpi_session* session, char* name_buf, size_t buf_size);
+DVR_EXPORT dvr_status dvr_mpi_restore_latest(dvr_mpi_session* session, char* name_buf, size_t buf_size);
 
 #ifdef __cplusplus
 }  /* extern "C" */

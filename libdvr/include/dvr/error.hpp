@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "dvr/export.h"
+
 namespace dvr {
 
 enum class Errc {
@@ -23,9 +25,11 @@ enum class Errc {
 };
 
 /// Short stable name of a code ("not_found", "corrupt", ...), for logs and JSON.
-const char* errc_name(Errc code) noexcept;
+DVR_EXPORT const char* errc_name(Errc code) noexcept;
 
-class Error : public std::runtime_error {
+/// Exported with its typeinfo and vtable (DVR_EXPORT): thrown inside libdvr,
+/// caught in the program.
+class DVR_EXPORT Error : public std::runtime_error {
  public:
   Error(Errc code, const std::string& message) : std::runtime_error(message), code_(code) {}
   Errc code() const noexcept { return code_; }

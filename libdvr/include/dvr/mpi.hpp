@@ -52,7 +52,7 @@ struct GlobalInfo {
   double seconds = 0;               // the whole collective call, on this rank
 };
 
-class Session {
+class DVR_EXPORT Session {
  public:
   /// Collective over `comm`. Opens session `name` in this rank's `store`.
   Session(Store store, std::string name, MPI_Comm comm, const Options& options = {});
@@ -80,7 +80,7 @@ class Session {
   /// Global snapshots committed, oldest first, as this rank's records say.
   std::vector<GlobalInfo> committed() const;
 
-  struct State;
+  struct DVR_NO_EXPORT State;  // hidden: dvr_mpi's own
 
  private:
   std::unique_ptr<State> state_;

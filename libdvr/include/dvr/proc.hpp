@@ -99,18 +99,18 @@ struct Preflight {
 /// criu-plugin/ beside the running program (a build tree), else
 /// ../LIBDIR/dvr/criu next to it (an installed tree: `cmake --install`).
 /// "" if none holds it.
-std::string plugin_dir();
+DVR_EXPORT std::string plugin_dir();
 
 /// Checks the criu binary ($DVR_CRIU or criu on PATH, version 4 or newer), the
 /// kernel (`criu check`, unless quick) and the plugin.
-Preflight preflight(const std::string& plugin_dir = "", bool quick = false);
+DVR_EXPORT Preflight preflight(const std::string& plugin_dir = "", bool quick = false);
 
 /// Dumps the process tree rooted at `pid` into `store` as process snapshot
 /// `name`. Without options.leave_running the tree is killed once dumped.
 /// Throws not_found (no such process), already_exists, unsupported (CRIU or
 /// plugin missing), io (CRIU failed: the message quotes its errors and names
 /// its log). On failure nothing is added to the store and the process runs on.
-ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOptions& options = {});
+DVR_EXPORT ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOptions& options = {});
 
 /// Restores process snapshot `name`. Every byte is checked against its
 /// checksum before CRIU starts. A preflight compares this host with the
@@ -121,14 +121,14 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
 /// its heaps are mapped by a running process: stop the original or use
 /// clone; or CRIU failed: no process of the snapshot is left running),
 /// unsupported.
-RestoreResult restore(Store& store, const std::string& name, const RestoreOptions& options = {});
+DVR_EXPORT RestoreResult restore(Store& store, const std::string& name, const RestoreOptions& options = {});
 
 /// Process snapshots, oldest first.
-std::vector<ProcInfo> list(const Store& store);
+DVR_EXPORT std::vector<ProcInfo> list(const Store& store);
 /// One process snapshot. Throws not_found, corrupt.
-ProcInfo info(const Store& store, const std::string& name);
+DVR_EXPORT ProcInfo info(const Store& store, const std::string& name);
 /// Removes a process snapshot and its heap snapshot. Throws not_found.
-void remove(Store& store, const std::string& name);
+DVR_EXPORT void remove(Store& store, const std::string& name);
 
 struct RunOptions {
   std::string output;  // stdout and stderr of the job ("" = /dev/null)
@@ -138,6 +138,6 @@ struct RunOptions {
 /// stdin from /dev/null: a job that can be dumped, restored and cloned without
 /// PID clashes. Returns its PID as the caller sees it; the job is not the
 /// caller's child. Needs root (or CAP_SYS_ADMIN).
-pid_t run(const std::vector<std::string>& argv, const RunOptions& options = {});
+DVR_EXPORT pid_t run(const std::vector<std::string>& argv, const RunOptions& options = {});
 
 }  // namespace dvr::proc

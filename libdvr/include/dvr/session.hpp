@@ -21,7 +21,7 @@
 namespace dvr {
 
 /// A named range of memory in a session.
-class Region {
+class DVR_EXPORT Region {
  public:
   const std::string& name() const { return name_; }
   void* data() const { return data_; }
@@ -58,7 +58,7 @@ enum class Tracking {
   /// stored once) and every restore copies everything back. Works everywhere.
   hash,
 };
-const char* tracking_name(Tracking tracking) noexcept;
+DVR_EXPORT const char* tracking_name(Tracking tracking) noexcept;
 
 struct SessionOptions {
   /// The mechanism wanted. write_protect falls back to hash, per region, where
@@ -95,7 +95,7 @@ void assume_written(Session& s, const std::string& region, std::vector<std::pair
 bool base_on_if(Session& s, const std::string& name, std::uint64_t checksum);
 }  // namespace detail
 
-class Session {
+class DVR_EXPORT Session {
  public:
   /// Opens session `name` in `store`. Names: 1–128 characters from
   /// [A-Za-z0-9._-], not starting with '.'.
@@ -195,7 +195,7 @@ class Session {
   std::string tracking_note() const;
 
  private:
-  struct State;
+  struct DVR_NO_EXPORT State;  // hidden: libdvr's own
   std::unique_ptr<State> state_;
   friend void detail::assume_written(Session&, const std::string&, std::vector<std::pair<std::uint64_t, std::uint64_t>>);
   friend bool detail::base_on_if(Session&, const std::string&, std::uint64_t);

@@ -34,7 +34,7 @@ enum class Medium {
   dram,  // tmpfs/ramfs: survives process crashes, NOT reboots
   disk,  // any other file system: persisted with msync/fsync
 };
-const char* medium_name(Medium medium) noexcept;
+DVR_EXPORT const char* medium_name(Medium medium) noexcept;
 
 struct StoreOptions {
   /// Chunk size used when a new store is created (power of two, 4 KiB–16 MiB).
@@ -92,7 +92,7 @@ struct VerifyProblem {
   std::string what;      // what is wrong and what to do
 };
 
-struct VerifyReport {
+struct DVR_EXPORT VerifyReport {
   std::uint64_t snapshots = 0;      // manifests examined
   std::uint64_t chunks = 0;         // distinct stored chunks re-hashed
   std::uint64_t bytes = 0;          // bytes re-hashed
@@ -134,7 +134,7 @@ struct RegionDiff {
 using Progress = std::function<void(std::uint64_t done, std::uint64_t total)>;
 
 /// A handle to an open store. Cheap to copy; all copies share one open store.
-class Store {
+class DVR_EXPORT Store {
  public:
   /// Opens (and, with options.create, creates) the store in `path`.
   /// Throws not_found (no such directory and create=false), invalid_argument
@@ -210,6 +210,6 @@ class Store {
 /// Splits a snapshot reference "SESSION/NAME" ("proc/NAME" for a process
 /// snapshot) into {SESSION, NAME}. Throws invalid_argument unless it is two
 /// non-empty parts around one '/' (the parts are checked as names where used).
-std::pair<std::string, std::string> split_ref(const std::string& ref);
+DVR_EXPORT std::pair<std::string, std::string> split_ref(const std::string& ref);
 
 }  // namespace dvr

@@ -45,7 +45,7 @@ struct Stats {
 /// Writes REF ("session/name", or "proc/NAME" for a process snapshot with its
 /// DVR heap snapshots) as a stream to `fd`. Throws not_found, corrupt (the
 /// store's data fails its checksum: nothing is sent for it), io.
-Stats send(const Store& store, const std::string& ref, int fd, const Options& options = {});
+DVR_EXPORT Stats send(const Store& store, const std::string& ref, int fd, const Options& options = {});
 
 struct ReceiveOptions {
   /// Store the snapshots in this session instead of the one the stream names
@@ -57,12 +57,12 @@ struct ReceiveOptions {
 /// first snapshot is published. Throws corrupt (checksum, truncation,
 /// malformed), unsupported (newer stream format), already_exists, not_found
 /// (the stream needs a base this store lacks), no_space.
-Stats receive(Store& store, int fd, const ReceiveOptions& options = {});
+DVR_EXPORT Stats receive(Store& store, int fd, const ReceiveOptions& options = {});
 
 /// The two ends of a negotiated transfer (dvr push / pull over ssh): the
 /// receiver first says which snapshots it already holds, so that only what it
 /// lacks is sent. `in`/`out` are the connection to the other end.
-Stats send_negotiated(const Store& store, const std::string& ref, int in, int out, const Options& options = {});
-Stats receive_negotiated(Store& store, int in, int out);
+DVR_EXPORT Stats send_negotiated(const Store& store, const std::string& ref, int in, int out, const Options& options = {});
+DVR_EXPORT Stats receive_negotiated(Store& store, int in, int out);
 
 }  // namespace dvr::transfer

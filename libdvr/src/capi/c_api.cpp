@@ -76,6 +76,10 @@ dvr_status c_call(const char* function, void (*body)(void*), void* context) noex
 
 }  // namespace dvr::detail
 
+extern "C" dvr_status dvr_internal_c_call(const char* function, void (*body)(void*), void* context) noexcept {
+  return dvr::detail::c_call(function, body, context);
+}
+
 using dvr::detail::guarded;
 
 extern "C" {

@@ -32,14 +32,27 @@ struct dvr_session {
 
 namespace dvr::detail {
 
-// The one place C calls meet C++ exceptions (c_api.cpp).
+// The one place C calls meet C++ exceptions (c_api.cpp): runs body(context),
+// turns what it throws into a dvr_status and the calling thread's
+// dvr_errmsg(). Hidden, like all of dvr::detail.
 dvr_status c_call(const char* function, void (*body)(void*), void* context) noexcept;
 
-// Runs `body` under c_call.
+}  // namespace dvr::detail
+
+// c_call, exported from libdvr.so for dvr_mpi's C API (dvr/dvr_mpi.h), whose
+// failures must set the same per-thread message that dvr_errmsg() in
+// libdvr.so reads. Declared only here, in no installed header: not part of the
+// API (dvr_mpi always comes from the same build as libdvr).
+extern "C" DVR_EXPORT dvr_status dvr_internal_c_call(const char* function, void (*body)(void*), void* context) noexcept;
+
+namespace dvr::detail {
+
+// Runs `body` under c_call (through dvr_internal_c_call, so that it works
+// from dvr_mpi as well as from libdvr itself).
 template <class F>
 dvr_status guarded(const char* function, F&& body) noexcept {
   using Body = std::remove_reference_t<F>;
-  return c_call(function, [](void* c) { (*static_cast<Body*>(c))(); }, &body);
+  return dvr_internal_c_call(function, [](void* c) { (*static_cast<Body*>(c))(); }, &body);
 }
 
 // Thrown by the entry points themselves for NULL arguments and the like; the

@@ -24,8 +24,7 @@
 #include <thread>
 
 #include "dvr/transfer.hpp"
-#include "base/os.hpp"
-#include "store/store_impl.hpp"
+#include "base/os.hpp"  // the file helpers (linked from base/os.cpp, libdvr/CMakeLists.txt)
 
 namespace dvr::mpi {
 
