@@ -3,12 +3,15 @@
 // used in its place, and a stream declaring huge regions costs the receiver
 // nothing up front. These tests build streams record by record (docs/format.md,
 // "Stream format"); round trips and damaged streams are in stream_test.cpp.
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -69,32 +72,45 @@ std::string stream_header() {
 transfer::Stats receive_with_hook(Store& store, const std::string& stream, const std::function<void()>& before_end) {
   int p[2];
   REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  std::exception_ptr hook_failed;
   std::thread writer([&] {
+    // A receiver that gives up closes its end: EPIPE here, not SIGPIPE.
+    sigset_t pipe_signal;
+    sigemptyset(&pipe_signal);
+    sigaddset(&pipe_signal, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
     auto write_all = [&](const char* d, std::size_t n) {
       while (n) {
         ssize_t w = ::write(p[1], d, n);
-        if (w <= 0) return;
+        if (w <= 0) return false;
         d += w;
         n -= static_cast<std::size_t>(w);
       }
+      return true;
     };
-    write_all(stream.data(), stream.size() - kStreamEndBytes);
-    // Let the receiver reach the stream-end record (it blocks reading it).
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    before_end();
-    write_all(stream.data() + stream.size() - kStreamEndBytes, kStreamEndBytes);
+    if (write_all(stream.data(), stream.size() - kStreamEndBytes)) {
+      // Let the receiver reach the stream-end record (it blocks reading it).
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      try {
+        before_end();
+      } catch (...) {
+        hook_failed = std::current_exception();
+      }
+      write_all(stream.data() + stream.size() - kStreamEndBytes, kStreamEndBytes);
+    }
     ::close(p[1]);
   });
   transfer::Stats st;
   try {
     st = transfer::receive(store, p[0]);
   } catch (...) {
+    ::close(p[0]);  // (a writer still writing gets EPIPE)
     writer.join();
-    ::close(p[0]);
     throw;
   }
-  writer.join();
   ::close(p[0]);
+  writer.join();
+  if (hook_failed) std::rethrow_exception(hook_failed);
   return st;
 }
 
