@@ -3,6 +3,9 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
+#include <new>
+#include <utility>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -41,6 +44,28 @@ struct PageLoc {
   std::uint64_t offset = 0;
 };
 
+/// An allocator whose resize() leaves new elements of trivial types unwritten:
+/// a large table is then fresh anonymous memory that costs nothing until it
+/// is written (a received snapshot's page hashes fill in as its data arrives).
+template <class T>
+struct UninitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitAllocator<U>;
+  };
+  UninitAllocator() = default;
+  template <class U>
+  UninitAllocator(const UninitAllocator<U>&) noexcept {}
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) ::new (static_cast<void*>(p)) U;
+    else ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+/// page_hash() of every page of a snapshot, chunk after chunk.
+using PageHashes = std::vector<std::uint64_t, UninitAllocator<std::uint64_t>>;
+
 struct ManifestRegion {
   std::string name;
   std::uint64_t size = 0;
@@ -68,7 +93,7 @@ struct Manifest {
   // from the page hash files (checked against the chunk hashes). Older
   // manifests have none; their chunk hashes are hash128() of the bytes.
   bool paged = true;
-  std::vector<std::uint64_t> page_hashes;
+  PageHashes page_hashes;
   /// Pages stored apart from their chunk, sorted by (chunk, page).
   std::vector<Overlay> overlays;
   /// Derived by index(): first page hash / first overlay of chunk i (size chunks + 1).

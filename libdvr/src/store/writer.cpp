@@ -62,7 +62,9 @@ ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, c
 
 // ---- WriteBatch ---------------------------------------------------------------
 
-WriteBatch::WriteBatch(StoreImpl& store) : store_(store), guard_(store.mu), lock_(store, true), space_(store) {
+WriteBatch::WriteBatch(StoreImpl& store)
+    : store_(store), guard_(store.mu), lock_(store, true, StoreImpl::Lock::Kind::writers), space_(store) {
+  store_.packs->refresh_mappings();
   store_.refresh_index();
   store_.packs->map_all();
 }
@@ -89,7 +91,9 @@ std::vector<SnapshotInfo> WriteBatch::publish(const std::vector<SnapshotWriter*>
               Error(e.code(), "snapshot '" + ref + "' was taken, but " + e.what() + "; it may not survive a crash of the machine"));
         continue;
       }
-      // All or nothing: take back the ones published before this one.
+      // All or nothing: take back the ones published before this one, once
+      // no reader uses them (their space is given back when the batch ends).
+      StoreImpl::Lock readers_gone(store_, true);
       for (auto it = done.rbegin(); it != done.rend(); ++it) {
         ::unlink(store_.manifest_path((*it)->session, (*it)->name).c_str());
         try {
@@ -164,7 +168,10 @@ void SnapshotWriter::add_region(const std::string& name, std::uint64_t size, boo
 void SnapshotWriter::seal() {
   sealed_ = true;
   m_.index();
-  m_.page_hashes.assign(m_.first_page.back(), 0);
+  // Every chunk's page hashes are written when the chunk is given: new
+  // memory is left untouched until then (PageHashes).
+  m_.page_hashes.clear();
+  m_.page_hashes.resize(m_.first_page.back());
   const std::size_t n = m_.chunks.size();
   from_.assign(n, From::none);
   base_chunk_.assign(n, 0);

@@ -68,7 +68,7 @@ class SnapshotWriter;
 
 /// The exclusive right to add snapshots to a store, from construction to
 /// destruction. While it lives this thread holds the store's mutex and the
-/// exclusive store lock (other writers and readers of the store wait), the
+/// writers' lock (other writers and gc wait; readers do not), the
 /// chunk index is current and every pack is mapped for reading; pack space
 /// taken by its writers stays reserved until publish() makes it live, or is
 /// given back when the batch ends without.

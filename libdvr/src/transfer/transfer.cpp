@@ -23,6 +23,7 @@
 #include "format/manifest.hpp"
 #include "base/os.hpp"
 #include "store/store_impl.hpp"
+#include "store/writer.hpp"
 
 namespace dvr::transfer {
 
@@ -459,45 +460,37 @@ std::vector<std::string> bases_for(const std::vector<Item>& items, const std::st
 }
 
 // ---- receiving -------------------------------------------------------------
-
-struct Anon {
-  void* p = MAP_FAILED;
-  std::size_t n = 0;
-  explicit Anon(std::size_t len) : n(std::max<std::size_t>(len, 1)) {
-    p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) throw Error(Errc::no_space, "cannot allocate " + std::to_string(len) + " bytes to receive a region");
-  }
-  ~Anon() {
-    if (p != MAP_FAILED) ::munmap(p, n);
-  }
-  char* data() const { return static_cast<char*>(p); }
-};
+//
+// Every chunk is checked against its XXH3-128 as it arrives and goes straight
+// into the store through a SnapshotWriter, so a receive needs memory for one
+// chunk, not for the snapshot. The WriteBatch holds the writers' lock from the
+// stream's header to its end; nothing is published before the whole stream
+// has arrived and been checked, so a stream cut off or damaged leaves the
+// store as it was (the space it used is given back).
 
 struct Incoming {
   std::string session, name, label, base;
-  std::uint32_t chunk_size = 0;
+  std::uint32_t chunk_size = 0;  // the stream's (the store's may differ)
   bool paged = true;
-  std::unique_ptr<Session> session_obj;  // the regions live in it from the start
   struct Region {
     std::string name;
     std::uint64_t size = 0;
     bool sdk_owned = false;
-    char* data = nullptr;       // alloc()ed by the session, or mem
-    std::unique_ptr<Anon> mem;  // for track()ed regions
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
-    std::vector<Hash128> hashes;  // per chunk, as declared
-    std::vector<char> seen;
+    std::uint64_t chunks = 0;     // stream chunks declared
+    std::vector<Hash128> hashes;  // of the stream chunks arrived so far (they arrive in order)
+    std::size_t first = 0;        // its first chunk in the writer's manifest
   };
   std::vector<Region> regions;
   std::optional<Manifest> b;  // the base, here
   std::uint64_t logical = 0;
   Hash128 fingerprint;  // as the stream declared it (checked against what arrived)
+  std::unique_ptr<detail::SnapshotWriter> writer;
+  std::unique_ptr<detail::SnapshotWriter::Lane> lane;
+  // Stream chunks smaller than the store's: the store chunk being put together.
+  std::vector<char> pending;
+  std::size_t pending_chunk = SIZE_MAX;
+  std::uint64_t pending_have = 0;
 };
-
-void mark(Incoming::Region& r, std::uint64_t lo, std::uint64_t hi) {
-  if (!r.written.empty() && r.written.back().second >= lo) r.written.back().second = std::max(r.written.back().second, hi);
-  else r.written.emplace_back(lo, hi);
-}
 
 std::string take_data(Parse& p, std::string& scratch, ZSTD_DCtx* dctx) {
   std::uint8_t codec = p.u8();
@@ -522,20 +515,68 @@ Hash128 content_hash(const char* data, std::size_t n, bool paged) {
   return detail::tree_hash(ph.data(), ph.size());
 }
 
+// Stores the checked bytes of stream chunk j of region r (`len` bytes).
+void put_data(Incoming& in, const Incoming::Region& r, std::uint64_t j, const char* data, std::uint32_t len) {
+  const std::uint32_t store_chunk = in.writer->chunk_size();
+  const std::uint64_t at = j * in.chunk_size;  // region offset
+  if (in.chunk_size == store_chunk) {
+    in.lane->put_whole(r.first + j, data);
+    return;
+  }
+  if (in.chunk_size > store_chunk) {  // cut into the store's chunks
+    for (std::uint64_t off = 0; off < len; off += store_chunk) in.lane->put_whole(r.first + (at + off) / store_chunk, data + off);
+    return;
+  }
+  // Smaller: the pieces of one store chunk arrive one after the other.
+  const std::size_t chunk = r.first + at / store_chunk;
+  const std::uint64_t off = at % store_chunk;
+  if (in.pending_chunk == SIZE_MAX) {
+    in.pending_chunk = chunk;
+    in.pending_have = 0;
+    in.pending.resize(store_chunk);
+  }
+  if (in.pending_chunk != chunk || in.pending_have != off)
+    bad_stream("chunks of region '" + r.name + "' arrive out of order, which a store with another chunk size cannot take");
+  std::memcpy(in.pending.data() + off, data, len);
+  in.pending_have += len;
+  if (in.pending_have == in.writer->manifest().chunks[chunk].length) {
+    in.lane->put_whole(chunk, in.pending.data());
+    in.pending_chunk = SIZE_MAX;
+  }
+}
+
+// The base chunk `bi` of the base, checked, into `to`.
+Hash128 read_base(Incoming& in, StoreImpl& si, std::size_t bi, char* to) {
+  detail::read_chunk(*si.packs, detail::view_of(*in.b, bi), to, "base snapshot '" + in.session + "/" + in.base + "'");
+  return in.b->chunks[bi].hash;
+}
+
+// Chunk j of region r is base chunk bi: referenced when the writer took the
+// base, else read and stored again.
+void take_from_base(Incoming& in, StoreImpl& si, const Incoming::Region& r, std::uint64_t j, std::size_t bi, std::vector<char>& buf) {
+  if (in.writer->base() && in.b->trusted(bi)) {
+    in.writer->inherit(r.first + j, bi);
+    return;
+  }
+  buf.resize(in.b->chunks[bi].length);
+  read_base(in, si, bi, buf.data());
+  put_data(in, r, j, buf.data(), in.b->chunks[bi].length);
+}
+
 // Reads one snapshot's records after its kSnapshot record; checks everything.
-void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
-  StoreImpl& si = StoreAccess::impl(store);
+void read_item(Incoming& in, Reader& rd, StoreImpl& si, Stats& st) {
   std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> dctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
   std::string payload, scratch;
-  std::vector<char> chunk;
+  std::vector<char> buf;
   auto region_at = [&](Parse& p, std::uint64_t& j) -> Incoming::Region& {
     std::uint32_t r = p.u32();
     j = p.u64();
     if (r >= in.regions.size()) bad_stream("a chunk names region " + std::to_string(r) + " of " + std::to_string(in.regions.size()));
     auto& reg = in.regions[r];
-    if (j >= reg.seen.size()) bad_stream("a chunk lies past the end of region '" + reg.name + "'");
-    if (reg.seen[j]) bad_stream("chunk " + std::to_string(j) + " of region '" + reg.name + "' arrives twice");
-    reg.seen[j] = 1;
+    if (j >= reg.chunks) bad_stream("a chunk lies past the end of region '" + reg.name + "'");
+    if (j < reg.hashes.size()) bad_stream("chunk " + std::to_string(j) + " of region '" + reg.name + "' arrives twice");
+    if (j != reg.hashes.size())
+      bad_stream("chunk " + std::to_string(j) + " of region '" + reg.name + "' arrives before chunk " + std::to_string(reg.hashes.size()));
     return reg;
   };
   auto chunk_len = [&](const Incoming::Region& r, std::uint64_t j) {
@@ -547,16 +588,12 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
       if (x.name == name) return &x;
     return nullptr;
   };
-  // Reads chunk (region r, index j) of the base, checked, into `to`.
-  auto read_base = [&](std::uint32_t r, std::uint64_t j, char* to, std::uint32_t len) {
-    if (!in.b || r >= in.b->regions.size() || j >= in.b->regions[r].chunk_count) bad_stream("a chunk refers to a base chunk that does not exist");
-    std::size_t i = in.b->regions[r].first_chunk + j;
+  // Chunk j of base region x, of `len` bytes.
+  auto base_chunk = [&](std::uint32_t x, std::uint64_t j, std::uint32_t len) -> std::size_t {
+    if (!in.b || x >= in.b->regions.size() || j >= in.b->regions[x].chunk_count) bad_stream("a chunk refers to a base chunk that does not exist");
+    std::size_t i = in.b->regions[x].first_chunk + j;
     if (in.b->chunks[i].length != len) bad_stream("a chunk refers to a base chunk of another size");
-    std::lock_guard<std::mutex> guard(si.mu);
-    StoreImpl::Lock lock(si, false);
-    si.packs->refresh_mappings();
-    detail::read_chunk(*si.packs, detail::view_of(*in.b, i), to, "base snapshot '" + in.session + "/" + in.base + "'");
-    return in.b->chunks[i].hash;
+    return i;
   };
   for (;;) {
     Kind k = rd.record(payload);
@@ -570,14 +607,17 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
       std::uint64_t total = 0;
       for (auto& r : in.regions) {
         shape.regions.push_back({r.name, r.size, false, 0, 0});
-        for (std::size_t j = 0; j < r.seen.size(); ++j) {
-          if (!r.seen[j]) bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' is missing");
-          shape.chunks.push_back({r.hashes[j], 0, 0, 0});
-        }
-        total += r.seen.size();
+        if (r.hashes.size() != r.chunks) bad_stream("chunk " + std::to_string(r.hashes.size()) + " of region '" + r.name + "' is missing");
+        for (auto& h : r.hashes) shape.chunks.push_back({h, 0, 0, 0});
+        total += r.chunks;
       }
       if (count != total || fingerprint(shape) != fp) bad_stream("the snapshot's content does not match its fingerprint");
       in.fingerprint = fp;
+      in.lane->finish();
+      // What is stored must be what was sent (same chunking: compare).
+      if (in.chunk_size == in.writer->chunk_size() && in.paged && fingerprint(in.writer->manifest()) != fp)
+        throw Error(Errc::io, "snapshot '" + in.session + "/" + in.name + "' would be stored with other content than sent; "
+                              "send it again — nothing was stored");
       return;
     }
     std::uint64_t j = 0;
@@ -589,9 +629,8 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
         if (d.size() != chunk_len(r, j)) bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' has the wrong length");
         if (content_hash(d.data(), d.size(), in.paged) != h)
           bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' fails its XXH3-128 checksum");
-        std::memcpy(r.data + j * in.chunk_size, d.data(), d.size());
-        mark(r, j * in.chunk_size, j * in.chunk_size + d.size());
-        r.hashes[j] = h;
+        put_data(in, r, j, d.data(), static_cast<std::uint32_t>(d.size()));
+        r.hashes.push_back(h);
         st.data_bytes += d.size();
         break;
       }
@@ -602,46 +641,44 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
         const std::uint32_t len = chunk_len(r, j), pages = detail::pages_in(len);
         if (n > pages) bad_stream("a page list is longer than its chunk");
         std::vector<std::uint32_t> list(n);
-        for (auto& x : list) {
-          x = p.u32();
-          if (x >= pages || (&x != list.data() && x <= *(&x - 1))) bad_stream("a page list is out of order");
+        for (std::uint32_t x = 0; x < n; ++x) {
+          list[x] = p.u32();
+          if (list[x] >= pages || (x > 0 && list[x] <= list[x - 1])) bad_stream("a page list is out of order");
         }
         std::string d = take_data(p, scratch, dctx.get());
         const detail::ManifestRegion* br = base_region(r.name);
         if (!br || !in.paged || !in.b->paged || br->size != r.size || in.b->chunk_size != in.chunk_size)
           bad_stream("pages arrive for a chunk with no base to patch");
-        char* at = r.data + j * in.chunk_size;
-        const std::size_t bi = br->first_chunk + j;
-        // When the snapshot will store these pages apart from the base's
-        // chunk (the rule of Session::snapshot: base overlays plus new ones at
-        // most a quarter of the pages), only the pages are needed, and the
-        // chunk's hash is checked from the base's page hashes and theirs.
-        // Otherwise the whole chunk is put together: the base's bytes, then
-        // the pages.
-        std::size_t apart = in.b->first_overlay[bi + 1] - in.b->first_overlay[bi];
-        for (auto x : list) {
-          bool already = false;
-          for (std::uint32_t k = in.b->first_overlay[bi]; k < in.b->first_overlay[bi + 1] && !already; ++k) already = in.b->overlays[k].page == x;
-          apart += already ? 0 : 1;
-        }
-        const bool pages_only = in.b->trusted(bi) && in.b->chunks[bi].length == len && apart * 4 <= pages &&
-                                store.chunk_size() == in.chunk_size;
-        if (!pages_only) read_base(static_cast<std::uint32_t>(br - in.b->regions.data()), j, at, len);
-        std::vector<std::uint64_t> ph;
-        if (pages_only) ph.assign(in.b->hashes_of(bi), in.b->hashes_of(bi) + pages);
+        const std::size_t bi = base_chunk(static_cast<std::uint32_t>(br - in.b->regions.data()), j, len);
+        // Where each page's bytes are in the record.
+        std::vector<const char*> page_at(pages, nullptr);
         std::uint64_t off = 0;
         for (auto x : list) {
           std::uint64_t pl = std::min<std::uint64_t>(kPageSize, len - std::uint64_t{x} * kPageSize);
           if (off + pl > d.size()) bad_stream("a page list carries too few bytes");
-          std::memcpy(at + std::uint64_t{x} * kPageSize, d.data() + off, pl);
-          if (pages_only) ph[x] = detail::page_hash(d.data() + off, pl);
+          page_at[x] = d.data() + off;
           off += pl;
         }
         if (off != d.size()) bad_stream("a page list carries too many bytes");
-        if ((pages_only ? detail::tree_hash(ph.data(), ph.size()) : content_hash(at, len, true)) != h)
-          bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' fails its XXH3-128 checksum");
-        for (auto x : list) mark(r, j * in.chunk_size + std::uint64_t{x} * kPageSize, std::min<std::uint64_t>(r.size, j * in.chunk_size + (std::uint64_t{x} + 1) * kPageSize));
-        r.hashes[j] = h;
+        const std::size_t i = r.first + j;
+        if (in.writer->base() && in.b->trusted(bi) && detail::store_pages_apart(*in.b, bi, list.data(), list.size(), pages)) {
+          // Stored as the base's chunk with these pages apart: only the pages
+          // are read, and the chunk's hash comes from the page hashes.
+          in.writer->plan_patch(i, bi, n);
+          in.lane->put_patch(i, list.data(), list.size(), [&](std::uint32_t x) { return page_at[x]; }, nullptr);
+          if (in.writer->manifest().chunks[i].hash != h)
+            bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' fails its XXH3-128 checksum");
+        } else {
+          // Put together whole: the base's bytes, then the pages.
+          buf.resize(len);
+          read_base(in, si, bi, buf.data());
+          for (auto x : list)
+            std::memcpy(buf.data() + std::uint64_t{x} * kPageSize, page_at[x], std::min<std::uint64_t>(kPageSize, len - std::uint64_t{x} * kPageSize));
+          if (content_hash(buf.data(), len, true) != h)
+            bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' fails its XXH3-128 checksum");
+          put_data(in, r, j, buf.data(), len);
+        }
+        r.hashes.push_back(h);
         st.data_bytes += d.size();
         break;
       }
@@ -651,8 +688,13 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
         std::uint32_t len = p.u32();
         if (len != chunk_len(r, j) || !(in.paged ? detail::is_zero_tree(h, len) : detail::is_zero_chunk(h, len)))
           bad_stream("an all-zero chunk has the wrong checksum or length");
-        mark(r, j * in.chunk_size, j * in.chunk_size + len);  // zero in the buffer already
-        r.hashes[j] = h;
+        if (in.chunk_size == in.writer->chunk_size()) {
+          in.writer->zero(r.first + j);
+        } else {
+          buf.assign(len, 0);
+          put_data(in, r, j, buf.data(), len);
+        }
+        r.hashes.push_back(h);
         break;
       }
       case kCopy: {
@@ -660,11 +702,11 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
         std::uint32_t brx = p.u32();
         std::uint64_t bj = p.u64();
         Hash128 h = p.hash();
-        const std::uint32_t len = chunk_len(r, j);
         if (!in.b || in.b->chunk_size != in.chunk_size || in.b->paged != in.paged) bad_stream("a chunk is copied from a base of another kind");
-        if (read_base(brx, bj, r.data + j * in.chunk_size, len) != h) bad_stream("a chunk copied from the base has another checksum");
-        mark(r, j * in.chunk_size, j * in.chunk_size + len);
-        r.hashes[j] = h;
+        const std::size_t bi = base_chunk(brx, bj, chunk_len(r, j));
+        if (in.b->chunks[bi].hash != h) bad_stream("a chunk copied from the base has another checksum");
+        take_from_base(in, si, r, j, bi, buf);
+        r.hashes.push_back(h);
         ++st.chunks_skipped;
         break;
       }
@@ -676,13 +718,13 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
         const detail::ManifestRegion* br = base_region(r.name);
         if (!br || br->size != r.size || in.b->chunk_size != in.chunk_size || in.b->paged != in.paged)
           bad_stream("chunks are taken from a base region '" + r.name + "' that does not match");
-        if (first > r.seen.size() || count > r.seen.size() - first) bad_stream("a run lies past the end of its region");
+        if (first > r.chunks || count > r.chunks - first) bad_stream("a run lies past the end of its region");
+        if (first != r.hashes.size()) bad_stream("a run of region '" + r.name + "' arrives out of order");
         for (std::uint64_t x = first; x < first + count; ++x) {
-          if (r.seen[x]) bad_stream("a chunk arrives twice");
-          r.seen[x] = 1;
-          r.hashes[x] = in.b->chunks[br->first_chunk + x].hash;
+          r.hashes.push_back(in.b->chunks[br->first_chunk + x].hash);
           if (!in.b->trusted(br->first_chunk + x))
             throw Error(Errc::corrupt, "base snapshot '" + in.session + "/" + in.base + "' is damaged here; run `dvr verify`, then send without a base");
+          take_from_base(in, si, r, x, br->first_chunk + x, buf);
         }
         st.chunks_skipped += count;
         break;
@@ -693,8 +735,9 @@ void read_item(Incoming& in, Reader& rd, Store& store, Stats& st) {
   }
 }
 
-// Reads the kSnapshot record's fields and prepares the buffers.
-void begin_item(Incoming& in, const std::string& payload, Store& store, const std::string& session_override) {
+// Reads the kSnapshot record's fields and starts the snapshot's writer.
+void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& batch, const std::string& session_override) {
+  StoreImpl& si = batch.store();
   Parse p(payload);
   in.session = p.str();
   if (!session_override.empty()) in.session = session_override;
@@ -716,73 +759,42 @@ void begin_item(Incoming& in, const std::string& payload, Store& store, const st
     r.sdk_owned = p.u8() != 0;
     detail::check_name("region", r.name);
     if (r.size == 0 || r.size > (1ull << 46)) bad_stream("region '" + r.name + "' has an impossible size");
-    // The snapshot is held in memory until it is committed: refuse what
-    // cannot fit before allocating anything for it.
-    static const std::uint64_t ram = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-    if (in.logical + r.size > ram)
-      throw Error(Errc::no_space, "the stream's snapshot '" + in.session + "/" + in.name + "' is larger than this machine's memory (" +
-                                      std::to_string(ram >> 20) + " MiB), which a receive needs to hold it; nothing was stored");
-    std::uint64_t chunks = (r.size + in.chunk_size - 1) / in.chunk_size;
-    r.seen.assign(chunks, 0);
-    r.hashes.assign(chunks, Hash128{});
+    for (auto& other : in.regions)
+      if (other.name == r.name) bad_stream("region '" + r.name + "' is declared twice");
+    r.chunks = (r.size + in.chunk_size - 1) / in.chunk_size;
     in.logical += r.size;
     in.regions.push_back(std::move(r));
   }
   in.base = p.str();
   Hash128 bfp = p.hash();
-  if (has_snapshot(store, in.session, in.name))
-    throw Error(Errc::already_exists, "snapshot '" + in.session + "/" + in.name + "' exists already in store " + store.path() +
+  // The snapshot's tables (about 64 bytes a chunk of this store, 8 a page,
+  // untouched until its data arrives) must fit in memory.
+  static const std::uint64_t ram = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t tables = in.logical / si.chunk_size * 64 + in.regions.size() * 256;
+  if (tables > ram / 4)
+    throw Error(Errc::no_space, "the stream's snapshot '" + in.session + "/" + in.name + "' declares " + std::to_string(in.logical >> 20) +
+                                    " MiB, whose tables alone would need " + std::to_string(tables >> 20) + " MiB of this machine's " +
+                                    std::to_string(ram >> 20) + " MiB of memory; nothing was stored");
+  if (detail::path_exists(si.manifest_path(in.session, in.name)))
+    throw Error(Errc::already_exists, "snapshot '" + in.session + "/" + in.name + "' exists already in store " + si.path +
                                           "; remove it first (`dvr rm`) to receive it again — nothing was stored");
   if (!in.base.empty()) {
-    if (!has_snapshot(store, in.session, in.base))
-      throw Error(Errc::not_found, "the stream is relative to snapshot '" + in.session + "/" + in.base + "', which store " + store.path() +
+    if (!detail::valid_name(in.base) || !detail::path_exists(si.manifest_path(in.session, in.base)))
+      throw Error(Errc::not_found, "the stream is relative to snapshot '" + in.session + "/" + in.base + "', which store " + si.path +
                                        " does not hold; send it without --base (or with a base both sides hold) — nothing was stored");
-    in.b = load(store, in.session, in.base);
+    in.b = si.load_manifest(in.session, in.base);
     if (fingerprint(*in.b) != bfp)
-      throw Error(Errc::not_found, "snapshot '" + in.session + "/" + in.base + "' in store " + store.path() +
+      throw Error(Errc::not_found, "snapshot '" + in.session + "/" + in.base + "' in store " + si.path +
                                               " differs from the sender's base of that name; send without --base — nothing was stored");
   }
-  // SDK-owned regions are alloc()ed, the others tracked, so that the
-  // snapshot published here records them as the sender's did.
-  in.session_obj = std::make_unique<Session>(store, in.session, SessionOptions{.tracking = Tracking::hash});
+  in.writer = std::make_unique<detail::SnapshotWriter>(batch, in.session, in.name, detail::WriterOptions{.label = in.label, .parent = in.base});
   for (auto& r : in.regions) {
-    if (r.sdk_owned) {
-      r.data = static_cast<char*>(in.session_obj->alloc(r.name, r.size).data());
-    } else {
-      r.mem = std::make_unique<Anon>(r.size);
-      r.data = r.mem->data();
-      in.session_obj->track(r.name, r.data, r.size);
-    }
+    r.first = in.writer->manifest().chunks.size();
+    in.writer->add_region(r.name, r.size, r.sdk_owned);
   }
-}
-
-// Publishes one checked snapshot.
-std::uint64_t commit(Store& store, Incoming& in) {
-  Session& s = *in.session_obj;
-  if (!in.base.empty()) {
-    // The very base that was checked: not one replaced under its name since.
-    if (!detail::base_on_if(s, in.base, in.b->checksum))
-      throw Error(Errc::io, "base snapshot '" + in.session + "/" + in.base + "' changed while the stream arrived; send it again — nothing was stored");
-    for (auto& r : in.regions) {
-      const detail::ManifestRegion* br = nullptr;
-      for (auto& x : in.b->regions)
-        if (x.name == r.name && x.size == r.size) br = &x;
-      // Regions the base holds: only what arrived differs from it.
-      if (br && in.b->chunk_size == store.chunk_size()) detail::assume_written(s, r.name, r.written);
-    }
-  }
-  std::uint64_t stored = s.snapshot(in.name, {.label = in.label}).stored_bytes;
-  // What was published must be what was sent (same chunking: compare).
-  Manifest got = load(store, in.session, in.name);
-  if (got.chunk_size == in.chunk_size && got.paged == in.paged && fingerprint(got) != in.fingerprint) {
-    try {
-      store.remove(in.session, in.name);
-    } catch (const Error&) {
-    }
-    throw Error(Errc::io, "snapshot '" + in.session + "/" + in.name + "' was stored with other content than sent (its base changed meanwhile); "
-                          "send it again — nothing was stored");
-  }
-  return stored;
+  in.writer->seal();
+  in.writer->use_base(in.b ? &*in.b : nullptr);
+  in.lane = std::make_unique<detail::SnapshotWriter::Lane>(*in.writer, in.logical, false);
 }
 
 Stats receive_stream(Store& store, Reader& rd, const ReceiveOptions& options = {}) {
@@ -799,6 +811,7 @@ Stats receive_stream(Store& store, Reader& rd, const ReceiveOptions& options = {
                 "the stream has format version " + std::to_string(v) + "; this dvr reads version " + std::to_string(kVersion) +
                     (v > kVersion ? " (upgrade dvr on this side)" : "") + "; nothing was stored");
   Stats st;
+  detail::WriteBatch batch(StoreAccess::impl(store));
   std::vector<std::unique_ptr<Incoming>> items;
   std::string payload;
   for (;;) {
@@ -810,36 +823,28 @@ Stats receive_stream(Store& store, Reader& rd, const ReceiveOptions& options = {
     }
     if (k != kSnapshot) bad_stream("a record arrives outside a snapshot");
     if (!options.session.empty() && !items.empty()) bad_stream("it holds several snapshots, but one session was asked for");
-    items.push_back(std::make_unique<Incoming>());
-    begin_item(*items.back(), payload, store, options.session);
-    for (std::size_t q = 0; q + 1 < items.size(); ++q)
-      if (items[q]->session == items.back()->session && items[q]->name == items.back()->name) bad_stream("a snapshot arrives twice");
-    read_item(*items.back(), rd, store, st);
+    auto in = std::make_unique<Incoming>();
+    Parse peek(payload);
+    std::string session = peek.str(), name = peek.str();
+    if (!options.session.empty()) session = options.session;
+    for (auto& q : items)
+      if (q->session == session && q->name == name) bad_stream("a snapshot arrives twice");
+    begin_item(*in, payload, batch, options.session);
+    items.push_back(std::move(in));
+    read_item(*items.back(), rd, batch.store(), st);
   }
   if (items.empty()) bad_stream("it holds no snapshot");
   // Everything checked: publish, heaps first, the process images last; all
-  // or nothing — on a failure the ones already published go again.
-  for (auto& in : items)
-    if (has_snapshot(store, in->session, in->name))
-      throw Error(Errc::already_exists, "snapshot '" + in->session + "/" + in->name + "' appeared in store " + store.path() +
-                                            " while the stream arrived; nothing was stored");
-  std::vector<const Incoming*> published;
-  try {
-    for (auto& in : items) {
-      st.stored_bytes += commit(store, *in);
-      published.push_back(in.get());
-      st.refs.push_back(in->session + "/" + in->name);
-      st.logical_bytes += in->logical;
-      for (auto& r : in->regions) st.chunks += r.seen.size();
-    }
-  } catch (...) {
-    for (auto it = published.rbegin(); it != published.rend(); ++it) {
-      try {
-        store.remove((*it)->session, (*it)->name);
-      } catch (const Error&) {
-      }
-    }
-    throw;
+  // or nothing.
+  std::vector<detail::SnapshotWriter*> writers;
+  for (auto& in : items) writers.push_back(in->writer.get());
+  for (const SnapshotInfo& info : batch.publish(writers)) {
+    st.stored_bytes += info.stored_bytes;
+    st.refs.push_back(info.session + "/" + info.name);
+  }
+  for (auto& in : items) {
+    st.logical_bytes += in->logical;
+    for (auto& r : in->regions) st.chunks += r.chunks;
   }
   st.base = items.back()->base;
   st.wire_bytes = rd.bytes;
