@@ -3,6 +3,7 @@
 // used in its place, and a stream declaring huge regions costs the receiver
 // nothing up front. These tests build streams record by record (docs/format.md,
 // "Stream format"); round trips and damaged streams are in stream_test.cpp.
+#include <atomic>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -131,10 +132,10 @@ void snap(Store& store, const std::string& session, const std::string& region, s
 
 // docs/migration.md: "A broken ... stream, a snapshot that exists already ...:
 // each is an error naming the problem, and the receiving store is exactly as
-// before." So when the second snapshot of a stream cannot be committed (here:
-// someone took its name meanwhile), the first must not stay published (for a
-// process snapshot: heap snapshots without proc/NAME, which would also block
-// every retry with "exists already").
+// before." So when the second snapshot of a stream cannot be stored (here:
+// the receiving store holds its name already), the first must not be
+// published either (for a process snapshot: heap snapshots without
+// proc/NAME, which would also block every retry with "exists already").
 TEST_CASE("transfer: a stream of several snapshots is published all or nothing", "[transfer]") {
   TempDir dir;
   Store a = Store::open(dir / "a");
@@ -149,26 +150,29 @@ TEST_CASE("transfer: a stream of several snapshots is published all or nothing",
   put32(end, 2);
   std::string stream = s1.substr(0, s1.size() - kStreamEndBytes) + s2.substr(16, s2.size() - 16 - kStreamEndBytes) + record(8, end);
 
-  auto c = catch_error([&] {
-    receive_with_hook(b, stream, [&] {
-      // Meanwhile, someone takes other/night in the receiving store.
-      Store b2 = Store::open(dir / "b");
-      auto d3 = dvrtest::random_bytes(1000, 3);
-      snap(b2, "other", "r", d3, "night");
-    });
-  });
+  auto d3 = dvrtest::random_bytes(1000, 3);
+  snap(b, "other", "r", d3, "night");
+  auto c = catch_error([&] { receive_with_hook(b, stream, [] {}); });
   CHECK(c.code == Errc::already_exists);
-  // Nothing of the refused stream may be left behind.
+  // Nothing of the refused stream may be left behind, and no pack space.
   CHECK_FALSE(holds(b, "heapish", "proc.night"));
+  CHECK(b.list("other").size() == 1);
+  CHECK(b.verify().ok());
+
+  // Damage in the second snapshot: the first is not published either.
+  Store e = Store::open(dir / "e");
+  std::string damaged = stream;
+  damaged[s1.size() - kStreamEndBytes + 200] ^= 0x5a;  // inside the second snapshot's records
+  auto c2 = catch_error([&] { receive_with_hook(e, damaged, [] {}); });
+  CHECK(c2.threw_dvr());
+  CHECK(e.list().empty());
 }
 
-// The receiver checks that its base has the sender's fingerprint when an
-// incremental snapshot begins, and takes what the stream does not carry from
-// that base when it commits. If the base is replaced in between
-// (Session::snapshot with replace, or rm and a new snapshot of that name),
-// the published snapshot must still hold exactly what was sent, or the
-// receive must fail: never chunks of the new base.
-TEST_CASE("transfer: a received snapshot holds what was sent even if its base is replaced meanwhile", "[transfer]") {
+// A writer of the receiving store (another process or Store handle) that
+// comes while a stream arrives waits until the received snapshots are
+// published: it cannot take their names, nor replace or remove the base the
+// stream is relative to, in the middle.
+TEST_CASE("transfer: a writer waits while a stream arrives; the received snapshot holds what was sent", "[transfer]") {
   TempDir dir;
   Store a = Store::open(dir / "a");
   Store b = Store::open(dir / "b");
@@ -194,27 +198,37 @@ TEST_CASE("transfer: a received snapshot holds what was sent even if its base is
   o.base = "base";
   std::string delta = stream_of(a, "s/next", o);
 
-  auto c = catch_error([&] {
-    receive_with_hook(b, delta, [&] {
-      Store b2 = Store::open(dir / "b");
-      b2.remove("s", "base");
-      auto other = dvrtest::random_bytes(size, 99);
-      Session s(b2, "s");
-      s.track("r", other.data(), other.size());
-      s.snapshot("base");
+  std::thread other;
+  std::atomic<bool> replaced{false};
+  std::string other_error;
+  auto other_data = dvrtest::random_bytes(size, 99);
+  auto st = receive_with_hook(b, delta, [&] {
+    other = std::thread([&] {
+      try {
+        Store b2 = Store::open(dir / "b");
+        Session s(b2, "s");
+        s.track("r", other_data.data(), other_data.size());
+        s.snapshot("base", {.replace = true});  // waits for the receive
+        replaced = true;
+      } catch (const std::exception& e) {
+        other_error = e.what();
+      }
     });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK_FALSE(replaced.load());  // still waiting: the receive holds the writers' lock
   });
-  INFO(c.what);
-  if (!c.threw_dvr()) {
-    // Published: it must be what was sent.
-    std::vector<unsigned char> got(size);
-    Session r(b, "s");
-    r.track("r", got.data(), got.size());
-    r.restore("next");
-    CHECK(dvrtest::diff(got, sent) == "");
-  } else {
-    CHECK_FALSE(holds(b, "s", "next"));
-  }
+  other.join();
+  CHECK(other_error == "");
+  CHECK(replaced.load());
+  CHECK(st.refs == std::vector<std::string>{"s/next"});
+  std::vector<unsigned char> got(size);
+  Session r(b, "s");
+  r.track("r", got.data(), got.size());
+  r.restore("next");
+  CHECK(dvrtest::diff(got, sent) == "");
+  r.restore("base");
+  CHECK(dvrtest::diff(got, other_data) == "");
+  CHECK(b.verify().ok());
 }
 
 // A ~120-byte snapshot record may declare one 128 GiB region (allowed: up to
