@@ -172,7 +172,7 @@ TEST_CASE("transfer: a stream of several snapshots is published all or nothing",
 // comes while a stream arrives waits until the received snapshots are
 // published: it cannot take their names, nor replace or remove the base the
 // stream is relative to, in the middle.
-TEST_CASE("transfer: a writer waits while a stream arrives; the received snapshot holds what was sent", "[transfer]") {
+TEST_CASE("transfer: a writer waits while a stream arrives, and the received snapshot holds what was sent", "[transfer]") {
   TempDir dir;
   Store a = Store::open(dir / "a");
   Store b = Store::open(dir / "b");
