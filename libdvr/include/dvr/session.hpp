@@ -85,15 +85,6 @@ struct AllocOptions {
   bool persistent = false;
 };
 
-class Session;
-namespace detail {
-// For the CRIU plugin (proc_heaps.cpp): the pages of `region` that may differ
-// from the base are only these region-relative byte ranges (found by scanning
-// another process's write tracking). Used by the next snapshot, then dropped.
-void assume_written(Session& s, const std::string& region, std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges);
-// base_on(), but only if the snapshot's manifest checksum is `checksum`.
-bool base_on_if(Session& s, const std::string& name, std::uint64_t checksum);
-}  // namespace detail
 
 class DVR_EXPORT Session {
  public:
@@ -197,8 +188,6 @@ class DVR_EXPORT Session {
  private:
   struct DVR_NO_EXPORT State;  // hidden: libdvr's own
   std::unique_ptr<State> state_;
-  friend void detail::assume_written(Session&, const std::string&, std::vector<std::pair<std::uint64_t, std::uint64_t>>);
-  friend bool detail::base_on_if(Session&, const std::string&, std::uint64_t);
 };
 
 }  // namespace dvr

@@ -22,7 +22,6 @@ namespace dvr {
 
 namespace detail {
 class StoreImpl;
-struct StoreAccess;  // the library's own modules (transfer) reach the implementation
 }
 class Clone;
 struct CloneOptions;
@@ -200,11 +199,12 @@ class DVR_EXPORT Store {
   Clone open_snapshot(const std::string& session, const std::string& snapshot, const CloneOptions& options) const;
   Clone open_snapshot(const std::string& session, const std::string& snapshot) const;
 
+ protected:
+  /// The shared state (private to libdvr; its own layers reach it).
+  std::shared_ptr<detail::StoreImpl> impl_;
+
  private:
   explicit Store(std::shared_ptr<detail::StoreImpl> impl) : impl_(std::move(impl)) {}
-  std::shared_ptr<detail::StoreImpl> impl_;
-  friend class Session;
-  friend struct detail::StoreAccess;
 };
 
 /// Splits a snapshot reference "SESSION/NAME" ("proc/NAME" for a process

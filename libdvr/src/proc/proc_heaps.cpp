@@ -22,6 +22,7 @@
 #include "dvr/session.hpp"
 #include "base/os.hpp"
 #include "store/store_impl.hpp"
+#include "store/writer.hpp"
 
 namespace dvr::detail::heaps {
 
@@ -252,9 +253,76 @@ bool written_by_note(pid_t pid, const HeapFile& h, const TrackNote& n, std::vect
 }
 
 // A heap file is its region's bytes rounded up to whole pages.
-std::uint64_t file_bytes(const HeapFile& h) { return (h.bytes + 4095) & ~std::uint64_t(4095); }
+std::uint64_t file_bytes(const HeapFile& h) { return (h.bytes + kPageSize - 1) & ~(kPageSize - 1); }
 
 bool bad_field(const std::string& s) { return s.find_first_of("\t\n") != std::string::npos; }
+
+}  // namespace
+
+namespace {
+
+// The snapshot of one (store, session) group of heap files, written from their
+// mappings through the store's writer. Base: the snapshot the application's
+// tracking notes refer to, when it is stored exactly so (then only the pages
+// the notes say were written are read), else the session's newest (compared
+// page by page by hash).
+SnapshotInfo snapshot_group(Store& store, const std::string& session, const std::vector<HeapFile*>& members,
+                            std::vector<RegionSource>& sources, pid_t pid, const std::string& snapshot, bool replace,
+                            HeapStats* stats) {
+  StoreImpl& si = impl_of(store);
+  WriteBatch batch(si);
+  std::optional<Manifest> base;
+  bool by_note = false;
+  TrackNote note;
+  for (HeapFile* h : members)
+    if (read_note(h->path, note)) {
+      try {
+        Manifest m = si.load_manifest(session, note.snapshot);
+        if (m.checksum == note.checksum) {
+          base = std::move(m);
+          by_note = true;
+        }
+      } catch (const Error&) {  // removed or damaged since: compare by hash instead
+      }
+      break;
+    }
+  bool tracked = false;
+  if (by_note) {
+    for (std::size_t k = 0; k < members.size(); ++k) {
+      TrackNote n;
+      ByteRanges written;
+      if (read_note(members[k]->path, n) && n.snapshot == note.snapshot && n.checksum == note.checksum &&
+          written_by_note(pid, *members[k], n, written)) {
+        sources[k].written = std::move(written);
+        tracked = true;
+        if (stats) ++stats->heaps_by_note;
+      }
+    }
+  } else {
+    std::int64_t newest = -1;
+    std::string name;
+    for (auto& info : store.list(session))
+      if (!info.damaged && info.name != snapshot && info.time_ns > newest) {
+        newest = info.time_ns;
+        name = info.name;
+      }
+    if (!name.empty()) {
+      try {
+        base = si.load_manifest(session, name);
+      } catch (const Error&) {  // damaged meanwhile: no base, everything is hashed
+      }
+    }
+  }
+  // Heaps the notes do not cover: the pages whose hashes differ from the base's.
+  for (auto& src : sources)
+    if (!src.written && base && base->paged)
+      for (auto& br : base->regions)
+        if (br.name == src.name && br.size == src.size) src.written = pages_differing(*base, br, src.data, src.size);
+  SnapshotWriter writer(batch, session, snapshot,
+                        {.label = "heaps of process snapshot " + snapshot, .parent = base ? base->name : "", .replace = replace});
+  write_snapshot(writer, sources, base ? &*base : nullptr, tracked);
+  return batch.publish({&writer}).front();
+}
 
 }  // namespace
 
@@ -285,9 +353,9 @@ HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const
   try {
     for (auto& [store_path, session] : groups) {
       Store store = Store::open(store_path, {.create = false, .lock_timeout = lock_timeout});
-      Session s(store, session, SessionOptions{.tracking = Tracking::hash});
       std::vector<Mapping> maps;
       std::vector<HeapFile*> members;
+      std::vector<RegionSource> sources;
       for (auto& h : image.heaps) {
         if (h.store != store_path || h.session != session) continue;
         Fd fd = open_or_throw(h.path, O_RDONLY);
@@ -302,42 +370,10 @@ HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const
             ((n.size + kPageSize - 1) & ~(kPageSize - 1)) == file)
           h.bytes = n.size;
         maps.push_back(Mapping::file(fd.get(), file, PROT_READ, MAP_SHARED, "heap file " + h.path));
-        s.track(h.region, maps.back().data(), h.bytes);
+        sources.push_back({h.region, static_cast<const char*>(maps.back().data()), h.bytes, false, std::nullopt});
         members.push_back(&h);
       }
-      // Base: the snapshot the application's tracking notes refer to (then
-      // only the pages written since are read), else the session's newest.
-      std::string base;
-      TrackNote note;
-      for (HeapFile* h : members)
-        if (read_note(h->path, note)) {
-          if (base_on_if(s, note.snapshot, note.checksum)) base = note.snapshot;
-          break;
-        }
-      if (!base.empty()) {
-        for (HeapFile* h : members) {
-          TrackNote n;
-          std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
-          if (read_note(h->path, n) && n.snapshot == base && n.checksum == note.checksum && written_by_note(pid, *h, n, written)) {
-            assume_written(s, h->region, std::move(written));
-            if (stats) ++stats->heaps_by_note;
-          }
-        }
-      } else {
-        std::int64_t newest = -1;
-        for (auto& info : store.list(session))
-          if (!info.damaged && info.name != snapshot && info.time_ns > newest) {
-            newest = info.time_ns;
-            base = info.name;
-          }
-        if (!base.empty()) {
-          try {
-            s.base_on(base);
-          } catch (const Error&) {  // damaged meanwhile: no base, everything is hashed
-          }
-        }
-      }
-      SnapshotInfo info = s.snapshot(snapshot, {.label = "heaps of process snapshot " + snapshot, .replace = replace});
+      SnapshotInfo info = snapshot_group(store, session, members, sources, pid, snapshot, replace, stats);
       committed.emplace_back(store_path, session);
       if (stats) stats->stored_bytes += info.stored_bytes;
     }

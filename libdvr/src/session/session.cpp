@@ -55,6 +55,25 @@ constexpr std::uintptr_t kPage = 4096;
 
 }  // namespace
 
+namespace {
+
+// What a restore copies: pages [p0, p1) of chunk `chunk` of the target, into
+// live memory at dst[chunk]. Every check happens before the first byte of
+// live memory changes.
+struct RestoreJob {
+  std::size_t chunk;
+  std::uint32_t p0, p1;
+};
+struct RestorePlan {
+  std::vector<RestoreJob> jobs;
+  std::vector<char*> dst;
+  std::vector<const ManifestRegion*> region_of;
+  std::vector<detail::AddrRange> unprotect;  // tracked ranges about to be mostly overwritten
+  std::uint64_t work = 0;                    // for parallel_for
+};
+
+}  // namespace
+
 struct Session::State {
   explicit State(Store s) : store(std::move(s)) {}
   Store store;
@@ -67,8 +86,6 @@ struct Session::State {
   std::vector<std::unique_ptr<Region>> regions;
   std::unordered_map<const Region*, RegionTrack> tracks;
   std::unordered_map<const Region*, std::string> heap_files;  // persistent regions
-  // Pages known written from outside (detail::assume_written), per region.
-  std::unordered_map<const Region*, std::vector<std::pair<std::uint64_t, std::uint64_t>>> external;
   std::string head;
   // The manifest of `head` while live memory equals it except for pages the
   // tracker reports as written; empty when that is not known.
@@ -105,6 +122,8 @@ struct Session::State {
   std::vector<detail::RegionSource> sources(bool* tracked_any);
   // After a snapshot was published: it is the new base and head.
   void adopt(Manifest&& m);
+  // The pages a restore of `m` copies (see RestorePlan).
+  RestorePlan plan_restore(const Manifest& m, const std::string& ref);
   const ManifestRegion* base_region(const Region& r) const;
   // Tracking notes of persistent regions (proc_heaps.hpp): written after a
   // snapshot or restore, removed whenever the record they describe ends.
@@ -206,10 +225,6 @@ const ManifestRegion* Session::State::base_region(const Region& r) const {
 }
 
 bool Session::State::written_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
-  if (auto ex = external.find(&r); ex != external.end() && base_region(r)) {
-    out = ex->second;
-    return true;
-  }
   auto it = tracks.find(&r);
   if (!base_region(r) || it == tracks.end() || it->second.tracked.first == it->second.tracked.second || !it->second.synced)
     return false;
@@ -287,22 +302,6 @@ Session::~Session() {
     for (auto& [region, file] : state_->heap_files) state_->drop_note(*region);
 }
 
-namespace detail {
-void assume_written(Session& s, const std::string& region, std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges) {
-  s.state_->external[&s.region(region)] = std::move(ranges);
-}
-bool base_on_if(Session& s, const std::string& name, std::uint64_t checksum) {
-  try {
-    s.base_on(name);
-  } catch (const Error&) {
-    return false;  // removed or damaged since: compare by hash instead
-  }
-  if (s.state_->base && s.state_->base->checksum == checksum) return true;
-  s.state_->base.reset();
-  s.state_->head.clear();
-  return false;
-}
-}  // namespace detail
 Session::Session(Session&&) noexcept = default;
 Session& Session::operator=(Session&&) noexcept = default;
 
@@ -405,7 +404,7 @@ Region& Session::alloc(const std::string& name, std::size_t size) {
 Region& Session::alloc(const std::string& name, std::size_t size, const AllocOptions& options) {
   if (!options.persistent) return alloc(name, size);
   check_new_region(state_->regions, state_->name, name, nullptr, size);
-  StoreImpl& store = *state_->store.impl_;
+  StoreImpl& store = detail::impl_of(state_->store);
   const std::string dir = store.path + "/heaps/" + state_->name;
   detail::make_private_dir(store.path + "/heaps");
   detail::make_private_dir(dir);
@@ -459,7 +458,7 @@ std::string Session::heap_path(const std::string& region) const {
 }
 
 void Session::base_on(const std::string& name) {
-  StoreImpl& store = *state_->store.impl_;
+  StoreImpl& store = detail::impl_of(state_->store);
   std::optional<Manifest> m;
   {
     std::lock_guard<std::mutex> guard(store.mu);
@@ -479,7 +478,6 @@ void Session::untrack(const std::string& name) {
   if (it == rs.end()) throw Error(Errc::not_found, "session '" + state_->name + "' has no region '" + name + "'");
   state_->stop_tracking(**it);
   state_->drop_note(**it);
-  state_->external.erase(it->get());
   state_->heap_files.erase(it->get());
   rs.erase(it);
 }
@@ -510,7 +508,6 @@ void Session::State::adopt(Manifest&& m) {
   head = m.name;
   replace_base(std::move(m));
   last_snapshot = std::chrono::steady_clock::now();
-  external.clear();
   publish_notes();
 }
 
@@ -524,7 +521,7 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   bool tracked = false;
   std::vector<detail::RegionSource> sources = state_->sources(&tracked);
 
-  detail::WriteBatch batch(*state_->store.impl_);
+  detail::WriteBatch batch(detail::impl_of(state_->store));
   detail::SnapshotWriter writer(batch, state_->name, name, {.label = options.label, .parent = state_->head, .replace = options.replace},
                                 &state_->spare);
   state_->spare = Manifest{};
@@ -536,36 +533,113 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   return detail::info_from_manifest(*state_->base);
 }
 
-void Session::restore(const std::string& name) {
+// Checks every byte a restore will copy against its checksum. Throws corrupt
+// (naming the region, the bytes and the pack) or what mapping the packs
+// throws; live memory is not touched.
+void check_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& plan, const std::string& ref) {
   using detail::kPageSize;
-  StoreImpl& store = *state_->store.impl_;
-  const std::string ref = StoreImpl::ref(state_->name, name);
-  // Under the shared lock nobody can reuse the space of this snapshot's data
-  // while it is read.
-  std::lock_guard<std::mutex> guard(store.mu);
-  StoreImpl::Lock lock(store, false);
-  const Manifest* base = state_->base ? &*state_->base : nullptr;
-  // Rolling back to the base (the usual case: one snapshot, many trials)
-  // needs no reading and decoding of its manifest when it is unchanged.
-  std::optional<Manifest> loaded;
-  store.packs->refresh_mappings();  // before page hashes are read from the packs
-  if (!base || base->name != name || !store.manifest_unchanged(*base)) loaded = store.load_manifest(state_->name, name);
-  const Manifest& m = loaded ? *loaded : *base;
-  const std::uint32_t pages_per_chunk = detail::pages_in(m.chunk_size);
-
-  // What to copy: pages [p0, p1) of chunk `chunk` of the target. Every check
-  // happens before the first byte of live memory changes.
-  struct Job {
-    std::size_t chunk;
-    std::uint32_t p0, p1;
+  // Check every byte about to be copied: page by page against the page
+  // hashes, or (older formats) whole chunks.
+  const auto& jobs = plan.jobs;
+  const auto& region_of = plan.region_of;
+  const std::uint64_t work = plan.work;
+  std::vector<std::size_t> touched;
+  for (auto& j : jobs)
+    if (touched.empty() || touched.back() != j.chunk) touched.push_back(j.chunk);
+  auto damaged = [&](std::size_t chunk, std::uint64_t lo, std::uint64_t hi, const std::string& why) {
+    auto* mr = region_of[chunk];
+    std::uint64_t off = (chunk - mr->first_chunk) * m.chunk_size;
+    return Error(Errc::corrupt, "snapshot '" + ref + "' is damaged: region '" + mr->name + "' bytes [" + std::to_string(off + lo) + ", " +
+                                    std::to_string(off + hi) + ") " + why +
+                                    "; live memory was not changed — restore another snapshot and run `dvr verify`");
   };
-  std::vector<Job> jobs;
-  std::vector<char*> dst(m.chunks.size());
-  std::vector<const ManifestRegion*> region_of(m.chunks.size());
-  std::vector<detail::AddrRange> unprotect;  // tracked ranges about to be mostly overwritten
+  try {
+    for (std::size_t i : touched) detail::map_chunk(packs, detail::view_of(m, i));
+  } catch (const Error& e) {
+    throw Error(e.code(), "cannot restore '" + ref + "': " + e.what() + " (live memory was not changed)");
+  }
+  for (std::size_t i : touched)
+    if (!m.trusted(i)) throw damaged(i, 0, m.chunks[i].length, "do not match the checksum in its manifest");
+  if (!m.paged) {
+    std::string why;
+    std::size_t bad = detail::first_damaged(packs, m, touched, &why);
+    if (bad != SIZE_MAX) throw damaged(touched[bad], 0, m.chunks[touched[bad]].length, "fail their checksum: " + why);
+  } else {
+    std::atomic<std::size_t> bad{SIZE_MAX};
+    std::atomic<std::uint32_t> bad_page{0};
+    detail::parallel_for(jobs.size(), work, [&](std::size_t b, std::size_t e) {
+      for (std::size_t k = b; k < e && bad.load() == SIZE_MAX; ++k) {
+        if (k + 1 < e) {
+          // Scattered pages: start loading the next job's while this one is hashed.
+          detail::PageLoc next = detail::view_of(m, jobs[k + 1].chunk).location(jobs[k + 1].p0);
+          if (const char* ahead = next.pack ? packs.mapped(next.pack, next.offset, kPageSize) : nullptr)
+            for (std::uint64_t line = 0; line < 512; line += 64) __builtin_prefetch(ahead + line);
+        }
+        detail::ChunkView v = detail::view_of(m, jobs[k].chunk);
+        for (std::uint32_t p = jobs[k].p0; p < jobs[k].p1; ++p) {
+          detail::PageLoc at = v.location(p);
+          std::uint32_t len = v.page_length(p);
+          const char* bytes = at.pack ? packs.mapped(at.pack, at.offset, len) : nullptr;
+          std::uint64_t h = bytes ? detail::page_hash(bytes, len) : detail::zero_page_hash(len);
+          if ((at.pack && !bytes) || h != v.pages[p]) {
+            std::size_t none = SIZE_MAX;
+            if (bad.compare_exchange_strong(none, k)) bad_page = p;
+            return;
+          }
+        }
+      }
+    });
+    if (bad.load() != SIZE_MAX) {
+      const RestoreJob& j = jobs[bad.load()];
+      std::uint64_t lo = std::uint64_t{bad_page.load()} * kPageSize;
+      detail::PageLoc at = detail::view_of(m, j.chunk).location(bad_page.load());
+      throw damaged(j.chunk, lo, std::min<std::uint64_t>(lo + kPageSize, m.chunks[j.chunk].length),
+                    "fail their checksum (" + packs.path_of(at.pack) + " offset " + std::to_string(at.offset) + ")");
+    }
+  }
+
+}
+
+// Copies a checked plan into live memory (non-temporal stores, every core).
+void copy_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& plan) {
+  using detail::kPageSize;
+  detail::parallel_for(plan.jobs.size(), plan.work, [&](std::size_t b, std::size_t e) {
+    for (std::size_t k = b; k < e; ++k) {
+      const RestoreJob& j = plan.jobs[k];
+      detail::ChunkView v = detail::view_of(m, j.chunk);
+      const std::uint64_t end = std::min<std::uint64_t>(j.p1 * kPageSize, v.ref->length);
+      if (!v.overlay_count) {
+        // Pages stored together: one copy.
+        char* to = plan.dst[j.chunk] + j.p0 * kPageSize;
+        if (v.ref->is_zero()) detail::zero_nt(to, end - j.p0 * kPageSize);
+        else detail::copy_nt(to, packs.mapped(v.ref->pack, v.ref->offset + j.p0 * kPageSize, end - j.p0 * kPageSize), end - j.p0 * kPageSize);
+        continue;
+      }
+      for (std::uint32_t p = j.p0; p < j.p1; ++p) {
+        detail::PageLoc at = v.location(p);
+        std::uint32_t len = v.page_length(p);
+        char* to = plan.dst[j.chunk] + p * kPageSize;
+        if (at.pack) detail::copy_nt(to, packs.mapped(at.pack, at.offset, len), len);
+        else detail::zero_nt(to, len);
+      }
+    }
+  });
+}
+
+// Plans a restore of `m`: for each region, the pages that differ from live
+// memory (everything, unless live memory is known to be the base except the
+// pages written since). Throws invalid_argument for a missing or resized
+// region; nothing is changed.
+RestorePlan Session::State::plan_restore(const Manifest& m, const std::string& ref) {
+  using detail::kPageSize;
+  const Manifest* base = this->base ? &*this->base : nullptr;
+  const std::uint32_t pages_per_chunk = detail::pages_in(m.chunk_size);
+  RestorePlan plan;
+  plan.dst.resize(m.chunks.size());
+  plan.region_of.resize(m.chunks.size());
   for (auto& mr : m.regions) {
     Region* live = nullptr;
-    for (auto& r : state_->regions)
+    for (auto& r : regions)
       if (r->name() == mr.name) live = r.get();
     if (!live)
       throw Error(Errc::invalid_argument, "snapshot '" + ref + "' records region '" + mr.name + "' (" + std::to_string(mr.size) +
@@ -575,26 +649,26 @@ void Session::restore(const std::string& name) {
                                               std::to_string(mr.size) + " bytes in snapshot '" + ref +
                                               "'; resize it to match before restoring (nothing was changed)");
     for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
-      dst[mr.first_chunk + j] = static_cast<char*>(live->data()) + j * m.chunk_size;
-      region_of[mr.first_chunk + j] = &mr;
+      plan.dst[mr.first_chunk + j] = static_cast<char*>(live->data()) + j * m.chunk_size;
+      plan.region_of[mr.first_chunk + j] = &mr;
     }
     std::uint64_t copy_bytes = 0;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
     const ManifestRegion* br = nullptr;
     std::optional<detail::WrittenPages> w;
     bool tracked = false;
-    if (state_->changed_since_base(*live, ranges, &tracked)) {
+    if (changed_since_base(*live, ranges, &tracked)) {
       // Live memory is the base snapshot except the pages written since: copy
       // the pages in which the target differs from the base, and the written
       // pages.
-      br = state_->base_region(*live);
+      br = base_region(*live);
       w.emplace(ranges, mr.size, m.chunk_size);
     }
     for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
       const std::size_t i = mr.first_chunk + j;
       const std::uint32_t n = detail::pages_in(m.chunks[i].length);  // (older formats have no page hashes)
       auto add = [&](std::uint32_t p0, std::uint32_t p1) {
-        jobs.push_back({i, p0, p1});
+        plan.jobs.push_back({i, p0, p1});
         copy_bytes += std::min<std::uint64_t>(p1 * kPageSize, m.chunks[i].length) - p0 * kPageSize;
       };
       if (!br) {
@@ -626,95 +700,35 @@ void Session::restore(const std::string& name) {
     }
     // Writing most of a tracked region page by page would take one protection
     // fault per page: lift the protection first (it is restored afterwards).
-    auto& t = state_->tracks[live];
-    if (t.tracked.first != t.tracked.second && copy_bytes > mr.size / 8) unprotect.push_back(t.tracked);
+    auto& t = tracks[live];
+    if (t.tracked.first != t.tracked.second && copy_bytes > mr.size / 8) plan.unprotect.push_back(t.tracked);
   }
 
-  // Check every byte about to be copied: page by page against the page
-  // hashes, or (older formats) whole chunks.
+  for (auto& j : plan.jobs) plan.work += std::max<std::uint64_t>(detail::kPageWork, (j.p1 - j.p0) * kPageSize);
+  return plan;
+}
+
+void Session::restore(const std::string& name) {
+  using detail::kPageSize;
+  StoreImpl& store = detail::impl_of(state_->store);
+  const std::string ref = StoreImpl::ref(state_->name, name);
+  // Under the shared lock nobody can reuse the space of this snapshot's data
+  // while it is read.
+  std::lock_guard<std::mutex> guard(store.mu);
+  StoreImpl::Lock lock(store, false);
+  const Manifest* base = state_->base ? &*state_->base : nullptr;
+  // Rolling back to the base (the usual case: one snapshot, many trials)
+  // needs no reading and decoding of its manifest when it is unchanged.
+  std::optional<Manifest> loaded;
+  store.packs->refresh_mappings();  // before page hashes are read from the packs
+  if (!base || base->name != name || !store.manifest_unchanged(*base)) loaded = store.load_manifest(state_->name, name);
+  const Manifest& m = loaded ? *loaded : *base;
+  RestorePlan plan = state_->plan_restore(m, ref);
   store.packs->refresh_mappings();
-  std::uint64_t copy_bytes = 0, work = 0;
-  std::vector<std::size_t> touched;
-  for (auto& j : jobs) {
-    copy_bytes += std::min<std::uint64_t>(j.p1 * kPageSize, m.chunks[j.chunk].length) - j.p0 * kPageSize;
-    work += std::max<std::uint64_t>(detail::kPageWork, (j.p1 - j.p0) * kPageSize);
-    if (touched.empty() || touched.back() != j.chunk) touched.push_back(j.chunk);
-  }
-  auto damaged = [&](std::size_t chunk, std::uint64_t lo, std::uint64_t hi, const std::string& why) {
-    auto* mr = region_of[chunk];
-    std::uint64_t off = (chunk - mr->first_chunk) * m.chunk_size;
-    return Error(Errc::corrupt, "snapshot '" + ref + "' is damaged: region '" + mr->name + "' bytes [" + std::to_string(off + lo) + ", " +
-                                    std::to_string(off + hi) + ") " + why +
-                                    "; live memory was not changed — restore another snapshot and run `dvr verify`");
-  };
-  try {
-    for (std::size_t i : touched) detail::map_chunk(*store.packs, detail::view_of(m, i));
-  } catch (const Error& e) {
-    throw Error(e.code(), "cannot restore '" + ref + "': " + e.what() + " (live memory was not changed)");
-  }
-  for (std::size_t i : touched)
-    if (!m.trusted(i)) throw damaged(i, 0, m.chunks[i].length, "do not match the checksum in its manifest");
-  if (!m.paged) {
-    std::string why;
-    std::size_t bad = detail::first_damaged(*store.packs, m, touched, &why);
-    if (bad != SIZE_MAX) throw damaged(touched[bad], 0, m.chunks[touched[bad]].length, "fail their checksum: " + why);
-  } else {
-    std::atomic<std::size_t> bad{SIZE_MAX};
-    std::atomic<std::uint32_t> bad_page{0};
-    detail::parallel_for(jobs.size(), work, [&](std::size_t b, std::size_t e) {
-      for (std::size_t k = b; k < e && bad.load() == SIZE_MAX; ++k) {
-        if (k + 1 < e) {
-          // Scattered pages: start loading the next job's while this one is hashed.
-          detail::PageLoc next = detail::view_of(m, jobs[k + 1].chunk).location(jobs[k + 1].p0);
-          if (const char* ahead = next.pack ? store.packs->mapped(next.pack, next.offset, kPageSize) : nullptr)
-            for (std::uint64_t line = 0; line < 512; line += 64) __builtin_prefetch(ahead + line);
-        }
-        detail::ChunkView v = detail::view_of(m, jobs[k].chunk);
-        for (std::uint32_t p = jobs[k].p0; p < jobs[k].p1; ++p) {
-          detail::PageLoc at = v.location(p);
-          std::uint32_t len = v.page_length(p);
-          const char* bytes = at.pack ? store.packs->mapped(at.pack, at.offset, len) : nullptr;
-          std::uint64_t h = bytes ? detail::page_hash(bytes, len) : detail::zero_page_hash(len);
-          if ((at.pack && !bytes) || h != v.pages[p]) {
-            std::size_t none = SIZE_MAX;
-            if (bad.compare_exchange_strong(none, k)) bad_page = p;
-            return;
-          }
-        }
-      }
-    });
-    if (bad.load() != SIZE_MAX) {
-      const Job& j = jobs[bad.load()];
-      std::uint64_t lo = std::uint64_t{bad_page.load()} * kPageSize;
-      detail::PageLoc at = detail::view_of(m, j.chunk).location(bad_page.load());
-      throw damaged(j.chunk, lo, std::min<std::uint64_t>(lo + kPageSize, m.chunks[j.chunk].length),
-                    "fail their checksum (" + store.packs->path_of(at.pack) + " offset " + std::to_string(at.offset) + ")");
-    }
-  }
-
+  check_restore(*store.packs, m, plan, ref);
   // From here on live memory changes; the tracker is re-armed at the end.
-  for (auto& r : unprotect) state_->tracker->unprotect(r);
-  detail::parallel_for(jobs.size(), work, [&](std::size_t b, std::size_t e) {
-    for (std::size_t k = b; k < e; ++k) {
-      const Job& j = jobs[k];
-      detail::ChunkView v = detail::view_of(m, j.chunk);
-      const std::uint64_t end = std::min<std::uint64_t>(j.p1 * kPageSize, v.ref->length);
-      if (!v.overlay_count) {
-        // Pages stored together: one copy.
-        char* to = dst[j.chunk] + j.p0 * kPageSize;
-        if (v.ref->is_zero()) detail::zero_nt(to, end - j.p0 * kPageSize);
-        else detail::copy_nt(to, store.packs->mapped(v.ref->pack, v.ref->offset + j.p0 * kPageSize, end - j.p0 * kPageSize), end - j.p0 * kPageSize);
-        continue;
-      }
-      for (std::uint32_t p = j.p0; p < j.p1; ++p) {
-        detail::PageLoc at = v.location(p);
-        std::uint32_t len = v.page_length(p);
-        char* to = dst[j.chunk] + p * kPageSize;
-        if (at.pack) detail::copy_nt(to, store.packs->mapped(at.pack, at.offset, len), len);
-        else detail::zero_nt(to, len);
-      }
-    }
-  });
+  for (auto& r : plan.unprotect) state_->tracker->unprotect(r);
+  copy_restore(*store.packs, m, plan);
   for (auto& [region, file] : state_->heap_files) state_->drop_note(*region);  // before the marks are cleared
   state_->rearm();
   for (auto& mr : m.regions)
@@ -722,7 +736,6 @@ void Session::restore(const std::string& name) {
       if (r->name() == mr.name) state_->tracks[r.get()].synced = true;
   if (loaded) state_->replace_base(std::move(*loaded));
   state_->head = name;
-  state_->external.clear();
   state_->publish_notes();
 }
 

@@ -200,19 +200,26 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
     throw Error(Errc::corrupt, sb_path + " is damaged (bad chunk_size or uuid)");
 }
 
-StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive) : fd_(-1) {
+StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : fd_(-1) {
   if (s.owner_pid_ != ::getpid()) {
-    // A forked child shares its parent's open lock file, and flock() locks
-    // belong to the open file: parent and child would both hold it
-    // "exclusively". Give the child a lock of its own, and make it re-read the
+    // A forked child shares its parent's open lock files, and flock() locks
+    // belong to the open file: parent and child would both hold them
+    // "exclusively". Give the child locks of its own, and make it re-read the
     // store before trusting anything cached.
     Fd fresh(::open((s.path + "/lock").c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
     if (!fresh) throw_errno(errno, "cannot reopen the lock of store " + s.path + " after fork");
     s.lock_fd_ = std::move(fresh);
+    s.writers_fd_ = Fd();
     s.owner_pid_ = ::getpid();
     s.forked_ = true;
   }
-  fd_ = s.lock_fd_.get();
+  if (kind == Kind::writers && !s.writers_fd_) {
+    // Created on first use: stores made before it existed get it then.
+    const std::string file = s.path + "/" + kWritersLockName;
+    s.writers_fd_ = Fd(::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!s.writers_fd_) throw_errno(errno, "cannot open the writers' lock " + file + " of store " + s.path);
+  }
+  fd_ = kind == Kind::writers ? s.writers_fd_.get() : s.lock_fd_.get();
   if (s.lock_timeout.count() >= 0) {
     // Bounded (StoreOptions::lock_timeout): the CRIU plugin runs while the
     // process it dumps is frozen, and that process may hold this lock (frozen
@@ -724,6 +731,8 @@ void Store::remove(const std::string& session, const std::string& snapshot) {
 GcReport Store::gc() {
   using namespace detail;
   std::lock_guard<std::mutex> guard(impl_->mu);
+  // No snapshot may be half written (its space is in flight), nor data read.
+  StoreImpl::Lock writers(*impl_, true, StoreImpl::Lock::Kind::writers);
   StoreImpl::Lock lock(*impl_, true);
   GcReport report;
 

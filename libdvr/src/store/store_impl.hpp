@@ -23,6 +23,7 @@ namespace dvr::detail {
 inline constexpr std::uint32_t kStoreFormatVersion = 1;
 inline constexpr const char* kSuperblockName = "DVRSTORE";
 inline constexpr const char* kManifestSuffix = ".snap";
+inline constexpr const char* kWritersLockName = "writers.lock";
 inline constexpr std::uint64_t kInitialPackSize = 64ull << 20;  // packs start small, and double up to kMaxPackSize
 
 /// Throws invalid_argument unless `name` is 1–128 characters of [A-Za-z0-9._-]
@@ -141,10 +142,16 @@ class StoreImpl {
   /// Marks that stored data was freed (gc): every process rebuilds its index.
   void bump_epoch();
 
-  /// flock on the store's lock file; shared for readers, exclusive for writers.
+  /// flock on one of the store's lock files (docs/format.md, "Locks").
+  /// Kind::data (`lock`): shared while stored data is read, exclusive while
+  /// data may be freed (remove, gc). Kind::writers (`writers.lock`):
+  /// exclusive while snapshots are written (WriteBatch) or space is reclaimed
+  /// (gc), so that one process at a time allocates pack space; readers do not
+  /// wait for writers. Order: writers before data.
   class Lock {
    public:
-    Lock(const StoreImpl& s, bool exclusive);
+    enum class Kind { data, writers };
+    Lock(const StoreImpl& s, bool exclusive, Kind kind = Kind::data);
     ~Lock();
     Lock(const Lock&) = delete;
     Lock& operator=(const Lock&) = delete;
@@ -184,6 +191,7 @@ class StoreImpl {
   static bool key_of(const std::string& file, FileKey& key);
 
   mutable Fd lock_fd_;
+  mutable Fd writers_fd_;  // writers.lock, opened on first use
   mutable pid_t owner_pid_ = 0;   // process that opened lock_fd_
   mutable bool forked_ = false;  // used from a forked child: re-read everything
   std::unordered_map<Hash128, ChunkRef, Hash128Hasher> index_;     // hash -> a live location
@@ -210,8 +218,13 @@ SnapshotInfo info_from_manifest(const Manifest& m);
 /// with *why set, or SIZE_MAX when all pass. Throws what Packs::read throws.
 std::size_t first_damaged(Packs& packs, const Manifest& m, const std::vector<std::size_t>& which, std::string* why);
 
-struct StoreAccess {
-  static StoreImpl& impl(const Store& s) { return *s.impl_; }
-};
+/// The implementation behind a Store handle (Store::impl_ is protected: a
+/// pointer to it is taken through a class derived from Store).
+inline StoreImpl& impl_of(const Store& store) {
+  struct Access : Store {
+    static std::shared_ptr<StoreImpl> Store::*member() { return &Access::impl_; }
+  };
+  return *(store.*Access::member());
+}
 
 }  // namespace dvr::detail

@@ -1,0 +1,235 @@
+// Sending snapshots as streams (docs/format.md, "Stream format").
+#include <zstd.h>
+
+#include <chrono>
+#include <optional>
+#include <unordered_map>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "base/os.hpp"
+#include "store/store_impl.hpp"
+#include "transfer/stream.hpp"
+#include "dvr/proc.hpp"
+#include "format/chunks.hpp"
+
+namespace dvr::transfer {
+
+using namespace internal;
+using detail::kPageSize;
+using detail::StoreImpl;
+
+namespace {
+
+// ---- sending ---------------------------------------------------------------
+
+struct Compressor {
+  ZSTD_CCtx* ctx = nullptr;
+  std::string out;
+  Compressor() : ctx(ZSTD_createCCtx()) {}
+  ~Compressor() { ZSTD_freeCCtx(ctx); }
+  // Appends codec, raw length and data to `b`: zstd when it saves space.
+  void put(detail::Writer& b, const char* data, std::size_t n, int level, Stats& st) {
+    st.data_bytes += n;
+    if (level > 0) {
+      out.resize(ZSTD_compressBound(n));
+      std::size_t c = ZSTD_compressCCtx(ctx, out.data(), out.size(), data, n, level);
+      if (!ZSTD_isError(c) && c < n) {
+        b.u8(kZstd);
+        b.u32(static_cast<std::uint32_t>(n));
+        b.u32(static_cast<std::uint32_t>(c));
+        b.bytes(out.data(), c);
+        return;
+      }
+    }
+    b.u8(kRaw);
+    b.u32(static_cast<std::uint32_t>(n));
+    b.u32(static_cast<std::uint32_t>(n));
+    b.bytes(data, n);
+  }
+};
+
+struct Progressor {
+  const Progress& fn;
+  std::uint64_t done = 0, total = 0;
+  void add(std::uint64_t n) {
+    done += n;
+    if (fn) fn(done, total);
+  }
+};
+
+// Sends one snapshot, against `base` of the same session if given.
+void send_item(const Item& it, const std::string& base, RecordWriter& w, const Options& opt, Stats& st, Progressor& prog) {
+  StoreImpl& si = detail::impl_of(it.store);
+  std::lock_guard<std::mutex> guard(si.mu);
+  StoreImpl::Lock lock(si, false);  // the data cannot be reused while it is read
+  si.packs->refresh_mappings();
+  Manifest m = si.load_manifest(it.session, it.name);
+  std::optional<Manifest> b;
+  if (!base.empty()) b = si.load_manifest(it.session, base);
+  const bool pageable = b && b->paged && m.paged && b->chunk_size == m.chunk_size;
+
+  detail::Writer h;
+  h.str(it.session);
+  h.str(it.name);
+  h.str(m.label);
+  h.str(m.parent);
+  h.u64(static_cast<std::uint64_t>(m.time_ns));
+  h.u32(m.chunk_size);
+  h.u8(m.paged ? 1 : 0);
+  h.u32(static_cast<std::uint32_t>(m.regions.size()));
+  for (auto& r : m.regions) {
+    h.str(r.name);
+    h.u64(r.size);
+    h.u8(r.sdk_owned ? 1 : 0);
+  }
+  h.str(b ? base : "");
+  h.hash(b ? fingerprint(*b) : Hash128{});
+  w.record(kSnapshot, h.out);
+
+  // Chunks the base holds anywhere, by hash.
+  std::unordered_map<Hash128, std::pair<std::uint32_t, std::uint64_t>, detail::Hash128Hasher> in_base;
+  if (b && b->chunk_size == m.chunk_size && b->paged == m.paged)
+    for (std::uint32_t r = 0; r < b->regions.size(); ++r)
+      for (std::uint64_t j = 0; j < b->regions[r].chunk_count; ++j) {
+        const auto& c = b->chunks[b->regions[r].first_chunk + j];
+        if (!c.is_zero() && b->trusted(b->regions[r].first_chunk + j)) in_base.emplace(c.hash, std::make_pair(r, j));
+      }
+  Compressor z;
+  std::vector<char> data(m.chunk_size);
+  for (std::uint32_t r = 0; r < m.regions.size(); ++r) {
+    const auto& mr = m.regions[r];
+    const detail::ManifestRegion* br = nullptr;
+    if (b)
+      for (auto& x : b->regions)
+        if (x.name == mr.name && x.size == mr.size && b->chunk_size == m.chunk_size && b->paged == m.paged) br = &x;
+    std::uint64_t run = 0, run_start = 0;
+    auto flush_run = [&] {
+      if (!run) return;
+      detail::Writer x;
+      x.u32(r);
+      x.u64(run_start);
+      x.u64(run);
+      w.record(kInherit, x.out);
+      run = 0;
+    };
+    for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
+      const std::size_t i = mr.first_chunk + j;
+      const auto& c = m.chunks[i];
+      ++st.chunks;
+      prog.add(c.length);
+      if (br && b->chunks[br->first_chunk + j].hash == c.hash && b->trusted(br->first_chunk + j)) {
+        if (!run) run_start = j;
+        ++run;
+        ++st.chunks_skipped;
+        continue;
+      }
+      flush_run();
+      detail::Writer x;
+      x.u32(r);
+      x.u64(j);
+      if (m.zero_chunk(i)) {
+        x.hash(c.hash);
+        x.u32(c.length);
+        w.record(kZero, x.out);
+        continue;
+      }
+      if (auto f = in_base.find(c.hash); f != in_base.end()) {
+        x.u32(f->second.first);
+        x.u64(f->second.second);
+        x.hash(c.hash);
+        w.record(kCopy, x.out);
+        ++st.chunks_skipped;
+        continue;
+      }
+      detail::read_chunk(*si.packs, detail::view_of(m, i), data.data(), "snapshot '" + it.ref() + "'");
+      if (pageable && br && b->chunks[br->first_chunk + j].length == c.length && b->trusted(br->first_chunk + j)) {
+        const std::uint64_t *th = m.hashes_of(i), *bh = b->hashes_of(br->first_chunk + j);
+        std::vector<std::uint32_t> diff;
+        for (std::uint32_t p = 0; p < m.pages_of(i); ++p)
+          if (th[p] != bh[p]) diff.push_back(p);
+        if (diff.size() * 2 <= m.pages_of(i)) {
+          x.hash(c.hash);
+          x.u32(static_cast<std::uint32_t>(diff.size()));
+          std::string pages;
+          for (auto p : diff) {
+            x.u32(p);
+            std::uint64_t off = std::uint64_t{p} * kPageSize;
+            pages.append(data.data() + off, std::min<std::uint64_t>(kPageSize, c.length - off));
+          }
+          z.put(x, pages.data(), pages.size(), opt.level, st);
+          w.record(kPages, x.out);
+          continue;
+        }
+      }
+      x.hash(c.hash);
+      z.put(x, data.data(), c.length, opt.level, st);
+      w.record(kChunk, x.out);
+    }
+    flush_run();
+  }
+  detail::Writer e;
+  e.hash(fingerprint(m));
+  e.u64(m.chunks.size());
+  w.record(kSnapshotEnd, e.out);
+  st.logical_bytes += m.logical_bytes();
+  st.refs.push_back(it.ref());
+}
+
+}  // namespace
+
+namespace internal {
+
+Stats send_with(const Store& store, const std::string& ref, int fd, const Options& opt, const std::vector<std::string>& bases) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<Item> items = items_of(store, ref);
+  Stats st;
+  Progressor prog{opt.progress};
+  for (auto& it : items) prog.total += load(it.store, it.session, it.name).logical_bytes();
+  RecordWriter w{fd};
+  char head[16];
+  std::memcpy(head, kMagic, 8);
+  std::uint32_t v = kVersion, flags = 0;
+  std::memcpy(head + 8, &v, 4);
+  std::memcpy(head + 12, &flags, 4);
+  w.raw(head, 16);
+  for (std::size_t k = 0; k < items.size(); ++k) send_item(items[k], bases[k], w, opt, st, prog);
+  detail::Writer end;
+  end.u32(static_cast<std::uint32_t>(items.size()));
+  w.record(kStreamEnd, end.out);
+  st.base = bases.empty() ? "" : bases.back();
+  st.wire_bytes = w.bytes;
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.compression_ratio = st.wire_bytes ? static_cast<double>(st.data_bytes) / static_cast<double>(std::max<std::uint64_t>(1, st.wire_bytes)) : 1;
+  return st;
+}
+
+// The base names for each item of `ref` given the user's --base.
+std::vector<std::string> bases_for(const std::vector<Item>& items, const std::string& ref, const std::string& base) {
+  std::vector<std::string> out;
+  const bool is_proc = split_ref(ref).first == proc::kImageSession;
+  for (auto& it : items) {
+    if (base.empty()) {
+      out.emplace_back();
+      continue;
+    }
+    std::string b = is_proc && it.session != proc::kImageSession ? proc::kHeapPrefix + base : base;
+    if (!has_snapshot(it.store, it.session, b))
+      throw Error(Errc::not_found, "base snapshot '" + it.session + "/" + b + "' does not exist here; give a base both sides hold");
+    out.push_back(b);
+  }
+  return out;
+}
+
+}  // namespace internal
+
+Stats send(const Store& store, const std::string& ref, int fd, const Options& options) {
+  std::vector<Item> items = items_of(store, ref);
+  return send_with(store, ref, fd, options, bases_for(items, ref, options.base));
+}
+
+}  // namespace dvr::transfer
