@@ -12,14 +12,13 @@ store on /dev/shm, then measures, on pre-faulted data:
   send_rss / receive_rss       peak RSS of dvr send / dvr receive      vs 256 MiB
   export_gbps ... receive_gbps logical GB/s of each                    vs the peer dvr (or cat)
 With --json, one object per line: {"name", "value", "unit", "peer", "peer_value", "ratio"}.
-Peak RSS is the kernel's ru_maxrss of each process (os.wait4), which counts
-the store's tmpfs pages only while mapped and touched by that process.
+Peak RSS is each process's own maximum resident set (GNU time's %M), which
+counts the store's tmpfs pages that process maps and touches.
 """
 
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -41,8 +40,16 @@ def measured(cmds, stdin_file=None, stdout_file=None):
     procs = []
     prev = open(stdin_file, "rb") if stdin_file else subprocess.DEVNULL
     out = open(stdout_file, "wb") if stdout_file else None
+    reports = []
     for k, c in enumerate(cmds):
         last = k == len(cmds) - 1
+        # GNU time reports the command's own peak RSS (ru_maxrss of a child of
+        # this big Python process would include the Python process's own peak:
+        # Linux keeps the high-water mark across exec).
+        fd, report = tempfile.mkstemp(prefix="dvr-rss-")
+        os.close(fd)
+        reports.append(report)
+        c = ["/usr/bin/time", "-f", "%M", "-o", report] + c
         p = subprocess.Popen(c, stdin=prev, stdout=(out if out else subprocess.DEVNULL) if last else subprocess.PIPE,
                              stderr=subprocess.PIPE)
         if prev not in (subprocess.DEVNULL, None) and not isinstance(prev, int):
@@ -50,13 +57,14 @@ def measured(cmds, stdin_file=None, stdout_file=None):
         prev = p.stdout
         procs.append(p)
     rss = []
-    for p, c in zip(procs, cmds):
-        _, status, ru = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
+    for p, c, report in zip(procs, cmds, reports):
         err = p.stderr.read().decode(errors="replace")
+        p.wait()
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(c)} failed ({p.returncode}): {err}")
-        rss.append(ru.ru_maxrss / 1024)
+        with open(report) as f:
+            rss.append(int(f.read().split()[-1]) / 1024)  # KiB
+        os.unlink(report)
     if out:
         out.close()
     return rss, time.perf_counter() - t
@@ -67,7 +75,8 @@ def main():
     ap.add_argument("--size", default="4G")
     ap.add_argument("--build", default="build")
     ap.add_argument("--peer-dvr", default="", help="another dvr binary to compare throughput with (e.g. an older build)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="JSON lines (with --table, the table too)")
+    ap.add_argument("--table", action="store_true")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     dvr = os.path.join(build, "dvr")
@@ -131,7 +140,7 @@ def main():
     if args.json:
         for r in rows:
             print(json.dumps(r))
-    else:
+    if not args.json or args.table:
         print(f"transfer-rss: {size / 2**30:.2f} GiB snapshot (float32 noise), stores on /dev/shm, files on /var/tmp")
         for r in rows:
             print(f"  {r['name']:<18} {r['value']:>9} {r['unit']:<5}  {r['peer']}: {r['peer_value']} (ratio {r['ratio']})")

@@ -274,6 +274,8 @@ void SnapshotWriter::Lane::close_block() {
   // Space reserved but not used stays allocated: it is free space the next
   // snapshot fills without faulting its pages in again (gc punches it).
   block_.writer->finish();  // on this thread: drains its own non-temporal stores
+  // A stream writes each block once: its pages need not stay mapped here.
+  if (!stable_) block_.writer->release();
   block_.writer.reset();
 }
 

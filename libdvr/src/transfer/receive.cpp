@@ -326,7 +326,12 @@ void end_item(Incoming& in, detail::Reader& p) {
 void read_item(Incoming& in, RecordReader& rd, StoreImpl& si, Stats& st) {
   RecordContext cx{si, st};
   std::string payload;
+  std::uint64_t seen = rd.bytes;
   for (;;) {
+    if (rd.bytes - seen >= (64u << 20)) {
+      si.packs->drop_resident();  // base chunks read need not stay mapped here
+      seen = rd.bytes;
+    }
     Kind k = rd.record(payload);
     detail::Reader p = parse(payload);
     switch (k) {

@@ -25,6 +25,9 @@ using detail::StoreImpl;
 
 namespace {
 
+// A sender drops the page-table entries of what it read every 64 MiB.
+constexpr std::uint64_t kDropEvery = 64u << 20;
+
 // ---- sending ---------------------------------------------------------------
 
 struct Compressor {
@@ -100,6 +103,7 @@ void send_item(const Item& it, const std::string& base, RecordWriter& w, const O
         if (!c.is_zero() && b->trusted(b->regions[r].first_chunk + j)) in_base.emplace(c.hash, std::make_pair(r, j));
       }
   Compressor z;
+  std::uint64_t read_bytes = 0;
   std::vector<char> data(m.chunk_size);
   for (std::uint32_t r = 0; r < m.regions.size(); ++r) {
     const auto& mr = m.regions[r];
@@ -147,6 +151,11 @@ void send_item(const Item& it, const std::string& base, RecordWriter& w, const O
         continue;
       }
       detail::read_chunk(*si.packs, detail::view_of(m, i), data.data(), "snapshot '" + it.ref() + "'");
+      if ((read_bytes += c.length) >= kDropEvery) {
+        // The snapshot's pages need not stay mapped in this process.
+        si.packs->drop_resident();
+        read_bytes = 0;
+      }
       if (pageable && br && b->chunks[br->first_chunk + j].length == c.length && b->trusted(br->first_chunk + j)) {
         const std::uint64_t *th = m.hashes_of(i), *bh = b->hashes_of(br->first_chunk + j);
         std::vector<std::uint32_t> diff;
