@@ -632,7 +632,7 @@ void copy_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& pl
 // region; nothing is changed.
 RestorePlan Session::State::plan_restore(const Manifest& m, const std::string& ref) {
   using detail::kPageSize;
-  const Manifest* base = this->base ? &*this->base : nullptr;
+  const Manifest* base_m = base ? &*base : nullptr;
   const std::uint32_t pages_per_chunk = detail::pages_in(m.chunk_size);
   RestorePlan plan;
   plan.dst.resize(m.chunks.size());
@@ -675,16 +675,16 @@ RestorePlan Session::State::plan_restore(const Manifest& m, const std::string& r
         add(0, n);
         continue;
       }
-      const ChunkRef &t = m.chunks[i], &b = base->chunks[br->first_chunk + j];
+      const ChunkRef &t = m.chunks[i], &b = base_m->chunks[br->first_chunk + j];
       const bool same_kind =
-          m.paged == base->paged && t.length == b.length && base->trusted(br->first_chunk + j) && m.trusted(i);
+          m.paged == base_m->paged && t.length == b.length && base_m->trusted(br->first_chunk + j) && m.trusted(i);
       if (same_kind && t.hash == b.hash && !w->chunk[j]) continue;
       if (!same_kind || (!m.paged && !(t.hash == b.hash))) {
         add(0, n);
         continue;
       }
       // Page by page: differing page hashes, or written since the base.
-      const std::uint64_t *th = m.paged ? m.hashes_of(i) : nullptr, *bh = m.paged ? base->hashes_of(br->first_chunk + j) : nullptr;
+      const std::uint64_t *th = m.paged ? m.hashes_of(i) : nullptr, *bh = m.paged ? base_m->hashes_of(br->first_chunk + j) : nullptr;
       const bool chunk_same = t.hash == b.hash;
       for (std::uint32_t p = 0; p < n;) {
         auto needed = [&](std::uint32_t q) { return w->page[j * pages_per_chunk + q] || (!chunk_same && th[q] != bh[q]); };

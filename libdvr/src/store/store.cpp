@@ -106,9 +106,9 @@ StoreImpl::StoreImpl(const std::string& dir, const StoreOptions& options) {
   path = dir.size() > 1 && dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir;
   lock_timeout = options.lock_timeout;
   create_or_check(options);
-  for (const std::string& dir : {sessions_dir(), tmp_dir(), path + "/packs", pins_dir()}) {
-    make_private_dir(dir);
-    require_real_dir(dir);
+  for (const std::string& sub : {sessions_dir(), tmp_dir(), path + "/packs", pins_dir()}) {
+    make_private_dir(sub);
+    require_real_dir(sub);
   }
   medium = probe_medium(path + "/" + kSuperblockName);
   packs = std::make_unique<Packs>(path + "/packs", uuid);
@@ -747,20 +747,20 @@ GcReport Store::gc() {
   // Pins of clones whose process is gone: nobody holds their lock any more.
   for (auto& pin : impl_->pin_files()) {
     // Live while its lock file is locked (by the clone's process).
-    std::string lock = pin.substr(0, pin.size() - std::strlen(kManifestSuffix)) + ".lock";
-    int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    std::string pin_lock = pin.substr(0, pin.size() - std::strlen(kManifestSuffix)) + ".lock";
+    int fd = ::open(pin_lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     bool dead = fd < 0 ? errno == ENOENT : ::flock(fd, LOCK_EX | LOCK_NB) == 0;
     if (dead && ::unlink(pin.c_str()) == 0) ++report.temp_files_removed;
-    if (dead) ::unlink(lock.c_str());
+    if (dead) ::unlink(pin_lock.c_str());
     if (fd >= 0) ::close(fd);
   }
   // Lock files whose pin never appeared (a clone killed while opening).
   for (auto& f : list_dir(impl_->pins_dir())) {
     if (f.size() <= 5 || f.compare(f.size() - 5, 5, ".lock") != 0) continue;
-    std::string lock = impl_->pins_dir() + "/" + f;
-    if (path_exists(lock.substr(0, lock.size() - 5) + kManifestSuffix)) continue;
-    int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(lock.c_str()) == 0) ++report.temp_files_removed;
+    std::string pin_lock = impl_->pins_dir() + "/" + f;
+    if (path_exists(pin_lock.substr(0, pin_lock.size() - 5) + kManifestSuffix)) continue;
+    int fd = ::open(pin_lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(pin_lock.c_str()) == 0) ++report.temp_files_removed;
     if (fd >= 0) ::close(fd);
   }
 
@@ -915,8 +915,8 @@ VerifyReport Store::verify(const Progress& progress) const {
       if (!loc.readable) continue;
       try {
         loc.error = check_chunk(*impl_->packs, loc.chunk->view());
-      } catch (const Error& e) {
-        loc.error = e.what();
+      } catch (const Error& err) {
+        loc.error = err.what();
       }
       auto now = done.fetch_add(loc.chunk->ref.length) + loc.chunk->ref.length;
       if (progress && (i % 256 == 0 || i + 1 == e)) {
