@@ -91,11 +91,7 @@ constexpr std::size_t kMaxWriteMaps = 16;
 
 Packs::Packs(std::string dir, std::string store_uuid) : dir_(std::move(dir)), uuid_(std::move(store_uuid)) {}
 
-Packs::~Packs() {
-  for (auto& [id, m] : reads_) unmap(m);
-  for (auto& [id, h] : hash_maps_)
-    if (h.addr) ::munmap(h.addr, kHashFileSize);
-}
+Packs::~Packs() = default;
 
 std::string Packs::hash_path_of(std::uint32_t pack) const {
   char name[32];
@@ -106,10 +102,7 @@ std::string Packs::hash_path_of(std::uint32_t pack) const {
 Packs::HashMap* Packs::hash_map(std::uint32_t pack, bool writable) {
   auto it = hash_maps_.find(pack);
   if (it != hash_maps_.end() && (it->second.writable || !writable)) return &it->second;
-  if (it != hash_maps_.end()) {
-    ::munmap(it->second.addr, kHashFileSize);
-    hash_maps_.erase(it);
-  }
+  if (it != hash_maps_.end()) hash_maps_.erase(it);
   std::string path = hash_path_of(pack);
   HashMap h;
   try {
@@ -121,9 +114,7 @@ Packs::HashMap* Packs::hash_map(std::uint32_t pack, bool writable) {
       FileSizeSignalGuard guard;
       if (!writable || ::ftruncate(h.fd.get(), static_cast<off_t>(kHashFileSize)) != 0) return nullptr;
     }
-    void* addr = ::mmap(nullptr, kHashFileSize, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, h.fd.get(), 0);
-    if (addr == MAP_FAILED) return nullptr;
-    h.addr = static_cast<std::uint64_t*>(addr);
+    h.map = Mapping::file(h.fd.get(), kHashFileSize, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, path);
     h.writable = writable;
     h.ino = static_cast<std::uint64_t>(st.st_ino);
   } catch (const Error& e) {
@@ -140,7 +131,7 @@ bool Packs::stored_hashes(std::uint32_t pack, std::uint64_t offset, std::size_t 
   if (offset % kPageSize != 0 || offset / kPageSize + pages > kHashFileSize / 8) return false;
   const HashMap* h = hash_map(pack, false);
   if (!h) return false;
-  std::memcpy(out, h->addr + offset / kPageSize, pages * 8);
+  std::memcpy(out, h->addr() + offset / kPageSize, pages * 8);
   return true;
 }
 
@@ -237,10 +228,20 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
     throw Error(Errc::io, "internal error: write of [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
                               ") outside " + path);
   HashMap* h = hash_map(pack, true);
-  return PackWriter(slot.get(), offset, length, h ? h->addr : nullptr, h ? h->fd.get() : -1);
+  return PackWriter(slot.get(), offset, length, h ? h->addr() : nullptr, h ? h->fd.get() : -1);
 }
 
 void Packs::end_writes() { retired_.clear(); }
+
+void Packs::drop_resident() {
+  for (auto& [id, m] : reads_)
+    if (m.size()) ::madvise(const_cast<char*>(m.addr()), m.size(), MADV_DONTNEED);
+}
+
+void PackWriter::release() {
+  if (length_ == 0) return;
+  if (::madvise(base_, round_up_page(length_), MADV_DONTNEED) == 0) map_->forget(offset_, length_);
+}
 
 void Packs::punch(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) {
   int fd = ::open(path_of(pack).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
@@ -337,11 +338,6 @@ void PackWriter::finish() {
   pmem2_get_drain_fn(map_->map->get())();
 }
 
-void Packs::unmap(ReadMap& m) {
-  if (m.addr) ::munmap(const_cast<char*>(m.addr), m.size);
-  m = {};
-}
-
 void Packs::refresh_mappings() {
   for (auto it = hash_maps_.begin(); it != hash_maps_.end();) {
     struct stat st {};
@@ -349,20 +345,14 @@ void Packs::refresh_mappings() {
         static_cast<std::uint64_t>(st.st_size) == kHashFileSize) {
       ++it;
     } else {
-      ::munmap(it->second.addr, kHashFileSize);
       it = hash_maps_.erase(it);
     }
   }
   for (auto it = reads_.begin(); it != reads_.end();) {
     struct stat st {};
     bool same = ::stat(path_of(it->first).c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == it->second.ino &&
-                static_cast<std::uint64_t>(st.st_size) == it->second.size;
-    if (same) {
-      ++it;
-    } else {
-      unmap(it->second);
-      it = reads_.erase(it);
-    }
+                static_cast<std::uint64_t>(st.st_size) == it->second.size();
+    it = same ? std::next(it) : reads_.erase(it);
   }
   for (auto it = writes_.begin(); it != writes_.end();) {
     struct stat st {};
@@ -395,15 +385,13 @@ const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t 
       throw Error(Errc::corrupt, "pack file " + path + " has no valid header; it is damaged or not a Memory DVR pack");
     if (uuid_.size() == 32 && std::memcmp(header + 16, uuid_.data(), 32) != 0)
       throw Error(Errc::corrupt, "pack file " + path + " belongs to another store (its store id differs); it was copied in by mistake");
-    void* addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-    if (addr == MAP_FAILED) throw_errno(errno, "cannot map " + path);
-    it = reads_.emplace(pack, ReadMap{static_cast<const char*>(addr), size, static_cast<std::uint64_t>(st.st_ino)}).first;
+    it = reads_.emplace(pack, ReadMap{Mapping::file(fd, size, PROT_READ, MAP_SHARED, path), static_cast<std::uint64_t>(st.st_ino)}).first;
   }
-  if (offset < kPackHeaderSize || offset > it->second.size || length > it->second.size - offset)
+  if (offset < kPackHeaderSize || offset > it->second.size() || length > it->second.size() - offset)
     throw Error(Errc::corrupt, "pack file " + path_of(pack) + " is truncated or the reference is bad: it ends at byte " +
-                                   std::to_string(it->second.size) + " but a chunk needs bytes [" + std::to_string(offset) +
+                                   std::to_string(it->second.size()) + " but a chunk needs bytes [" + std::to_string(offset) +
                                    ", " + std::to_string(offset + length) + ")");
-  return it->second.addr + offset;
+  return it->second.addr() + offset;
 }
 
 void Packs::map_all() {
@@ -418,9 +406,9 @@ void Packs::map_all() {
 
 const char* Packs::mapped(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const {
   auto it = reads_.find(pack);
-  if (it == reads_.end() || offset < kPackHeaderSize || offset > it->second.size || length > it->second.size - offset)
+  if (it == reads_.end() || offset < kPackHeaderSize || offset > it->second.size() || length > it->second.size() - offset)
     return nullptr;
-  return it->second.addr + offset;
+  return it->second.addr() + offset;
 }
 
 Medium probe_medium(const std::string& probe_file) {

@@ -17,15 +17,16 @@
 
 #include "dvr/store.hpp"
 #include "base/hash.hpp"
+#include "base/mapping.hpp"
 #include "base/os.hpp"
 
 namespace dvr::detail {
 
-inline constexpr std::uint64_t kPackHeaderSize = 4096;
+inline constexpr std::uint64_t kPackHeaderSize = kPageSize;  // one page: chunk data starts on a page
 inline constexpr std::uint32_t kPackVersion = 1;
 inline constexpr std::uint64_t kMaxPackSize = 4ull << 30;
 /// Page hash files (docs/format.md): packs/N.hash holds page_hash() of each
-/// page of pack N as it was written, 8 bytes per page, at (offset / 4096) * 8;
+/// page of pack N as it was written, 8 bytes per page, at (offset / kPageSize) * 8;
 /// sparse, of this fixed size. They are a cache: every use is checked against
 /// the tree hash of the chunk in its manifest.
 inline constexpr std::uint64_t kHashFileSize = kMaxPackSize / kPageSize * 8;
@@ -69,6 +70,11 @@ class Packs {
   /// space, whose page-table entries the kernel dropped).
   void forget_populated();
 
+  /// Drops this process's page-table entries of every read mapping (the data
+  /// stays in the files and the mappings stay valid): a stream that reads a
+  /// whole snapshot keeps a small resident set. Cheap; call it now and then.
+  void drop_resident();
+
   /// Start of a read-only view of [offset, offset+length) of pack `pack`. Throws
   /// corrupt when the pack is missing, foreign, or too short. Call
   /// refresh_mappings() at the start of each operation (under the store lock).
@@ -90,9 +96,10 @@ class Packs {
 
  private:
   struct ReadMap {
-    const char* addr = nullptr;
-    std::uint64_t size = 0;
+    Mapping map;  // the whole pack file, read-only
     std::uint64_t ino = 0;
+    const char* addr() const { return map.bytes(); }
+    std::uint64_t size() const { return map.size(); }
   };
   friend class PackWriter;
 
@@ -100,13 +107,12 @@ class Packs {
   struct WriteMap;  // opaque outside pack.cpp
 
  private:
-  void unmap(ReadMap& m);
-
   std::string dir_;
   std::string uuid_;
   struct HashMap {
     Fd fd;
-    std::uint64_t* addr = nullptr;  // kHashFileSize bytes
+    Mapping map;  // kHashFileSize bytes
+    std::uint64_t* addr() const { return static_cast<std::uint64_t*>(map.data()); }
     bool writable = false;
     std::uint64_t ino = 0;
   };
@@ -135,6 +141,10 @@ class PackWriter {
   /// Records the page hashes of the pages copied at rel (page-aligned).
   void set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count);
   void finish();
+  /// After finish(): drops this process's page-table entries of the extent
+  /// (the data stays in the file), so that a long stream of writes keeps a
+  /// small resident set; later writes to it populate them again.
+  void release();
   /// The bytes at rel as written (through the pack's write mapping, which
   /// stays mapped until Packs::end_writes()).
   const char* written(std::uint64_t rel) const { return base_ + rel; }

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/hash.hpp"
 #include "dvr/error.hpp"
 
 namespace dvr {
@@ -27,7 +28,7 @@ namespace {
 
 constexpr std::uint64_t kMagic = 0x414e455241525644ull;  // "DVRARENA"
 constexpr std::uint32_t kVersion = 1;
-constexpr std::size_t kPage = 4096;
+using detail::kPageSize;  // the arena's unit of address, size and growth
 constexpr int kClasses = 9;  // 16, 32, ..., 4096
 constexpr std::size_t kMaxSmall = 4096;
 
@@ -42,7 +43,7 @@ struct Header {
   std::uint64_t free_small[kClasses];
   std::uint64_t free_large;
 };
-static_assert(sizeof(Header) <= kPage);
+static_assert(sizeof(Header) <= kPageSize);
 
 std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
@@ -60,8 +61,8 @@ int class_of(std::size_t bytes) {
 
 Arena::Arena(Session& session, std::string name, const ArenaOptions& o)
     : session_(session), name_(std::move(name)), address_(o.address), reserve_(o.reserve), grow_step_(o.grow_step) {
-  if (address_ == 0 || address_ % kPage || reserve_ == 0 || reserve_ % kPage || o.initial < 2 * kPage || o.initial > reserve_ ||
-      o.grow_step == 0 || o.grow_step % kPage || o.initial % kPage)
+  if (address_ == 0 || address_ % kPageSize || reserve_ == 0 || reserve_ % kPageSize || o.initial < 2 * kPageSize || o.initial > reserve_ ||
+      o.grow_step == 0 || o.grow_step % kPageSize || o.initial % kPageSize)
     throw Error(Errc::invalid_argument, "arena '" + name_ + "': address, reserve, initial and grow_step must be whole pages, "
                                         "initial at least two pages and at most reserve");
   void* p = ::mmap(base(), reserve_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
@@ -88,7 +89,7 @@ Arena::Arena(Session& session, std::string name, const ArenaOptions& o)
   h->version = kVersion;
   h->classes = kClasses;
   h->committed = o.initial;
-  h->bump = address_ + kPage;
+  h->bump = address_ + kPageSize;
   try {
     session_.track(name_, base(), o.initial);
   } catch (...) {
@@ -136,7 +137,7 @@ void Arena::resize(std::size_t n) {
 void* Arena::do_allocate(std::size_t bytes, std::size_t alignment) {
   auto* h = static_cast<Header*>(base());
   if (bytes == 0) bytes = 1;
-  if (alignment == 0 || (alignment & (alignment - 1)) || alignment > kPage) throw std::bad_alloc();
+  if (alignment == 0 || (alignment & (alignment - 1)) || alignment > kPageSize) throw std::bad_alloc();
   if (bytes > reserve_) throw std::bad_alloc();  // also keeps the sums below from wrapping
   std::uint64_t user = 0, end = 0;
   if (bytes <= kMaxSmall && alignment <= 16) {
@@ -218,7 +219,7 @@ void Arena::restore(const std::string& snapshot) {
     session_.restore(snapshot);
     return;
   }
-  if (want > reserve_ || want % kPage)
+  if (want > reserve_ || want % kPageSize)
     throw Error(Errc::invalid_argument, "arena '" + name_ + "': snapshot '" + snapshot + "' records it with " + std::to_string(want) +
                                             " bytes, which does not fit its reservation of " + std::to_string(reserve_));
   // Re-register the region at the recorded size, keeping every byte of the

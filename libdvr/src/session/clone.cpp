@@ -11,6 +11,7 @@
 #include "dvr/clone.hpp"
 #include "dvr/dvr.hpp"
 #include "format/chunks.hpp"
+#include "base/mapping.hpp"
 #include "base/memops.hpp"
 #include "store/store_impl.hpp"
 
@@ -23,13 +24,13 @@ using detail::StoreImpl;
 struct Clone::State {
   std::string session, snapshot;
   std::vector<std::unique_ptr<Region>> regions;
-  std::vector<std::pair<void*, std::size_t>> maps;  // one reservation per region
-  detail::Fd pin_lock;                              // flock()ed while the clone lives
+  std::vector<detail::Mapping> maps;  // one reservation per region
+  detail::Fd pin_lock;                // flock()ed while the clone lives
   std::string pin_path, lock_path;
 
   ~State() {
     regions.clear();
-    for (auto& [p, n] : maps) ::munmap(p, n);
+    maps.clear();
     if (!pin_path.empty()) ::unlink(pin_path.c_str());
     if (!lock_path.empty()) ::unlink(lock_path.c_str());
   }
@@ -83,23 +84,29 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
   // own (PIN.lock) flocked for the clone's life; gc deletes a pin whose lock
   // nobody holds. The lock is in place before the pin appears, so gc never
   // sees a live pin unlocked. The pin is a hard link to the snapshot's
-  // manifest file (a copy where the file system has no hard links); nobody
-  // can replace that file meanwhile: writers need the exclusive store lock.
+  // manifest file (a copy where the file system has no hard links, or where
+  // a writer replaced the snapshot since it was read: writers do not wait
+  // for readers, so the linked file is compared with the version loaded).
   const std::string pin_name = impl_->pins_dir() + "/" + random_hex();
   {
     std::string tmp_lock = impl_->tmp_dir() + "/" + random_hex() + ".lock";
-    Fd lock = open_or_throw(tmp_lock, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (::flock(lock.get(), LOCK_SH) != 0 || ::rename(tmp_lock.c_str(), (pin_name + ".lock").c_str()) != 0) {
+    Fd pin_lock = open_or_throw(tmp_lock, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (::flock(pin_lock.get(), LOCK_SH) != 0 || ::rename(tmp_lock.c_str(), (pin_name + ".lock").c_str()) != 0) {
       int err = errno;
       ::unlink(tmp_lock.c_str());
       throw_errno(err, "cannot lock a pin for a clone of '" + ref + "' in " + impl_->pins_dir());
     }
-    state->pin_lock = std::move(lock);
+    state->pin_lock = std::move(pin_lock);
     state->lock_path = pin_name + ".lock";
   }
   {
     std::string tmp = impl_->tmp_dir() + "/" + random_hex() + ".pin";
-    if (::link(impl_->manifest_path(session, snapshot).c_str(), tmp.c_str()) != 0) {
+    bool linked = ::link(impl_->manifest_path(session, snapshot).c_str(), tmp.c_str()) == 0;
+    if (linked && read_file(tmp) != bytes) {
+      ::unlink(tmp.c_str());  // replaced since it was read: pin the version loaded
+      linked = false;
+    }
+    if (!linked) {
       Fd fd = open_or_throw(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
       try {
         write_all(fd.get(), bytes.data(), bytes.size(), tmp);
@@ -126,9 +133,8 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
   };
   for (auto& mr : m.regions) {
     std::size_t span = round_up_page(mr.size);
-    void* base = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (base == MAP_FAILED) throw Error(Errc::no_space, "cannot reserve address space for region '" + mr.name + "' of a clone");
-    state->maps.emplace_back(base, span);
+    state->maps.push_back(detail::Mapping::anonymous(span, "of address space for region '" + mr.name + "' of a clone"));
+    void* base = state->maps.back().data();
     // Runs of chunks stored back to back in one pack become one mapping;
     // all-zero chunks stay anonymous (zero) memory.
     for (std::uint64_t i = 0; i < mr.chunk_count;) {

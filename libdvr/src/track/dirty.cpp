@@ -1,5 +1,6 @@
 #include "track/dirty.hpp"
 
+#include "base/mapping.hpp"
 #include "base/os.hpp"
 
 #include <fcntl.h>
@@ -64,8 +65,13 @@ std::unique_ptr<WriteTracker> WriteTracker::open(std::string* why) {
   std::unique_ptr<WriteTracker> t(new WriteTracker(uffd));
   // Probe the whole mechanism on one page of our own.
   long page = ::sysconf(_SC_PAGESIZE);
-  void* probe = ::mmap(nullptr, static_cast<std::size_t>(page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (probe == MAP_FAILED) return fail("cannot map a probe page");
+  Mapping probe_page;
+  try {
+    probe_page = Mapping::anonymous(static_cast<std::size_t>(page), "for a probe page");
+  } catch (const Error&) {
+    return fail("cannot map a probe page");
+  }
+  void* probe = probe_page.data();
   AddrRange r{reinterpret_cast<std::uintptr_t>(probe), reinterpret_cast<std::uintptr_t>(probe) + static_cast<std::uintptr_t>(page)};
   std::string add_why;
   std::vector<AddrRange> written;
@@ -78,7 +84,7 @@ std::unique_ptr<WriteTracker> WriteTracker::open(std::string* why) {
     ok = ok && t->collect(r, written) && written.empty();
     t->remove(r);
   }
-  ::munmap(probe, static_cast<std::size_t>(page));
+  probe_page.reset();
   if (!ok) return fail(add_why);
   return t;
 }
