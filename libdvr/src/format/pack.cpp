@@ -411,21 +411,15 @@ const char* Packs::mapped(std::uint32_t pack, std::uint64_t offset, std::uint64_
   return it->second.addr() + offset;
 }
 
-Medium probe_medium(const std::string& probe_file) {
-  Fd fd = open_or_throw(probe_file, O_RDWR);
+bool byte_persistent(int fd, const std::string& file) {
   pmem2_granularity got = PMEM2_GRANULARITY_PAGE;
   try {
-    Pmem2Map map(fd.get(), 0, kPageSize, probe_file);
+    Pmem2Map map(fd, 0, kPageSize, file);
     got = pmem2_map_get_store_granularity(map.get());
   } catch (const Error&) {
     // libpmem2 refused the file: it is certainly not usable as PMem.
   }
-  if (got == PMEM2_GRANULARITY_BYTE || got == PMEM2_GRANULARITY_CACHE_LINE) return Medium::pmem;
-  struct statfs fs {};
-  if (::fstatfs(fd.get(), &fs) == 0 &&
-      (static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC))
-    return Medium::dram;
-  return Medium::disk;
+  return got == PMEM2_GRANULARITY_BYTE || got == PMEM2_GRANULARITY_CACHE_LINE;
 }
 
 }  // namespace dvr::detail

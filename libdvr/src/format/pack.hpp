@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "dvr/store.hpp"
 #include "base/hash.hpp"
 #include "base/mapping.hpp"
 #include "base/os.hpp"
@@ -164,8 +163,9 @@ class PackWriter {
   std::uint64_t hash_lo_ = UINT64_MAX, hash_hi_ = 0;  // pages whose hashes were set
 };
 
-/// Decides the store's medium by mapping `probe_file` (4096 bytes) through
-/// libpmem2 with PAGE granularity and reading back the granularity it got.
-Medium probe_medium(const std::string& probe_file);
+/// True when libpmem2, asked for PAGE granularity on `fd` (a file of at least
+/// 4096 bytes, named `file`), reports CACHE_LINE or BYTE: real persistent
+/// memory, where data survives power loss once flushed.
+bool byte_persistent(int fd, const std::string& file);
 
 }  // namespace dvr::detail

@@ -1,0 +1,168 @@
+// The chunk index and the map of live pack space, kept up to date with the published manifests.
+#include <fcntl.h>
+#include <pwd.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <optional>
+#include <sstream>
+
+#include "dvr/dvr.hpp"
+#include "base/memops.hpp"
+#include "format/chunks.hpp"
+#include "store/store_impl.hpp"
+
+namespace dvr::detail {
+
+bool StoreImpl::key_of(const std::string& file, FileKey& key) {
+  // Inode, size and time alone can repeat when a manifest is removed and a
+  // new one of the same name and layout is published (inode reuse, coarse
+  // timestamps); the checksum in its trailer tells them apart.
+  try {
+    Fd fd = open_or_throw(file, O_RDONLY);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return false;
+    std::uint64_t sum = 0;
+    if (st.st_size >= 16 && ::pread(fd.get(), &sum, 8, st.st_size - 16) != 8) return false;
+    key = {static_cast<std::uint64_t>(st.st_ino), static_cast<std::uint64_t>(st.st_size),
+           static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec, sum};
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::vector<StoreImpl::Ref> StoreImpl::refs_of(const Manifest& m) {
+  std::vector<Ref> refs;
+  refs.reserve(m.chunks.size() + m.overlays.size());
+  for (auto& c : m.chunks)
+    if (!c.is_zero()) refs.push_back({c.offset, c.pack, c.length});
+  for (auto& o : m.overlays)
+    if (o.pack != 0) refs.push_back({o.offset, o.pack, static_cast<std::uint32_t>(kPageSize)});
+  return refs;
+}
+
+std::vector<StoreImpl::Ref> StoreImpl::add_refs(const Manifest& m) {
+  std::vector<Ref> refs = refs_of(m);
+  std::size_t chunk = 0;
+  for (std::size_t k = 0; k < refs.size(); ++k) {
+    const Ref& r = refs[k];
+    Live& l = uses_[location_key(r.pack, r.offset)];
+    // Uses of one location may differ in length (a chunk, and a region's
+    // shorter tail chunk that deduplicated onto its start): the largest counts.
+    if (l.refs++ == 0 || r.length > l.length) {
+      l.length = std::max<std::uint64_t>(l.length, r.length);
+      live_[{r.pack, r.offset}] = l.length;
+    }
+    // The first refs are the stored chunks, in order. A chunk with overlays is
+    // not stored whole at its location: its hash must not lead dedup there.
+    while (chunk < m.chunks.size() && m.chunks[chunk].is_zero()) ++chunk;
+    if (chunk >= m.chunks.size()) continue;  // an overlay page
+    const ChunkRef& c = m.chunks[chunk++];
+    if (!l.indexed && !m.has_overlays(chunk - 1)) {
+      l.indexed = true;
+      l.hash = c.hash;
+      index_.emplace(c.hash, c);
+    }
+  }
+  return refs;
+}
+
+void StoreImpl::drop_refs(const std::vector<Ref>& refs) {
+  for (auto& r : refs) {
+    std::uint64_t key = location_key(r.pack, r.offset);
+    Live* l = uses_.find(key);
+    if (!l || --l->refs > 0) continue;
+    auto ix = l->indexed ? index_.find(l->hash) : index_.end();
+    if (ix != index_.end() && ix->second.pack == r.pack && ix->second.offset == r.offset) index_.erase(ix);
+    uses_.erase(key);
+    live_.erase({r.pack, r.offset});
+  }
+}
+
+void StoreImpl::refresh_index() {
+  std::string epoch = read_epoch();
+  if (epoch != index_epoch_ || forked_) {
+    forked_ = false;
+    index_.clear();
+    live_.clear();
+    uses_.clear();
+    indexed_.clear();
+    unreadable_.clear();
+    index_epoch_ = epoch;
+    quarantine_pack_ = 0;
+    packs->forget_populated();
+  }
+  packs->refresh_mappings();
+  // First forget every manifest that is gone or was replaced, then add the new
+  // ones: a location freed by one manifest and reused by another must never be
+  // credited to the old chunk.
+  std::map<std::string, FileKey> present;
+  std::set<std::string> unstatable;
+  for (auto& session : session_names())
+    for (auto& name : snapshot_names(session)) {
+      std::string file = manifest_path(session, name);
+      FileKey key;
+      if (key_of(file, key)) present.emplace(file, key);
+      else unstatable.insert(file);  // listed but unreadable: its data must not count as free
+    }
+  for (auto& file : pin_files()) {
+    FileKey key;
+    if (key_of(file, key)) present.emplace(file, key);
+    else unstatable.insert(file);
+  }
+  for (auto it = indexed_.begin(); it != indexed_.end();) {
+    auto p = present.find(it->first);
+    if (p != present.end() && p->second == it->second.key) {
+      ++it;
+    } else {
+      drop_refs(it->second.refs);
+      it = indexed_.erase(it);
+    }
+  }
+  auto unreadable_before = std::move(unreadable_);
+  unreadable_ = std::move(unstatable);
+  for (auto& [file, key] : present) {
+    if (indexed_.count(file)) continue;
+    try {
+      Manifest m = decode_manifest(read_file(file), file);
+      indexed_[file] = {key, add_refs(m)};
+    } catch (const Error&) {
+      // Contributes nothing to dedup; verify reports it. While it exists, its
+      // data cannot be told apart from free space, so allocate() reuses none.
+      unreadable_.insert(file);
+    }
+  }
+  for (auto& f : unreadable_)
+    if (!unreadable_before.count(f)) quarantine_pack_ = 0;  // newly unreadable: it may reference that pack too
+}
+
+const ChunkRef* StoreImpl::find_chunk(const Hash128& h, const char* data, std::uint32_t length) const {
+  auto it = index_.find(h);
+  if (it == index_.end() || it->second.length != length) return nullptr;
+  const char* stored = packs->mapped(it->second.pack, it->second.offset, length);
+  return stored && std::memcmp(stored, data, length) == 0 ? &it->second : nullptr;
+}
+
+void StoreImpl::index_published(const std::string& file, const Manifest& m) {
+  FileKey key;
+  if (!key_of(file, key)) return;  // refresh_index() will find it
+  auto it = indexed_.find(file);
+  if (it != indexed_.end()) {
+    drop_refs(it->second.refs);
+    indexed_.erase(it);
+  }
+  indexed_[file] = {key, add_refs(m)};
+}
+
+
+}  // namespace dvr::detail

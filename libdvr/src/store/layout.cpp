@@ -1,0 +1,227 @@
+// The store directory: names, the superblock, creating and checking a store, its subdirectories and the gc epoch (docs/format.md).
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
+#include <pwd.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <optional>
+#include <sstream>
+
+#include "dvr/dvr.hpp"
+#include "base/memops.hpp"
+#include "format/chunks.hpp"
+#include "store/store_impl.hpp"
+
+namespace dvr::detail {
+
+namespace {
+
+// The store's medium: PMem when libpmem2 reports byte or cache-line
+// granularity for `probe_file`, else DRAM on tmpfs/ramfs, else disk.
+Medium probe_medium(const std::string& probe_file) {
+  Fd fd = open_or_throw(probe_file, O_RDWR);
+  if (byte_persistent(fd.get(), probe_file)) return Medium::pmem;
+  struct statfs fs {};
+  if (::fstatfs(fd.get(), &fs) == 0 &&
+      (static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC))
+    return Medium::dram;
+  return Medium::disk;
+}
+
+}  // namespace
+
+namespace {
+
+constexpr const char* kSuperblockMagic = "memory-dvr-store";
+constexpr const char* kSuperblockTemp = "DVRSTORE.new";
+
+std::string superblock_text(const std::string& uuid, std::uint32_t chunk_size) {
+  std::ostringstream s;
+  s << kSuperblockMagic << "\n"
+    << "format " << kStoreFormatVersion << "\n"
+    << "chunk_size " << chunk_size << "\n"
+    << "uuid " << uuid << "\n"
+    << "created_ns " << now_ns() << "\n";
+  std::string text = s.str();
+  text.resize(kPageSize, '\0');  // one page: also the probe libpmem2 maps
+  return text;
+}
+
+void make_dirs(const std::string& path) {
+  // mkdir -p: parents with the default mode, the store itself private.
+  for (std::size_t pos = 1; (pos = path.find('/', pos)) != std::string::npos; ++pos) {
+    std::string parent = path.substr(0, pos);
+    if (::mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) throw_errno(errno, "cannot create directory " + parent);
+  }
+  make_private_dir(path);
+}
+
+}  // namespace
+
+bool valid_name(const std::string& name) {
+  if (name.empty() || name.size() > 128 || name[0] == '.') return false;
+  for (unsigned char c : name)
+    if (!(std::isalnum(c) || c == '.' || c == '_' || c == '-')) return false;
+  return true;
+}
+
+void check_name(const char* kind, const std::string& name) {
+  auto bad = [&](const std::string& why) {
+    throw Error(Errc::invalid_argument, std::string(kind) + " name '" + name + "' is not valid: " + why +
+                                            " (use 1–128 characters from A-Z a-z 0-9 . _ -, not starting with '.')");
+  };
+  if (name.empty()) bad("it is empty");
+  if (name.size() > 128) bad("it is longer than 128 characters");
+  if (name[0] == '.') bad("it starts with '.'");
+  for (unsigned char c : name)
+    if (!(std::isalnum(c) || c == '.' || c == '_' || c == '-')) bad("it contains '" + std::string(1, static_cast<char>(c)) + "'");
+}
+
+StoreImpl::StoreImpl(const std::string& dir, const StoreOptions& options) {
+  if (dir.empty()) throw Error(Errc::invalid_argument, "store path is empty; give a directory (or set $DVR_STORE)");
+  path = dir.size() > 1 && dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir;
+  lock_timeout = options.lock_timeout;
+  create_or_check(options);
+  for (const std::string& sub : {sessions_dir(), tmp_dir(), path + "/packs", pins_dir()}) {
+    make_private_dir(sub);
+    require_real_dir(sub);
+  }
+  medium = probe_medium(path + "/" + kSuperblockName);
+  packs = std::make_unique<Packs>(path + "/packs", uuid);
+}
+
+void StoreImpl::create_or_check(const StoreOptions& options) {
+  // Everything that can be refused is checked before anything is written, so
+  // pointing dvr at the wrong directory changes nothing there.
+  std::uint32_t cs = options.chunk_size;
+  if (cs < 4096 || cs > (16u << 20) || (cs & (cs - 1)) != 0)
+    throw Error(Errc::invalid_argument, "chunk size " + std::to_string(cs) + " is not a power of two between 4 KiB and 16 MiB");
+  std::string sb_path = path + "/" + kSuperblockName;
+  auto only_lock_or_empty = [&] {
+    auto entries = list_dir(path);
+    // A creator killed midway leaves at most these two behind.
+    std::erase_if(entries, [](const std::string& e) { return e == "lock" || e == kSuperblockTemp; });
+    return entries.empty();
+  };
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) throw_errno(errno, "cannot open store " + path);
+    if (!options.create)
+      throw Error(Errc::not_found, "no store at " + path + "; create one by taking a snapshot there, or pass the right --store");
+    make_dirs(path);
+    if (::stat(path.c_str(), &st) != 0) throw_errno(errno, "cannot open store " + path);
+  }
+  if (!S_ISDIR(st.st_mode)) throw Error(Errc::invalid_argument, path + " is not a directory; a store is a directory");
+  if (st.st_uid != ::geteuid())
+    throw Error(Errc::permission, "store " + path + " is owned by uid " + std::to_string(st.st_uid) + ", not by you (uid " +
+                                      std::to_string(::geteuid()) + "); use a store of your own (--store DIR or $DVR_STORE)");
+  if (!path_exists(sb_path)) {
+    // Files but no superblock: not a store — unless another process has just
+    // finished creating it (superblock first, then its directories).
+    if (!only_lock_or_empty() && !path_exists(sb_path))
+      throw Error(Errc::invalid_argument, path + " is not a Memory DVR store (it holds files but no " + kSuperblockName +
+                                              "); choose an empty or new directory for the store");
+    if (!options.create && !path_exists(sb_path)) throw Error(Errc::not_found, "no store at " + path + " (empty directory)");
+  }
+  if ((st.st_mode & 077) != 0 && ::chmod(path.c_str(), 0700) != 0)
+    throw_errno(errno, "cannot make store " + path + " private (mode 0700)");
+
+  // The lock file also guards creation, so two processes opening a new store
+  // at once agree on one superblock. Opening an existing store takes no lock:
+  // its superblock never changes.
+  std::string lock_path = path + "/lock";
+  lock_fd_ = Fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!lock_fd_) {
+    if (errno == EACCES || errno == EPERM) throw_errno(errno, "cannot open store " + path);
+    throw_errno(errno, "cannot create lock file " + lock_path + " (is " + path + " a writable directory?)");
+  }
+  owner_pid_ = ::getpid();
+  std::optional<Lock> creating;
+  if (!path_exists(sb_path)) creating.emplace(*this, true);
+  if (!path_exists(sb_path)) {
+    if (!only_lock_or_empty())  // someone else is creating it right now and failed midway
+      throw Error(Errc::invalid_argument, path + " is not a Memory DVR store (it holds files but no " + kSuperblockName +
+                                              "); choose an empty or new directory for the store");
+    // Written under a fixed temporary name (which an interrupted creation may
+    // leave behind, and the next one overwrites), then renamed into place.
+    std::string tmp = path + "/" + kSuperblockTemp;
+    {
+      Fd fd = open_or_throw(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+      std::string text = superblock_text(random_hex(), cs);
+      write_all(fd.get(), text.data(), text.size(), tmp);
+      fsync_or_throw(fd.get(), tmp);
+    }
+    if (::rename(tmp.c_str(), sb_path.c_str()) != 0) throw_errno(errno, "cannot publish " + sb_path);
+    fsync_dir(path);
+  }
+
+  std::string text = read_file(sb_path);
+  std::istringstream in(text.substr(0, text.find('\0')));
+  std::string magic, key;
+  std::getline(in, magic);
+  if (magic != kSuperblockMagic)
+    throw Error(Errc::invalid_argument, sb_path + " is not a Memory DVR superblock; " + path + " is not a store");
+  std::map<std::string, std::string> kv;
+  std::string value;
+  while (in >> key >> value) kv[key] = value;
+  format_version = static_cast<std::uint32_t>(std::strtoul(kv["format"].c_str(), nullptr, 10));
+  if (format_version == 0) throw Error(Errc::corrupt, sb_path + " has no format version; the store's superblock is damaged");
+  if (format_version > kStoreFormatVersion)
+    throw Error(Errc::unsupported, "store " + path + " has format version " + std::to_string(format_version) +
+                                       ", newer than this dvr supports (" + std::to_string(kStoreFormatVersion) +
+                                       "); upgrade Memory DVR to open it");
+  chunk_size = static_cast<std::uint32_t>(std::strtoul(kv["chunk_size"].c_str(), nullptr, 10));
+  uuid = kv["uuid"];
+  if (chunk_size < 4096 || (chunk_size & (chunk_size - 1)) != 0 || uuid.size() != 32)
+    throw Error(Errc::corrupt, sb_path + " is damaged (bad chunk_size or uuid)");
+}
+
+std::vector<std::string> StoreImpl::pin_files() const {
+  std::vector<std::string> out;
+  for (auto& f : list_dir(pins_dir()))
+    if (f.size() > 5 && f.compare(f.size() - 5, 5, kManifestSuffix) == 0 && f[0] != '.') out.push_back(pins_dir() + "/" + f);
+  return out;
+}
+
+std::vector<std::string> StoreImpl::session_names() const {
+  std::vector<std::string> out;
+  for (auto& n : list_dir(sessions_dir()))
+    if (valid_name(n)) out.push_back(n);  // anything else was not made by dvr
+  return out;
+}
+
+std::vector<std::string> StoreImpl::snapshot_names(const std::string& session) const {
+  std::vector<std::string> out;
+  if (path_exists(session_dir(session))) require_real_dir(session_dir(session));
+  std::string suffix = kManifestSuffix;
+  for (auto& f : list_dir(session_dir(session)))
+    if (f.size() > suffix.size() && f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        valid_name(f.substr(0, f.size() - suffix.size())))
+      out.push_back(f.substr(0, f.size() - suffix.size()));
+  return out;
+}
+
+std::string StoreImpl::read_epoch() const {
+  try {
+    return read_file(path + "/epoch");
+  } catch (const Error& e) {
+    if (e.code() == Errc::not_found) return "";
+    throw;
+  }
+}
+
+void StoreImpl::bump_epoch() { write_file_atomic(tmp_dir(), path + "/epoch", random_hex()); }
+
+
+}  // namespace dvr::detail

@@ -1,0 +1,137 @@
+// Allocating free pack space for new data (next fit, then first fit), and the space in flight while a snapshot is written.
+#include <fcntl.h>
+#include <pwd.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <optional>
+#include <sstream>
+
+#include "dvr/dvr.hpp"
+#include "base/memops.hpp"
+#include "format/chunks.hpp"
+#include "store/store_impl.hpp"
+
+namespace dvr::detail {
+
+bool StoreImpl::range_free(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const {
+  if (offset < kPackHeaderSize) return false;
+  auto next = live_.lower_bound({pack, offset});
+  if (next != live_.end() && next->first.first == pack && next->first.second < offset + length) return false;
+  if (next != live_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first.first == pack && prev->first.second + round_up_page(prev->second) > offset) return false;
+  }
+  for (auto& f : in_flight_)
+    if (f.pack == pack && f.offset < offset + length && offset < f.offset + f.length) return false;
+  return true;
+}
+
+StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Placement> hint) {
+  auto ids = packs->ids();
+  auto usable = [&](std::uint32_t id) {
+    return unreadable_.empty() || id == quarantine_pack_;
+  };
+  // Next fit: right after the previous block of the same snapshot, so that a
+  // snapshot's data stays contiguous and no search is needed.
+  if (hint && usable(hint->pack) && std::find(ids.begin(), ids.end(), hint->pack) != ids.end() &&
+      range_free(hint->pack, hint->offset, length)) {
+    std::uint64_t size = packs->size_of(hint->pack);
+    if (hint->offset + length <= size) return *hint;
+    if (hint->pack == ids.back() && hint->offset + length <= kMaxPackSize) {
+      packs->grow(hint->pack, std::min(kMaxPackSize, std::max(hint->offset + length, 2 * size)));
+      return *hint;
+    }
+  }
+  // First fit, walking the live ranges (and the blocks in flight) in order.
+  std::vector<InFlight> flying = in_flight_;
+  std::sort(flying.begin(), flying.end(),
+            [](const InFlight& x, const InFlight& y) { return std::tie(x.pack, x.offset) < std::tie(y.pack, y.offset); });
+  auto fit = [&](std::uint32_t id, bool may_grow) -> std::optional<Placement> {
+    std::uint64_t size = packs->size_of(id), cursor = kPackHeaderSize;
+    auto it = live_.lower_bound({id, 0});
+    auto fl = std::lower_bound(flying.begin(), flying.end(), id, [](const InFlight& f, std::uint32_t p) { return f.pack < p; });
+    for (;;) {
+      bool have_live = it != live_.end() && it->first.first == id;
+      bool have_fly = fl != flying.end() && fl->pack == id;
+      if (!have_live && !have_fly) break;
+      std::uint64_t b, e;
+      if (have_live && (!have_fly || it->first.second <= fl->offset)) {
+        b = it->first.second;
+        e = b + round_up_page(it->second);
+        ++it;
+      } else {
+        b = fl->offset;
+        e = b + fl->length;
+        ++fl;
+      }
+      if (b >= cursor + length) return Placement{id, cursor};
+      cursor = std::max(cursor, e);
+    }
+    if (size >= cursor + length) return Placement{id, cursor};
+    if (may_grow && cursor + length <= kMaxPackSize) {
+      packs->grow(id, std::min(kMaxPackSize, std::max(cursor + length, 2 * size)));
+      return Placement{id, cursor};
+    }
+    return std::nullopt;
+  };
+  for (auto id : ids)
+    if (usable(id))
+      if (auto p = fit(id, id == ids.back())) return *p;
+  std::uint32_t id = ids.empty() ? 1 : ids.back() + 1;
+  packs->create(id, std::max(kInitialPackSize, kPackHeaderSize + length), kPackHeaderSize + length);
+  if (!unreadable_.empty()) quarantine_pack_ = id;
+  return {id, kPackHeaderSize};
+}
+
+StoreImpl::AllocationScope::~AllocationScope() {
+  // A snapshot that failed (a full disk, say) gives its space back at once,
+  // rather than leaving the file system full until the next gc.
+  if (!committed_)
+    for (auto& f : store_.in_flight_) store_.packs->punch(f.pack, f.offset, f.length);
+  store_.in_flight_.clear();
+  store_.packs->end_writes();
+}
+
+std::pair<StoreImpl::Placement, PackWriter> StoreImpl::AllocationScope::take(std::uint64_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Placement p = store_.allocate(length, next_);
+  store_.in_flight_.push_back({p.pack, p.offset, length});
+  next_ = Placement{p.pack, p.offset + length};
+  return {p, store_.packs->writer(p.pack, p.offset, length)};
+}
+
+std::size_t first_damaged(Packs& packs, const Manifest& m, const std::vector<std::size_t>& which, std::string* why) {
+  std::uint64_t bytes = 0;
+  for (std::size_t i : which) {
+    map_chunk(packs, view_of(m, i));
+    bytes += m.chunks[i].length;
+  }
+  std::atomic<std::size_t> first{SIZE_MAX};
+  std::mutex mu;
+  parallel_for(which.size(), bytes, [&](std::size_t b, std::size_t e) {
+    for (std::size_t k = b; k < e && k < first.load(); ++k) {
+      std::string bad = check_chunk(packs, view_of(m, which[k]));
+      if (bad.empty()) continue;
+      std::lock_guard<std::mutex> lock(mu);
+      if (k < first.load()) {
+        first = k;
+        *why = std::move(bad);
+      }
+      return;
+    }
+  });
+  return first.load();
+}
+
+
+}  // namespace dvr::detail
