@@ -27,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+#include "track/heap_note.hpp"
+
 namespace dvr::detail::heaps {
 
 inline constexpr const char* kImageName = "dvr-heaps.img";
@@ -45,23 +47,6 @@ struct HeapImage {
   std::vector<HeapFile> heaps;
 };
 
-/// What a session that tracks a persistent region's writes leaves beside it.
-struct TrackNote {
-  std::uint64_t start_time = 0;  // of the process (/proc/PID/stat field 22)
-  std::uint64_t pid_ns = 0;      // inode of its PID namespace
-  std::uintptr_t start = 0, end = 0;  // write-tracked whole pages
-  std::uintptr_t data = 0;       // where the region is mapped
-  std::uint64_t size = 0;
-  std::string snapshot;          // the session's base snapshot
-  std::uint64_t checksum = 0;    // of that snapshot's manifest
-};
-std::string note_path(const std::string& heap_file);
-/// Writes the note for this process (best effort).
-void write_note(const std::string& heap_file, TrackNote note);
-/// The note beside a heap file, if any and well-formed.
-bool read_note(const std::string& heap_file, TrackNote& note);
-/// Start time and PID-namespace inode of a process (0, 0 if unknown).
-std::pair<std::uint64_t, std::uint64_t> identity(pid_t pid);
 
 /// The store directory holding heap file `path` (STORE/heaps/SESSION/REGION
 /// with STORE/DVRSTORE present), or "" when it is not a DVR heap.

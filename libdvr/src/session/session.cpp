@@ -19,7 +19,7 @@
 #include "format/chunks.hpp"
 #include "track/dirty.hpp"
 #include "base/memops.hpp"
-#include "proc/proc_heaps.hpp"
+#include "track/heap_note.hpp"
 #include "store/store_impl.hpp"
 #include "store/writer.hpp"
 
@@ -125,7 +125,7 @@ struct Session::State {
   // The pages a restore of `m` copies (see RestorePlan).
   RestorePlan plan_restore(const Manifest& m, const std::string& ref);
   const ManifestRegion* base_region(const Region& r) const;
-  // Tracking notes of persistent regions (proc_heaps.hpp): written after a
+  // Tracking notes of persistent regions (track/heap_note.hpp): written after a
   // snapshot or restore, removed whenever the record they describe ends.
   void publish_notes();
   void drop_note(const Region& r);
