@@ -34,7 +34,7 @@ struct Figure {
   double peer_value;
   std::string note;
   std::string peer = "memcpy";
-  std::string tracking;  // for the 1% figures: the tracking mode measured
+  std::string tracking;    // for the 1% figures: the tracking mode measured
   std::string json_extra;  // more ",\"key\":value" fields for the JSON line
 };
 
@@ -53,7 +53,8 @@ std::uint64_t rss_anon() {
 // Writes one byte in 1% of the pages, spread evenly (every 100th page, shifted
 // by `round` so successive rounds hit different pages).
 void dirty_one_percent(char* p, std::size_t n, int round) {
-  for (std::size_t page = static_cast<std::size_t>(round) % 100; page * 4096 < n; page += 100) p[page * 4096 + 17] ^= 1;
+  for (std::size_t page = static_cast<std::size_t>(round) % 100; page * 4096 < n; page += 100)
+    p[page * 4096 + 17] ^= 1;
 }
 
 char* prefaulted(std::size_t n) {
@@ -81,7 +82,8 @@ void fill_unique(char* p, std::size_t n, std::uint64_t seed) {
 // Changes one word in every page: every chunk becomes new to the store and is
 // stored whole.
 void touch_every_page(char* p, std::size_t n, std::uint64_t v) {
-  for (std::size_t off = 0; off + 8 <= n; off += 4096) std::memcpy(p + off, &v, 8);
+  for (std::size_t off = 0; off + 8 <= n; off += 4096)
+    std::memcpy(p + off, &v, 8);
 }
 
 template <class F>
@@ -110,15 +112,21 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
         return argv[++i];
       };
-      if (a == "--size") size = parse_size(value());
-      else if (a == "--repeat") repeat = std::max(1, std::stoi(value()));
-      else if (a == "--json") json = true;
-      else if (a == "--store") store_dir = value();
-      else if (a == "--chunk-size") chunk_size = static_cast<std::uint32_t>(parse_size(value()));
+      if (a == "--size")
+        size = parse_size(value());
+      else if (a == "--repeat")
+        repeat = std::max(1, std::stoi(value()));
+      else if (a == "--json")
+        json = true;
+      else if (a == "--store")
+        store_dir = value();
+      else if (a == "--chunk-size")
+        chunk_size = static_cast<std::uint32_t>(parse_size(value()));
       else if (a == "-h" || a == "--help") {
         std::cout << "usage: dvr-bench [--size 1G] [--repeat 5] [--json] [--store DIR] [--chunk-size 256K]\n";
         return 0;
-      } else throw std::invalid_argument("unknown argument '" + a + "'");
+      } else
+        throw std::invalid_argument("unknown argument '" + a + "'");
     }
   } catch (const std::exception& e) {
     std::cerr << "dvr-bench: " << e.what() << "\n";
@@ -165,8 +173,10 @@ int main(int argc, char** argv) {
       SnapshotInfo info = s.snapshot(last);
       double t = seconds_now() - t0;
       if (info.stored_bytes < n) throw std::runtime_error("full snapshot deduplicated unexpectedly");
-      if (i == 0) cold_s = t;
-      else snap_s = std::min(snap_s, t);
+      if (i == 0)
+        cold_s = t;
+      else
+        snap_s = std::min(snap_s, t);
       if (i > 0) store.remove("bench", "full-" + std::to_string(i - 1));
     }
     figures.push_back({"snapshot_full", snap_s, memcpy_s, "all chunks new, into reused store space: hash + NT copy + persist + commit"});
@@ -175,8 +185,7 @@ int main(int argc, char** argv) {
     double t0 = seconds_now();
     SnapshotInfo same = s.snapshot("unchanged");
     double dedup_s = seconds_now() - t0;
-    figures.push_back({"snapshot_unchanged", dedup_s, memcpy_s,
-                       "same data again: " + std::to_string(same.stored_bytes) + " bytes added"});
+    figures.push_back({"snapshot_unchanged", dedup_s, memcpy_s, "same data again: " + std::to_string(same.stored_bytes) + " bytes added"});
 
     std::memcpy(scratch, data, n);  // expected content of `last`
 
@@ -222,10 +231,10 @@ int main(int argc, char** argv) {
         back_s = std::min(back_s, seconds_now() - t0);
         if (std::memcmp(scratch, data, n) != 0) throw std::runtime_error("rollback was not bit-exact");
       }
-      figures.push_back({"snapshot_1pct_" + label, inc_s, snap_s,
-                         std::to_string(read) + " of " + std::to_string(n / store.chunk_size()) + " chunks read, " +
-                             std::to_string(added / 4096) + " pages stored",
-                         "snapshot_full", label, ",\"stored_bytes\":" + std::to_string(added) + ",\"chunks_read\":" + std::to_string(read)});
+      figures.push_back(
+          {"snapshot_1pct_" + label, inc_s, snap_s,
+           std::to_string(read) + " of " + std::to_string(n / store.chunk_size()) + " chunks read, " + std::to_string(added / 4096) + " pages stored",
+           "snapshot_full", label, ",\"stored_bytes\":" + std::to_string(added) + ",\"chunks_read\":" + std::to_string(read)});
       figures.push_back({"restore_1pct_" + label, back_s, restore_s, "rollback after 1% of pages were written", "restore_full", label});
     }
 
@@ -239,7 +248,8 @@ int main(int argc, char** argv) {
       double open_s = seconds_now() - t0;
       auto* p = static_cast<volatile char*>(c.region("data").data());
       std::uint64_t sum = 0;
-      for (std::size_t off = 0; off < n; off += 4096) sum += static_cast<unsigned char>(p[off]);
+      for (std::size_t off = 0; off < n; off += 4096)
+        sum += static_cast<unsigned char>(p[off]);
       (void)sum;  // the reads above go through a volatile pointer: they happen
       dirty_one_percent(const_cast<char*>(p), n, 0);
       double grown = static_cast<double>(rss_anon() - anon0);
@@ -252,8 +262,9 @@ int main(int argc, char** argv) {
     }
 
     if (json) {
-      std::cout << "{\"name\":\"memcpy\",\"value\":" << json_number(memcpy_s) << ",\"unit\":\"s\",\"peer\":\"memcpy\",\"peer_value\":"
-                << json_number(memcpy_s) << ",\"ratio\":1,\"bytes\":" << n << ",\"medium\":\"" << medium_name(store.medium()) << "\"}\n";
+      std::cout << "{\"name\":\"memcpy\",\"value\":" << json_number(memcpy_s)
+                << ",\"unit\":\"s\",\"peer\":\"memcpy\",\"peer_value\":" << json_number(memcpy_s) << ",\"ratio\":1,\"bytes\":" << n
+                << ",\"medium\":\"" << medium_name(store.medium()) << "\"}\n";
       for (auto& f : figures)
         std::cout << "{\"name\":" << json_string(f.name) << ",\"value\":" << json_number(f.value)
                   << ",\"unit\":\"s\",\"peer\":" << json_string(f.peer) << ",\"peer_value\":" << json_number(f.peer_value)
@@ -264,7 +275,8 @@ int main(int argc, char** argv) {
                   store.path().c_str(), medium_name(store.medium()), repeat);
       std::printf("  tracking: %s%s\n\n", wp_mode.c_str(), s.tracking_note().empty() ? "" : (" (" + s.tracking_note() + ")").c_str());
       std::printf("  %-28s %10s %10s   %s\n", "figure", "time", "GB/s", "ratio to peer (peer time / ours)");
-      std::printf("  %-28s %10s %10.2f   1.00x memcpy (the limit)\n", "memcpy", format_seconds(memcpy_s).c_str(), static_cast<double>(n) / memcpy_s / 1e9);
+      std::printf("  %-28s %10s %10.2f   1.00x memcpy (the limit)\n", "memcpy", format_seconds(memcpy_s).c_str(),
+                  static_cast<double>(n) / memcpy_s / 1e9);
       for (auto& f : figures)
         std::printf("  %-28s %10s %10.2f   %6.2fx %-14s %s\n", f.name.c_str(), format_seconds(f.value).c_str(),
                     static_cast<double>(n) / f.value / 1e9, f.peer_value / f.value, f.peer.c_str(), f.note.c_str());

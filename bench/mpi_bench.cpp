@@ -86,22 +86,31 @@ Args parse(int argc, char** argv, int rank) {
       return argv[++i];
     };
     try {
-      if (o == "--mib") a.mib = std::stoul(value());
-      else if (o == "--rounds") a.rounds = std::stoi(value());
-      else if (o == "--dirty-pct") a.dirty_pct = std::stod(value());
-      else if (o == "--store-root") a.store_root = value();
-      else if (o == "--keep-files") a.keep_files = true;
-      else if (o == "--no-partner-copies") a.partner_copies = false;
-      else if (o == "--level") a.level = std::stoi(value());
-      else if (o == "--json") a.json = true;
-      else if (o == "-h" || o == "--help") usage(rank, "help");
-      else usage(rank, "unknown option " + o);
+      if (o == "--mib")
+        a.mib = std::stoul(value());
+      else if (o == "--rounds")
+        a.rounds = std::stoi(value());
+      else if (o == "--dirty-pct")
+        a.dirty_pct = std::stod(value());
+      else if (o == "--store-root")
+        a.store_root = value();
+      else if (o == "--keep-files")
+        a.keep_files = true;
+      else if (o == "--no-partner-copies")
+        a.partner_copies = false;
+      else if (o == "--level")
+        a.level = std::stoi(value());
+      else if (o == "--json")
+        a.json = true;
+      else if (o == "-h" || o == "--help")
+        usage(rank, "help");
+      else
+        usage(rank, "unknown option " + o);
     } catch (const std::logic_error&) {
       usage(rank, "bad value for " + o);
     }
   }
-  if (a.mib < 1 || a.rounds < 1 || a.dirty_pct <= 0 || a.dirty_pct > 100)
-    usage(rank, "need --mib >= 1, --rounds >= 1, 0 < --dirty-pct <= 100");
+  if (a.mib < 1 || a.rounds < 1 || a.dirty_pct <= 0 || a.dirty_pct > 100) usage(rank, "need --mib >= 1, --rounds >= 1, 0 < --dirty-pct <= 100");
   return a;
 }
 
@@ -131,7 +140,8 @@ std::size_t dirty(char* p, std::size_t n, double pct, int round) {
 std::uint64_t digest(const char* p, std::size_t n) {
   auto* w = reinterpret_cast<const std::uint64_t*>(p);
   std::uint64_t h = 0;
-  for (std::size_t i = 0; i < n / 8; ++i) h = (h ^ w[i]) * 0x100000001b3ull + i;
+  for (std::size_t i = 0; i < n / 8; ++i)
+    h = (h ^ w[i]) * 0x100000001b3ull + i;
   return h;
 }
 
@@ -168,8 +178,7 @@ double mpiio_write(const std::string& path, const char* data, std::size_t n, int
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = MPI_Wtime();
   MPI_File f;
-  check_mpi(MPI_File_open(MPI_COMM_WORLD, path.c_str(), MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &f),
-            "MPI_File_open");
+  check_mpi(MPI_File_open(MPI_COMM_WORLD, path.c_str(), MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &f), "MPI_File_open");
   MPI_File_set_errhandler(f, MPI_ERRORS_RETURN);
   constexpr std::size_t piece = std::size_t{1} << 30;  // counts are ints
   for (std::size_t off = 0; off < n; off += piece) {
@@ -221,8 +230,7 @@ struct Figure {
 };
 
 // Fills in the peer of `f` from `p`: the faster of the two ways.
-Figure with_peer(Figure f, const Peer& p, const char* collective_name, const char* independent_name,
-                 double (*pick)(std::vector<double>)) {
+Figure with_peer(Figure f, const Peer& p, const char* collective_name, const char* independent_name, double (*pick)(std::vector<double>)) {
   f.peer_collective = pick(p.collective);
   f.peer_independent = pick(p.independent);
   const bool coll = f.peer_collective <= f.peer_independent;
@@ -239,8 +247,10 @@ int run(const Args& a, int rank, int size) {
     char buf[4096] = {0};
     if (rank == 0) {
       char tmpl[] = "/dev/shm/dvr-mpi-bench.XXXXXX";
-      if (!::mkdtemp(tmpl)) std::perror("mkdtemp /dev/shm/dvr-mpi-bench.XXXXXX");
-      else std::snprintf(buf, sizeof buf, "%s", tmpl);
+      if (!::mkdtemp(tmpl))
+        std::perror("mkdtemp /dev/shm/dvr-mpi-bench.XXXXXX");
+      else
+        std::snprintf(buf, sizeof buf, "%s", tmpl);
     }
     MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
     root = buf;
@@ -289,8 +299,8 @@ int run(const Args& a, int rank, int size) {
     const double full_ours = max_over_ranks(MPI_Wtime() - t0);
     Peer full_peer;
     peer_write(full_peer, 0);
-    figures.push_back(with_peer({"mpi_snapshot_full", "s", "", "first checkpoint: all data new", full_ours, 0, -1,
-                                 sum_over_ranks(g.partner_bytes), sum_over_ranks(g.stored_bytes)},
+    figures.push_back(with_peer({"mpi_snapshot_full", "s", "", "first checkpoint: all data new", full_ours, 0, -1, sum_over_ranks(g.partner_bytes),
+                                 sum_over_ranks(g.stored_bytes)},
                                 full_peer, "mpiio_write_at_all+sync", "mpiio_write_at+sync", median));
 
     std::vector<double> ours, partner, stored;
@@ -308,14 +318,12 @@ int run(const Args& a, int rank, int size) {
       drop_files(round - 1);
     }
     char note[128];
-    std::snprintf(note, sizeof note, "%g%% of pages changed (%zu per rank), median of %d", a.dirty_pct, changed,
-                  a.rounds);
-    figures.push_back(with_peer({"mpi_snapshot_" + pct, "s", "", note, median(ours), 0,
-                                 *std::min_element(ours.begin(), ours.end()),
+    std::snprintf(note, sizeof note, "%g%% of pages changed (%zu per rank), median of %d", a.dirty_pct, changed, a.rounds);
+    figures.push_back(with_peer({"mpi_snapshot_" + pct, "s", "", note, median(ours), 0, *std::min_element(ours.begin(), ours.end()),
                                  static_cast<std::uint64_t>(median(partner)), static_cast<std::uint64_t>(median(stored))},
                                 peer, "mpiio_write_at_all+sync", "mpiio_write_at+sync", median));
-    figures.push_back({"mpi_partner_bytes_" + pct, "B", "mpiio_bytes", "bytes sent to partners per checkpoint, all ranks",
-                       median(partner), static_cast<double>(all_bytes)});
+    figures.push_back({"mpi_partner_bytes_" + pct, "B", "mpiio_bytes", "bytes sent to partners per checkpoint, all ranks", median(partner),
+                       static_cast<double>(all_bytes)});
     figures.back().bytes_figure = true;
 
     // A restart's read: undo one more change with restore_latest() vs
@@ -335,8 +343,7 @@ int run(const Args& a, int rank, int size) {
     const double ri = max_over_ranks(mpiio_read(file('i', a.rounds), data, n, rank, false));
     exact = exact && digest(data, n) == want;
     rest_peer.add(rc, ri);
-    figures.push_back(with_peer({"mpi_restore_latest_" + pct, "s", "",
-                                 "after one more change: ours copies back what differs", rest_ours, 0},
+    figures.push_back(with_peer({"mpi_restore_latest_" + pct, "s", "", "after one more change: ours copies back what differs", rest_ours, 0},
                                 rest_peer, "mpiio_read_at_all", "mpiio_read_at", median));
     drop_files(a.rounds);
   }
@@ -348,16 +355,15 @@ int run(const Args& a, int rank, int size) {
   if (rank == 0) {
     if (a.json) {
       for (const auto& f : figures) {
-        std::cout << "{\"name\":" << json_string(f.name) << ",\"value\":" << json_number(f.value) << ",\"unit\":\""
-                  << f.unit << "\",\"peer\":" << json_string(f.peer) << ",\"peer_value\":" << json_number(f.peer_value)
+        std::cout << "{\"name\":" << json_string(f.name) << ",\"value\":" << json_number(f.value) << ",\"unit\":\"" << f.unit
+                  << "\",\"peer\":" << json_string(f.peer) << ",\"peer_value\":" << json_number(f.peer_value)
                   << ",\"ratio\":" << (f.value > 0 ? json_number(f.peer_value / f.value) : std::string("null")) << ",\"bytes\":" << all_bytes
                   << ",\"ranks\":" << size << ",\"medium\":\"" << medium << "\"";
         if (!f.bytes_figure && f.unit == "s" && f.name.find("snapshot") != std::string::npos)
           std::cout << ",\"partner_bytes\":" << f.partner_bytes << ",\"stored_bytes\":" << f.stored_bytes;
         if (f.min >= 0) std::cout << ",\"min\":" << json_number(f.min);
         if (f.peer_collective >= 0)
-          std::cout << ",\"peer_collective\":" << json_number(f.peer_collective)
-                    << ",\"peer_independent\":" << json_number(f.peer_independent);
+          std::cout << ",\"peer_collective\":" << json_number(f.peer_collective) << ",\"peer_independent\":" << json_number(f.peer_independent);
         std::cout << "}\n";
       }
     } else {
@@ -366,15 +372,13 @@ int run(const Args& a, int rank, int size) {
       std::printf("  %-28s %12s %12s %8s   %s\n", "figure", "ours", "peer", "ratio", "peer / note");
       for (const auto& f : figures) {
         auto show = [&](double v) { return f.bytes_figure ? format_bytes(v) : format_seconds(v); };
-        std::printf("  %-28s %12s %12s %8.2f   %s: %s\n", f.name.c_str(), show(f.value).c_str(),
-                    show(f.peer_value).c_str(), f.value > 0 ? f.peer_value / f.value : 0.0, f.peer.c_str(),
-                    f.note.c_str());
+        std::printf("  %-28s %12s %12s %8.2f   %s: %s\n", f.name.c_str(), show(f.value).c_str(), show(f.peer_value).c_str(),
+                    f.value > 0 ? f.peer_value / f.value : 0.0, f.peer.c_str(), f.note.c_str());
         if (f.peer_collective >= 0)
           std::printf("  %-28s MPI-IO collective %s, independent %s\n", "", format_seconds(f.peer_collective).c_str(),
                       format_seconds(f.peer_independent).c_str());
         if (!f.bytes_figure && f.name.find("snapshot") != std::string::npos)
-          std::printf("  %-28s partner copies %s, stored %s (all ranks)\n", "",
-                      format_bytes(static_cast<double>(f.partner_bytes)).c_str(),
+          std::printf("  %-28s partner copies %s, stored %s (all ranks)\n", "", format_bytes(static_cast<double>(f.partner_bytes)).c_str(),
                       format_bytes(static_cast<double>(f.stored_bytes)).c_str());
       }
       std::printf("  ratio = peer / ours (above 1: ours is better)\n");

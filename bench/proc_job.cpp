@@ -33,10 +33,14 @@ int main(int argc, char** argv) {
   bool snapshot = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--mib") mib = std::stoul(argv[i + 1]);
-    else if (a == "--heap") heap_store = argv[i + 1];
-    else if (a == "--status") status = argv[i + 1];
-    else if (a == "--snapshot") snapshot = std::string(argv[i + 1]) == "1";
+    if (a == "--mib")
+      mib = std::stoul(argv[i + 1]);
+    else if (a == "--heap")
+      heap_store = argv[i + 1];
+    else if (a == "--status")
+      status = argv[i + 1];
+    else if (a == "--snapshot")
+      snapshot = std::string(argv[i + 1]) == "1";
   }
   if (status.empty()) {
     std::fprintf(stderr, "usage: dvr-bench-job --status FILE [--mib N] [--heap STORE [--snapshot 1]]\n");
@@ -66,7 +70,8 @@ int main(int argc, char** argv) {
     if (g_change) {
       g_change = 0;
       ++gen;
-      for (std::size_t page = gen % 100; page < n / 4096; page += 100) p[page * 512 + gen % 512] += gen;
+      for (std::size_t page = gen % 100; page < n / 4096; page += 100)
+        p[page * 512 + gen % 512] += gen;
       ready(status, gen);
     }
     ::usleep(2000);

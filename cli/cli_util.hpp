@@ -23,12 +23,18 @@ inline std::uint64_t parse_size(const std::string& text) {
   if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
   if (unit.size() > 1 && (unit.back() == 'i')) unit.pop_back();
   double mult = 1;
-  if (unit.empty()) mult = 1;
-  else if (unit == "K" || unit == "k") mult = 1024.0;
-  else if (unit == "M" || unit == "m") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "g") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "T" || unit == "t") mult = 1024.0 * 1024 * 1024 * 1024;
-  else throw std::invalid_argument("size '" + text + "' has an unknown unit (use K, M, G or T)");
+  if (unit.empty())
+    mult = 1;
+  else if (unit == "K" || unit == "k")
+    mult = 1024.0;
+  else if (unit == "M" || unit == "m")
+    mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "t")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    throw std::invalid_argument("size '" + text + "' has an unknown unit (use K, M, G or T)");
   return static_cast<std::uint64_t>(v * mult);
 }
 
@@ -46,9 +52,12 @@ inline std::string format_bytes(double bytes) {
 
 inline std::string format_seconds(double s) {
   char buf[32];
-  if (s < 1e-3) std::snprintf(buf, sizeof buf, "%.0f µs", s * 1e6);
-  else if (s < 1) std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
-  else std::snprintf(buf, sizeof buf, "%.2f s", s);
+  if (s < 1e-3)
+    std::snprintf(buf, sizeof buf, "%.0f µs", s * 1e6);
+  else if (s < 1)
+    std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f s", s);
   return buf;
 }
 
@@ -56,11 +65,21 @@ inline std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (c < 0x20) {
           char b[8];
@@ -81,8 +100,6 @@ inline std::string json_number(double v) {
 }
 
 /// Seconds since an arbitrary start, monotonic.
-inline double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+inline double seconds_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 }  // namespace dvr::cli

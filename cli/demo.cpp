@@ -37,10 +37,18 @@ void build_dataset(float* data, std::int32_t* labels, std::size_t rows) {
       double irwin_hall = uniform(s) + uniform(s) + uniform(s) - 1.5;  // ~normal
       double v;
       switch (c % 4) {
-        case 0: v = 10.0 + 3.0 * irwin_hall; break;
-        case 1: v = std::exp(irwin_hall);  break;                       // skewed
-        case 2: v = std::sin(static_cast<double>(r) * 0.001 * static_cast<double>(c + 1)) + 0.1 * irwin_hall; break;
-        default: v = static_cast<double>(c) * irwin_hall; break;
+        case 0:
+          v = 10.0 + 3.0 * irwin_hall;
+          break;
+        case 1:
+          v = std::exp(irwin_hall);
+          break;  // skewed
+        case 2:
+          v = std::sin(static_cast<double>(r) * 0.001 * static_cast<double>(c + 1)) + 0.1 * irwin_hall;
+          break;
+        default:
+          v = static_cast<double>(c) * irwin_hall;
+          break;
       }
       row[c] = static_cast<float>(v);
       acc += v;
@@ -61,7 +69,8 @@ double run_trial(float* data, std::int32_t* labels, std::size_t rows, int trial)
   double factor = 1.0 + 0.05 * trial, score = 0;
   for (std::size_t r = first; r < first + n; ++r) {
     float* row = data + r * kColumns;
-    for (std::size_t c = 0; c < kColumns; ++c) row[c] = static_cast<float>(row[c] * factor + 0.01 * (uniform(s) - 0.5));
+    for (std::size_t c = 0; c < kColumns; ++c)
+      row[c] = static_cast<float>(row[c] * factor + 0.01 * (uniform(s) - 0.5));
     labels[r] = (labels[r] + trial) & 7;
     score += row[0];
   }
@@ -99,8 +108,7 @@ int run_demo(Store& store, const DemoOptions& o) {
   session.track("features", data.get(), data_bytes);
   auto* labels = static_cast<std::int32_t*>(session.alloc("labels", rows * sizeof(std::int32_t)).data());
   say("tracking: " + std::string(tracking_name(session.tracking("features"))) +
-      (session.tracking_note().empty() ? "" : " (" + session.tracking_note() + ")") +
-      " — a restore copies back only what the trial changed\n\n");
+      (session.tracking_note().empty() ? "" : " (" + session.tracking_note() + ")") + " — a restore copies back only what the trial changed\n\n");
 
   double t0 = seconds_now();
   build_dataset(data.get(), labels, rows);
@@ -115,13 +123,13 @@ int run_demo(Store& store, const DemoOptions& o) {
   t0 = seconds_now();
   SnapshotInfo snap = session.snapshot("loaded", {.label = "demo data set", .replace = true});
   double snapshot_s = seconds_now() - t0;
-  say("  snapshot demo/loaded             " + format_seconds(snapshot_s) + "   (" +
-      format_bytes(static_cast<double>(snap.stored_bytes)) + " written)\n");
+  say("  snapshot demo/loaded             " + format_seconds(snapshot_s) + "   (" + format_bytes(static_cast<double>(snap.stored_bytes)) +
+      " written)\n");
   t0 = seconds_now();
   SnapshotInfo again = session.snapshot("loaded-again", {.label = "unchanged: deduplicated", .replace = true});
   double again_s = seconds_now() - t0;
-  say("  snapshot again, data unchanged   " + format_seconds(again_s) + "   (" +
-      format_bytes(static_cast<double>(again.stored_bytes)) + " written: identical chunks are stored once)\n\n");
+  say("  snapshot again, data unchanged   " + format_seconds(again_s) + "   (" + format_bytes(static_cast<double>(again.stored_bytes)) +
+      " written: identical chunks are stored once)\n\n");
 
   std::vector<double> restores;
   bool all_ok = true;
@@ -135,8 +143,8 @@ int run_demo(Store& store, const DemoOptions& o) {
     bool ok = checksum(data.get(), rows, labels) == baseline;
     all_ok = all_ok && ok && changed;
     char line[160];
-    std::snprintf(line, sizeof line, "  trial %d: rescaled %d%% of the rows (score %.3f), restore %s, checksum %s\n", t,
-                  kTrialPercent, score, format_seconds(r).c_str(), ok ? "ok" : "MISMATCH");
+    std::snprintf(line, sizeof line, "  trial %d: rescaled %d%% of the rows (score %.3f), restore %s, checksum %s\n", t, kTrialPercent, score,
+                  format_seconds(r).c_str(), ok ? "ok" : "MISMATCH");
     say(line);
   }
   double sum = 0, best = restores.front();
@@ -149,21 +157,23 @@ int run_demo(Store& store, const DemoOptions& o) {
   GcReport gc = store.gc();  // drop data of earlier demo runs that was replaced
 
   if (o.json) {
-    std::cout << "{\"data_bytes\":" << data_bytes << ",\"rows\":" << rows << ",\"store\":" << json_string(store.path())
-              << ",\"medium\":\"" << medium_name(store.medium()) << "\",\"first_build_s\":" << json_number(first_build)
-              << ",\"rebuild_s\":" << json_number(rebuild) << ",\"snapshot_s\":" << json_number(snapshot_s)
-              << ",\"snapshot_again_s\":" << json_number(again_s) << ",\"snapshot_again_bytes\":" << again.stored_bytes
-              << ",\"restore_mean_s\":" << json_number(mean) << ",\"restore_best_s\":" << json_number(best)
-              << ",\"speedup\":" << json_number(speedup) << ",\"tracking\":\"" << tracking_name(session.tracking("features")) << "\"" << ",\"checksums_ok\":" << (all_ok ? "true" : "false") << "}\n";
+    std::cout << "{\"data_bytes\":" << data_bytes << ",\"rows\":" << rows << ",\"store\":" << json_string(store.path()) << ",\"medium\":\""
+              << medium_name(store.medium()) << "\",\"first_build_s\":" << json_number(first_build) << ",\"rebuild_s\":" << json_number(rebuild)
+              << ",\"snapshot_s\":" << json_number(snapshot_s) << ",\"snapshot_again_s\":" << json_number(again_s)
+              << ",\"snapshot_again_bytes\":" << again.stored_bytes << ",\"restore_mean_s\":" << json_number(mean)
+              << ",\"restore_best_s\":" << json_number(best) << ",\"speedup\":" << json_number(speedup) << ",\"tracking\":\""
+              << tracking_name(session.tracking("features")) << "\""
+              << ",\"checksums_ok\":" << (all_ok ? "true" : "false") << "}\n";
   } else {
     std::printf("\n  %-34s %s\n", "rebuild the data set", format_seconds(rebuild).c_str());
     std::printf("  %-34s %s\n", "snapshot", format_seconds(snapshot_s).c_str());
     std::printf("  %-34s %s (best %s)\n", "restore (mean of trials)", format_seconds(mean).c_str(), format_seconds(best).c_str());
     std::printf("  %-34s %.1fx faster than rebuilding\n", "speed-up", speedup);
-    std::printf("\n%s. The snapshots stay in the store (gc reclaimed %s of older runs):\n"
-                "  dvr ls demo    dvr info demo/loaded    dvr verify\n",
-                all_ok ? "All restores were bit-exact" : "A CHECKSUM DID NOT MATCH",
-                format_bytes(static_cast<double>(gc.bytes_before > gc.bytes_after ? gc.bytes_before - gc.bytes_after : 0)).c_str());
+    std::printf(
+        "\n%s. The snapshots stay in the store (gc reclaimed %s of older runs):\n"
+        "  dvr ls demo    dvr info demo/loaded    dvr verify\n",
+        all_ok ? "All restores were bit-exact" : "A CHECKSUM DID NOT MATCH",
+        format_bytes(static_cast<double>(gc.bytes_before > gc.bytes_after ? gc.bytes_before - gc.bytes_after : 0)).c_str());
   }
   return all_ok ? 0 : 1;
 }

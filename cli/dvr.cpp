@@ -145,20 +145,20 @@ std::string format_time(std::int64_t ns) {
 std::string info_json(const SnapshotInfo& i) {
   std::string s = "{\"session\":" + json_string(i.session) + ",\"name\":" + json_string(i.name);
   if (i.damaged) return s + ",\"damaged\":true,\"damage\":" + json_string(i.damage) + "}";
-  s += ",\"parent\":" + json_string(i.parent) + ",\"label\":" + json_string(i.label) +
-       ",\"time_ns\":" + std::to_string(i.time_ns) + ",\"logical_bytes\":" + std::to_string(i.logical_bytes) +
-       ",\"stored_bytes\":" + std::to_string(i.stored_bytes) + ",\"chunks\":" + std::to_string(i.chunks) +
-       ",\"zero_chunks\":" + std::to_string(i.zero_chunks) + ",\"chunks_read\":" + std::to_string(i.chunks_read) +
-       ",\"tracking\":" + json_string(i.tracking) + ",\"damaged\":false,\"regions\":[";
+  s += ",\"parent\":" + json_string(i.parent) + ",\"label\":" + json_string(i.label) + ",\"time_ns\":" + std::to_string(i.time_ns) +
+       ",\"logical_bytes\":" + std::to_string(i.logical_bytes) + ",\"stored_bytes\":" + std::to_string(i.stored_bytes) +
+       ",\"chunks\":" + std::to_string(i.chunks) + ",\"zero_chunks\":" + std::to_string(i.zero_chunks) +
+       ",\"chunks_read\":" + std::to_string(i.chunks_read) + ",\"tracking\":" + json_string(i.tracking) + ",\"damaged\":false,\"regions\":[";
   for (std::size_t k = 0; k < i.regions.size(); ++k)
-    s += (k ? "," : "") + std::string("{\"name\":") + json_string(i.regions[k].name) +
-         ",\"size\":" + std::to_string(i.regions[k].size) + ",\"sdk_owned\":" + (i.regions[k].sdk_owned ? "true" : "false") + "}";
+    s += (k ? "," : "") + std::string("{\"name\":") + json_string(i.regions[k].name) + ",\"size\":" + std::to_string(i.regions[k].size) +
+         ",\"sdk_owned\":" + (i.regions[k].sdk_owned ? "true" : "false") + "}";
   return s + "]}";
 }
 
 std::string snapshots_json(const std::vector<SnapshotInfo>& snaps) {
   std::string out = "[";
-  for (std::size_t k = 0; k < snaps.size(); ++k) out += (k ? "," : "") + info_json(snaps[k]);
+  for (std::size_t k = 0; k < snaps.size(); ++k)
+    out += (k ? "," : "") + info_json(snaps[k]);
   return out + "]";
 }
 
@@ -186,8 +186,8 @@ int cmd_ls(Args& a) {
       continue;
     }
     std::printf("%-32s %-19s %10s %10s  %s\n", ref.c_str(), format_time(i.time_ns).c_str(),
-                format_bytes(static_cast<double>(i.logical_bytes)).c_str(),
-                format_bytes(static_cast<double>(i.stored_bytes)).c_str(), i.label.c_str());
+                format_bytes(static_cast<double>(i.logical_bytes)).c_str(), format_bytes(static_cast<double>(i.stored_bytes)).c_str(),
+                i.label.c_str());
   }
   return 0;
 }
@@ -245,13 +245,13 @@ int cmd_gc(Args& a) {
   GcReport r = store.gc();
   double freed = static_cast<double>(r.bytes_before > r.bytes_after ? r.bytes_before - r.bytes_after : 0);
   if (a.json) {
-    std::cout << "{\"bytes_before\":" << r.bytes_before << ",\"bytes_after\":" << r.bytes_after
-              << ",\"packs_removed\":" << r.packs_removed << ",\"temp_files_removed\":" << r.temp_files_removed << "}\n";
+    std::cout << "{\"bytes_before\":" << r.bytes_before << ",\"bytes_after\":" << r.bytes_after << ",\"packs_removed\":" << r.packs_removed
+              << ",\"temp_files_removed\":" << r.temp_files_removed << "}\n";
     return 0;
   }
   std::cout << "gc: reclaimed " << format_bytes(freed) << " (" << format_bytes(static_cast<double>(r.bytes_before)) << " -> "
-            << format_bytes(static_cast<double>(r.bytes_after)) << "), " << r.packs_removed << " pack file(s) removed, "
-            << r.temp_files_removed << " leftover temporary file(s) removed\n";
+            << format_bytes(static_cast<double>(r.bytes_after)) << "), " << r.packs_removed << " pack file(s) removed, " << r.temp_files_removed
+            << " leftover temporary file(s) removed\n";
   return 0;
 }
 
@@ -273,16 +273,17 @@ int cmd_verify(Args& a) {
     std::cout << "{\"ok\":" << (r.ok() ? "true" : "false") << ",\"snapshots\":" << r.snapshots << ",\"chunks\":" << r.chunks
               << ",\"bytes\":" << r.bytes << ",\"damaged\":[";
     auto d = r.damaged_snapshots();
-    for (std::size_t k = 0; k < d.size(); ++k) std::cout << (k ? "," : "") << json_string(d[k]);
+    for (std::size_t k = 0; k < d.size(); ++k)
+      std::cout << (k ? "," : "") << json_string(d[k]);
     std::cout << "],\"problems\":[";
     for (std::size_t k = 0; k < r.problems.size(); ++k)
-      std::cout << (k ? "," : "") << "{\"session\":" << json_string(r.problems[k].session)
-                << ",\"snapshot\":" << json_string(r.problems[k].snapshot) << ",\"what\":" << json_string(r.problems[k].what) << "}";
+      std::cout << (k ? "," : "") << "{\"session\":" << json_string(r.problems[k].session) << ",\"snapshot\":" << json_string(r.problems[k].snapshot)
+                << ",\"what\":" << json_string(r.problems[k].what) << "}";
     std::cout << "]}\n";
     return r.ok() ? 0 : 1;
   }
-  std::cout << "verified " << r.snapshots << " snapshot(s), " << r.chunks << " stored chunk(s), "
-            << format_bytes(static_cast<double>(r.bytes)) << "\n";
+  std::cout << "verified " << r.snapshots << " snapshot(s), " << r.chunks << " stored chunk(s), " << format_bytes(static_cast<double>(r.bytes))
+            << "\n";
   if (r.ok()) {
     std::cout << "ok: no damage found\n";
     return 0;
@@ -299,15 +300,13 @@ int cmd_stat(Args& a) {
   Store store = open_store(a, false);
   StoreStats s = store.stats();
   if (a.json) {
-    std::cout << "{\"path\":" << json_string(s.path) << ",\"medium\":\"" << medium_name(s.medium)
-              << "\",\"format_version\":" << s.format_version << ",\"chunk_size\":" << s.chunk_size << ",\"sessions\":" << s.sessions
-              << ",\"snapshots\":" << s.snapshots << ",\"logical_bytes\":" << s.logical_bytes << ",\"pack_bytes\":" << s.pack_bytes
-              << ",\"pack_files\":" << s.pack_files << "}\n";
+    std::cout << "{\"path\":" << json_string(s.path) << ",\"medium\":\"" << medium_name(s.medium) << "\",\"format_version\":" << s.format_version
+              << ",\"chunk_size\":" << s.chunk_size << ",\"sessions\":" << s.sessions << ",\"snapshots\":" << s.snapshots
+              << ",\"logical_bytes\":" << s.logical_bytes << ",\"pack_bytes\":" << s.pack_bytes << ",\"pack_files\":" << s.pack_files << "}\n";
     return 0;
   }
   std::cout << "store      " << s.path << "\n"
-            << "medium     " << medium_name(s.medium)
-            << (s.medium == Medium::dram ? "  (tmpfs: survives process crashes, NOT reboots)" : "") << "\n"
+            << "medium     " << medium_name(s.medium) << (s.medium == Medium::dram ? "  (tmpfs: survives process crashes, NOT reboots)" : "") << "\n"
             << "format     " << s.format_version << ", chunk size " << format_bytes(s.chunk_size) << "\n"
             << "sessions   " << s.sessions << ", snapshots " << s.snapshots << "\n"
             << "logical    " << format_bytes(static_cast<double>(s.logical_bytes)) << " in all snapshots\n"
@@ -338,27 +337,31 @@ int cmd_log(Args& a) {
   // empty or no longer exists.
   std::map<std::string, std::vector<const SnapshotInfo*>> children;
   std::set<std::string> names;
-  for (auto& i : snaps) names.insert(i.name);
+  for (auto& i : snaps)
+    names.insert(i.name);
   std::vector<const SnapshotInfo*> roots;
   for (auto& i : snaps) {
-    if (!i.damaged && !i.parent.empty() && names.count(i.parent) && i.parent != i.name) children[i.parent].push_back(&i);
-    else roots.push_back(&i);
+    if (!i.damaged && !i.parent.empty() && names.count(i.parent) && i.parent != i.name)
+      children[i.parent].push_back(&i);
+    else
+      roots.push_back(&i);
   }
-  std::function<void(const SnapshotInfo*, const std::string&, bool, bool)> draw = [&](const SnapshotInfo* i, const std::string& prefix,
-                                                                                       bool last, bool root) {
+  std::function<void(const SnapshotInfo*, const std::string&, bool, bool)> draw = [&](const SnapshotInfo* i, const std::string& prefix, bool last,
+                                                                                      bool root) {
     std::string line = root ? "" : prefix + (last ? "`-- " : "|-- ");
     if (i->damaged) {
       std::cout << line << i->name << "  DAMAGED: " << i->damage << "\n";
     } else {
       std::printf("%s%s  %s  +%s%s%s\n", line.c_str(), i->name.c_str(), format_time(i->time_ns).c_str(),
-                  format_bytes(static_cast<double>(i->stored_bytes)).c_str(), i->label.empty() ? "" : "  ",
-                  i->label.c_str());
+                  format_bytes(static_cast<double>(i->stored_bytes)).c_str(), i->label.empty() ? "" : "  ", i->label.c_str());
     }
     auto& kids = children[i->name];
     std::string next = root ? "" : prefix + (last ? "    " : "|   ");
-    for (std::size_t k = 0; k < kids.size(); ++k) draw(kids[k], next, k + 1 == kids.size(), false);
+    for (std::size_t k = 0; k < kids.size(); ++k)
+      draw(kids[k], next, k + 1 == kids.size(), false);
   };
-  for (auto* r : roots) draw(r, "", true, true);
+  for (auto* r : roots)
+    draw(r, "", true, true);
   return 0;
 }
 
@@ -382,10 +385,11 @@ int cmd_diff(Args& a) {
   }
   std::printf("%-24s %14s %12s  %s\n", "REGION", "BYTES DIFFER", "PAGES", "NOTE");
   for (auto& d : diffs) {
-    std::string note = d.only_in_a ? "only in " + a.rest[0]
-                       : d.only_in_b ? "only in " + a.rest[1]
+    std::string note = d.only_in_a            ? "only in " + a.rest[0]
+                       : d.only_in_b          ? "only in " + a.rest[1]
                        : d.size_a != d.size_b ? "size " + std::to_string(d.size_a) + " -> " + std::to_string(d.size_b)
-                       : d.bytes_differ == 0 ? "identical" : "";
+                       : d.bytes_differ == 0  ? "identical"
+                                              : "";
     std::printf("%-24s %14llu %12llu  %s\n", d.name.c_str(), static_cast<unsigned long long>(d.bytes_differ),
                 static_cast<unsigned long long>(d.pages_differ), note.c_str());
   }
@@ -399,11 +403,13 @@ int cmd_recover(Args& a) {
   auto found = store.latest(session, &skipped);
   if (a.json) {
     std::cout << "{\"latest\":" << (found ? info_json(*found) : "null") << ",\"skipped\":[";
-    for (std::size_t k = 0; k < skipped.size(); ++k) std::cout << (k ? "," : "") << json_string(skipped[k]);
+    for (std::size_t k = 0; k < skipped.size(); ++k)
+      std::cout << (k ? "," : "") << json_string(skipped[k]);
     std::cout << "]}\n";
     return found ? 0 : 1;
   }
-  for (auto& s : skipped) std::cout << "skipped (damaged) " << s << "\n";
+  for (auto& s : skipped)
+    std::cout << "skipped (damaged) " << s << "\n";
   if (!found) {
     std::cout << "no intact snapshot in session '" << session << "'\n";
     return 1;
@@ -414,11 +420,11 @@ int cmd_recover(Args& a) {
 }
 
 std::string proc_json(const proc::ProcInfo& p) {
-  std::string s = "{\"name\":" + json_string(p.name) + ",\"time_ns\":" + std::to_string(p.time_ns) +
-                  ",\"pid\":" + std::to_string(p.pid) + ",\"own_pid_namespace\":" + (p.own_pid_namespace ? "true" : "false") +
-                  ",\"command\":" + json_string(p.command) + ",\"criu_version\":" + json_string(p.criu_version) +
-                  ",\"leave_running\":" + (p.leave_running ? "true" : "false") + ",\"image_bytes\":" + std::to_string(p.image_bytes) +
-                  ",\"stored_bytes\":" + std::to_string(p.stored_bytes) + ",\"parent\":" + json_string(p.parent) + ",\"heaps\":[";
+  std::string s = "{\"name\":" + json_string(p.name) + ",\"time_ns\":" + std::to_string(p.time_ns) + ",\"pid\":" + std::to_string(p.pid) +
+                  ",\"own_pid_namespace\":" + (p.own_pid_namespace ? "true" : "false") + ",\"command\":" + json_string(p.command) +
+                  ",\"criu_version\":" + json_string(p.criu_version) + ",\"leave_running\":" + (p.leave_running ? "true" : "false") +
+                  ",\"image_bytes\":" + std::to_string(p.image_bytes) + ",\"stored_bytes\":" + std::to_string(p.stored_bytes) +
+                  ",\"parent\":" + json_string(p.parent) + ",\"heaps\":[";
   for (std::size_t k = 0; k < p.heaps.size(); ++k)
     s += (k ? "," : "") + std::string("{\"path\":") + json_string(p.heaps[k].path) + ",\"bytes\":" + std::to_string(p.heaps[k].bytes) + "}";
   s += "]";
@@ -445,12 +451,14 @@ int cmd_proc(Args& a) {
     if (a.json) {
       std::string s = "{\"ok\":" + std::string(p.ok ? "true" : "false") + ",\"criu\":" + json_string(p.criu) +
                       ",\"criu_version\":" + json_string(p.criu_version) + ",\"plugin\":" + json_string(p.plugin) + ",\"problems\":[";
-      for (std::size_t k = 0; k < p.problems.size(); ++k) s += (k ? "," : "") + json_string(p.problems[k]);
+      for (std::size_t k = 0; k < p.problems.size(); ++k)
+        s += (k ? "," : "") + json_string(p.problems[k]);
       std::cout << s << "]}\n";
     } else {
       std::cout << "criu:   " << (p.criu.empty() ? "not found" : p.criu + " " + p.criu_version) << "\n"
                 << "plugin: " << (p.plugin.empty() ? "not found" : p.plugin) << "\n";
-      for (auto& x : p.problems) std::cerr << "dvr: " << x << "\n";
+      for (auto& x : p.problems)
+        std::cerr << "dvr: " << x << "\n";
       if (p.ok) std::cout << "ready: processes can be dumped and restored\n";
     }
     return p.ok ? 0 : 1;
@@ -459,8 +467,7 @@ int cmd_proc(Args& a) {
     proc::DumpOptions o;
     o.leave_running = a.take_flag("--leave-running");
     std::string name = a.take_option("--name", "");
-    if (a.rest.size() != 1 || name.empty())
-      throw Error(Errc::invalid_argument, "usage: dvr proc dump PID --name NAME [--leave-running] [--json]");
+    if (a.rest.size() != 1 || name.empty()) throw Error(Errc::invalid_argument, "usage: dvr proc dump PID --name NAME [--leave-running] [--json]");
     pid_t pid = parse_pid(a.rest.front());
     Store store = open_store(a, true);
     proc::ProcInfo p = proc::dump(store, pid, name, o);
@@ -468,10 +475,11 @@ int cmd_proc(Args& a) {
       std::cout << proc_json(p) << "\n";
     } else {
       std::cout << "dumped process " << p.pid << " as proc/" << p.name << " in " << format_seconds(p.seconds) << ": "
-                << format_bytes(static_cast<double>(p.image_bytes)) << " of CRIU images, "
-                << format_bytes(static_cast<double>(p.stored_bytes)) << " added to the store"
-                << (p.parent.empty() ? "" : " (compared with proc/" + p.parent + ")") << "\n";
-      for (auto& h : p.heaps) std::cout << "  heap " << h.path << " (" << format_bytes(static_cast<double>(h.bytes)) << ") snapshotted as " << h.session << "/" << proc::kHeapPrefix << p.name << "\n";
+                << format_bytes(static_cast<double>(p.image_bytes)) << " of CRIU images, " << format_bytes(static_cast<double>(p.stored_bytes))
+                << " added to the store" << (p.parent.empty() ? "" : " (compared with proc/" + p.parent + ")") << "\n";
+      for (auto& h : p.heaps)
+        std::cout << "  heap " << h.path << " (" << format_bytes(static_cast<double>(h.bytes)) << ") snapshotted as " << h.session << "/"
+                  << proc::kHeapPrefix << p.name << "\n";
       std::cout << (o.leave_running ? "the process keeps running\n" : "the process was stopped\n");
     }
     return 0;
@@ -484,7 +492,8 @@ int cmd_proc(Args& a) {
     if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr proc " + verb + " NAME [--pidfile FILE] [--json]");
     Store store = open_store(a, false);
     proc::RestoreResult r = proc::restore(store, a.rest.front(), o);
-    for (auto& n : r.notes) std::cerr << "dvr: note: " << n << "\n";
+    for (auto& n : r.notes)
+      std::cerr << "dvr: note: " << n << "\n";
     if (!o.detach) return r.exit_status;
     if (a.json)
       std::cout << "{\"name\":" << json_string(a.rest.front()) << ",\"pid\":" << r.pid << ",\"seconds\":" << r.seconds << "}\n";
@@ -507,14 +516,15 @@ int cmd_proc(Args& a) {
         std::cout << proc_json(all.front()) << "\n";
       } else {
         std::cout << "[";
-        for (std::size_t k = 0; k < all.size(); ++k) std::cout << (k ? "," : "") << proc_json(all[k]);
+        for (std::size_t k = 0; k < all.size(); ++k)
+          std::cout << (k ? "," : "") << proc_json(all[k]);
         std::cout << "]\n";
       }
       return 0;
     }
     for (auto& p : all) {
-      std::cout << p.name << "  " << format_time(p.time_ns) << "  pid " << p.pid << "  images "
-                << format_bytes(static_cast<double>(p.image_bytes)) << "  stored " << format_bytes(static_cast<double>(p.stored_bytes));
+      std::cout << p.name << "  " << format_time(p.time_ns) << "  pid " << p.pid << "  images " << format_bytes(static_cast<double>(p.image_bytes))
+                << "  stored " << format_bytes(static_cast<double>(p.stored_bytes));
       if (!p.heaps.empty()) std::cout << "  heaps " << p.heaps.size();
       std::cout << "  " << p.command << "\n";
     }
@@ -523,8 +533,10 @@ int cmd_proc(Args& a) {
   if (verb == "rm") {
     if (a.rest.empty()) throw Error(Errc::invalid_argument, "usage: dvr proc rm NAME...");
     Store store = open_store(a, false);
-    for (auto& n : a.rest) proc::info(store, n);  // every name is checked before anything is removed
-    for (auto& n : a.rest) proc::remove(store, n);
+    for (auto& n : a.rest)
+      proc::info(store, n);  // every name is checked before anything is removed
+    for (auto& n : a.rest)
+      proc::remove(store, n);
     return 0;
   }
   throw Error(Errc::invalid_argument, "unknown verb 'proc " + verb + "'; use dump, restore, clone, ls, info, rm or check");
@@ -564,7 +576,8 @@ transfer::Options transfer_options(Args& a) {
 
 std::string transfer_json(const transfer::Stats& st, bool sent) {
   std::string refs = "[";
-  for (std::size_t k = 0; k < st.refs.size(); ++k) refs += (k ? "," : "") + json_string(st.refs[k]);
+  for (std::size_t k = 0; k < st.refs.size(); ++k)
+    refs += (k ? "," : "") + json_string(st.refs[k]);
   refs += "]";
   std::ostringstream o;
   o << "{\"ref\":" << refs << ",\"base\":" << json_string(st.base) << ",\"logical_bytes\":" << st.logical_bytes
@@ -580,7 +593,8 @@ void print_transfer(const transfer::Stats& st, bool sent, bool json, std::ostrea
     return;
   }
   std::string refs;
-  for (auto& r : st.refs) refs += (refs.empty() ? "" : ", ") + r;
+  for (auto& r : st.refs)
+    refs += (refs.empty() ? "" : ", ") + r;
   out << (sent ? "sent " : "received ") << refs << ": " << format_bytes(static_cast<double>(st.logical_bytes)) << " of snapshot data, "
       << format_bytes(static_cast<double>(st.wire_bytes)) << (sent ? " sent" : " received");
   if (st.data_bytes) out << " (compression " << std::fixed << std::setprecision(2) << st.compression_ratio << "x)";
@@ -598,8 +612,7 @@ struct SshTarget {
 
 SshTarget parse_ssh_url(const std::string& url) {
   const std::string scheme = "ssh://";
-  if (url.rfind(scheme, 0) != 0)
-    throw Error(Errc::invalid_argument, "'" + url + "' is not an ssh://[USER@]HOST[:PORT]/STORE address");
+  if (url.rfind(scheme, 0) != 0) throw Error(Errc::invalid_argument, "'" + url + "' is not an ssh://[USER@]HOST[:PORT]/STORE address");
   std::string rest = url.substr(scheme.size());
   auto slash = rest.find('/');
   if (slash == std::string::npos || slash == 0 || slash + 1 == rest.size())
@@ -622,7 +635,8 @@ SshTarget parse_ssh_url(const std::string& url) {
 
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  for (char c : s)
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
 }
 
@@ -634,7 +648,8 @@ struct SshChild {
   SshChild(const std::string& ssh, const SshTarget& t, const std::vector<std::string>& remote) {
     std::vector<std::string> argv;
     std::istringstream in(ssh);
-    for (std::string w; in >> w;) argv.push_back(w);
+    for (std::string w; in >> w;)
+      argv.push_back(w);
     if (argv.empty()) throw Error(Errc::invalid_argument, "--ssh is empty");
     if (!t.port.empty()) {
       argv.push_back("-p");
@@ -642,7 +657,8 @@ struct SshChild {
     }
     argv.push_back(t.host);
     std::string cmd;
-    for (auto& r : remote) cmd += (cmd.empty() ? "" : " ") + shell_quote(r);
+    for (auto& r : remote)
+      cmd += (cmd.empty() ? "" : " ") + shell_quote(r);
     argv.push_back(cmd);
     int a[2], b[2];
     if (::pipe2(a, O_CLOEXEC) != 0 || ::pipe2(b, O_CLOEXEC) != 0) throw Error(Errc::io, "cannot create pipes for ssh");
@@ -652,7 +668,8 @@ struct SshChild {
       ::dup2(a[0], 0);
       ::dup2(b[1], 1);
       std::vector<char*> args;
-      for (auto& x : argv) args.push_back(const_cast<char*>(x.c_str()));
+      for (auto& x : argv)
+        args.push_back(const_cast<char*>(x.c_str()));
       args.push_back(nullptr);
       ::execvp(args[0], args.data());
       std::fprintf(stderr, "dvr: cannot run %s: %s\n", args[0], std::strerror(errno));
@@ -708,7 +725,8 @@ int cmd_export(Args& a) {
   a.json = a.take_flag("--json");
   std::string file = a.take_option("-o", "");
   transfer::Options o = transfer_options(a);
-  if (a.rest.size() != 1 || file.empty()) throw Error(Errc::invalid_argument, "usage: dvr export REF -o FILE [--base BASE] [--level N | --no-compress] [--json]");
+  if (a.rest.size() != 1 || file.empty())
+    throw Error(Errc::invalid_argument, "usage: dvr export REF -o FILE [--base BASE] [--level N | --no-compress] [--json]");
   Store store = open_store(a, false);
   // Written beside FILE, renamed over it when complete: no half files.
   std::string tmp = file + ".part-" + std::to_string(::getpid());
@@ -766,8 +784,10 @@ int cmd_push_pull(Args& a, bool push) {
   } else {
     remote.insert(remote.end(), {"send", "--negotiate", ref});
     if (!o.base.empty()) remote.insert(remote.end(), {"--base", o.base});
-    if (o.level == 0) remote.push_back("--no-compress");
-    else remote.insert(remote.end(), {"--level", std::to_string(o.level)});
+    if (o.level == 0)
+      remote.push_back("--no-compress");
+    else
+      remote.insert(remote.end(), {"--level", std::to_string(o.level)});
   }
   SshChild child(ssh, t, remote);
   transfer::Stats st;
@@ -824,8 +844,10 @@ int run(int argc, char** argv) {
       a.rest.insert(a.rest.end(), args.begin() + static_cast<std::ptrdiff_t>(k), args.end());
       break;
     }
-    if (a.command.empty()) a.command = s;
-    else a.rest.push_back(s);
+    if (a.command.empty())
+      a.command = s;
+    else
+      a.rest.push_back(s);
   }
   for (auto& r : a.rest) {
     if (r == "--") break;

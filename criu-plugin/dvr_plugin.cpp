@@ -75,7 +75,8 @@ std::string read_image() {
   std::string text;
   char buf[4096];
   ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+  while ((n = ::read(fd, buf, sizeof buf)) > 0)
+    text.append(buf, static_cast<std::size_t>(n));
   ::close(fd);
   return text;
 }
@@ -95,7 +96,7 @@ int dvr_init(int stage) {
   if (stage != CR_PLUGIN_STAGE__RESTORE) return 0;
   try {
     std::string text = read_image();
-    if (text.empty()) return 0;  // the process mapped no DVR heap
+    if (text.empty()) return 0;                         // the process mapped no DVR heap
     const char* store = std::getenv("DVR_CRIU_STORE");  // the store dvr proc restores from
     heaps::restore_heaps(heaps::parse_image(text), store ? store : "", kLockTimeout);
     return 0;
@@ -108,8 +109,8 @@ int dvr_init(int stage) {
 void dvr_exit(int, int) {}
 
 constexpr const char* kUffdImage = "dvr-uffd.img";
-std::set<int> g_uffd_ids;       // dump: file ids recorded as userfaultfds
-bool g_uffd_loaded = false;     // restore: g_uffd_ids read from the image
+std::set<int> g_uffd_ids;    // dump: file ids recorded as userfaultfds
+bool g_uffd_loaded = false;  // restore: g_uffd_ids read from the image
 
 bool is_userfaultfd(int fd) {
   char link[64], target[128];
@@ -125,7 +126,8 @@ int dvr_dump_ext_file(int fd, int id) {
   try {
     g_uffd_ids.insert(id);
     std::string text = "dvr-criu-uffd 1\n";
-    for (int i : g_uffd_ids) text += "id " + std::to_string(i) + "\n";
+    for (int i : g_uffd_ids)
+      text += "id " + std::to_string(i) + "\n";
     int dir = criu_get_image_dir();
     int out = dir < 0 ? -1 : ::openat(dir, kUffdImage, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (out < 0) throw dvr::Error(dvr::Errc::io, std::string("cannot create ") + kUffdImage);
@@ -188,10 +190,10 @@ int dvr_checkpoint_devices(int pid) {
       return -1;
     }
     const char* name = std::getenv("DVR_CRIU_NAME");
-    std::string snapshot = std::string(dvr::proc::kHeapPrefix) +
-                           (name && *name ? std::string(name)
-                                          : "criu-" + std::to_string(pid) + "-" +
-                                                std::to_string(std::chrono::system_clock::now().time_since_epoch().count()));
+    std::string snapshot =
+        std::string(dvr::proc::kHeapPrefix) +
+        (name && *name ? std::string(name)
+                       : "criu-" + std::to_string(pid) + "-" + std::to_string(std::chrono::system_clock::now().time_since_epoch().count()));
     g_image = heaps::snapshot_heaps(files, pid, snapshot, false, nullptr, kLockTimeout);
     g_recorded.insert(files.begin(), files.end());
     write_image();

@@ -11,7 +11,8 @@
 
 static std::vector<float> load_big_dataset() {
   std::vector<float> v(16 << 20);  // 64 MiB
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i) * 1e-3f);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = std::sin(static_cast<float>(i) * 1e-3f);
   return v;
 }
 
@@ -26,7 +27,8 @@ int main(int argc, char** argv) try {
   const double baseline = std::accumulate(data.begin(), data.end(), 0.0);
 
   for (float gain : {0.5f, 1.5f, 2.0f}) {
-    for (auto& x : data) x *= gain;  // a trial that mutates the data
+    for (auto& x : data)
+      x *= gain;  // a trial that mutates the data
     scratch[0] = std::accumulate(data.begin(), data.end(), 0.0);
     std::printf("gain %.1f: sum %.3f\n", gain, scratch[0]);
     s.restore("loaded");  // data and scratch are bit-exact again
@@ -37,8 +39,8 @@ int main(int argc, char** argv) try {
   }
   for (auto& info : store.list("sweep"))
     std::printf("%s/%s: %llu bytes, %llu stored, parent '%s', label '%s'\n", info.session.c_str(), info.name.c_str(),
-                static_cast<unsigned long long>(info.logical_bytes), static_cast<unsigned long long>(info.stored_bytes),
-                info.parent.c_str(), info.label.c_str());
+                static_cast<unsigned long long>(info.logical_bytes), static_cast<unsigned long long>(info.stored_bytes), info.parent.c_str(),
+                info.label.c_str());
   store.remove("sweep", "loaded");
   store.gc();
   return 0;

@@ -45,21 +45,24 @@ static long parse_count(const char* text, const char* what) {
 }
 
 static void initial_condition(double* u) {
-  for (int i = 0; i < N; ++i) u[i] = (i > N / 4 && i < N / 2) ? 100.0 : 0.0;
+  for (int i = 0; i < N; ++i)
+    u[i] = (i > N / 4 && i < N / 2) ? 100.0 : 0.0;
 }
 
 static void step_once(double* u, double* next) {
   const double r = 0.25; /* alpha * dt / dx^2, stable for r <= 0.5 */
   next[0] = u[0];
   next[N - 1] = u[N - 1];
-  for (int i = 1; i < N - 1; ++i) next[i] = u[i] + r * (u[i - 1] - 2.0 * u[i] + u[i + 1]);
+  for (int i = 1; i < N - 1; ++i)
+    next[i] = u[i] + r * (u[i - 1] - 2.0 * u[i] + u[i + 1]);
   memcpy(u, next, sizeof(double) * N);
 }
 
 static uint64_t fnv1a(const void* data, size_t size) {
   const unsigned char* p = data;
   uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < size; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  for (size_t i = 0; i < size; ++i)
+    h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
 }
 

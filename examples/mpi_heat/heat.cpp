@@ -102,23 +102,40 @@ Args parse(int argc, char** argv, int rank) {
       if (i + 1 >= argc) usage(rank, (o + " needs a value").c_str());
       return argv[++i];
     };
-    if (o == "--store-root") a.store_root = value();
-    else if (o == "--nx") a.nx = to_long(rank, "--nx", value());
-    else if (o == "--ny") a.ny = to_long(rank, "--ny", value());
-    else if (o == "--steps") a.steps = to_long(rank, "--steps", value());
-    else if (o == "--every") a.every = to_long(rank, "--every", value());
-    else if (o == "--keep") a.keep = to_long(rank, "--keep", value());
-    else if (o == "--partner-offset") a.partner_offset = to_long(rank, "--partner-offset", value());
-    else if (o == "--abort-at") a.abort_at = to_long(rank, "--abort-at", value());
-    else if (o == "--abort-rank") a.abort_rank = to_long(rank, "--abort-rank", value());
-    else if (o == "--abort-mpi") a.abort_mpi = true;
-    else if (o == "--abort-after-local") a.abort_after_local = true;
-    else if (o == "--fail-commit-at") a.fail_commit_at = to_long(rank, "--fail-commit-at", value());
-    else if (o == "--fail-rank") a.fail_rank = to_long(rank, "--fail-rank", value());
-    else if (o == "--json") a.json = true;
-    else if (o == "--quiet") a.quiet = true;
-    else if (o == "-h" || o == "--help") usage(rank, "help");
-    else usage(rank, ("unknown option " + o).c_str());
+    if (o == "--store-root")
+      a.store_root = value();
+    else if (o == "--nx")
+      a.nx = to_long(rank, "--nx", value());
+    else if (o == "--ny")
+      a.ny = to_long(rank, "--ny", value());
+    else if (o == "--steps")
+      a.steps = to_long(rank, "--steps", value());
+    else if (o == "--every")
+      a.every = to_long(rank, "--every", value());
+    else if (o == "--keep")
+      a.keep = to_long(rank, "--keep", value());
+    else if (o == "--partner-offset")
+      a.partner_offset = to_long(rank, "--partner-offset", value());
+    else if (o == "--abort-at")
+      a.abort_at = to_long(rank, "--abort-at", value());
+    else if (o == "--abort-rank")
+      a.abort_rank = to_long(rank, "--abort-rank", value());
+    else if (o == "--abort-mpi")
+      a.abort_mpi = true;
+    else if (o == "--abort-after-local")
+      a.abort_after_local = true;
+    else if (o == "--fail-commit-at")
+      a.fail_commit_at = to_long(rank, "--fail-commit-at", value());
+    else if (o == "--fail-rank")
+      a.fail_rank = to_long(rank, "--fail-rank", value());
+    else if (o == "--json")
+      a.json = true;
+    else if (o == "--quiet")
+      a.quiet = true;
+    else if (o == "-h" || o == "--help")
+      usage(rank, "help");
+    else
+      usage(rank, ("unknown option " + o).c_str());
   }
   if (a.store_root.empty()) usage(rank, "--store-root is required");
   if (a.nx < 3 || a.ny < 1 || a.steps < 0 || a.every < 0) usage(rank, "need --nx >= 3, --ny >= 1, --steps >= 0, --every >= 0");
@@ -137,7 +154,8 @@ constexpr std::uint64_t kMagic = 0x5441454852564400ull;  // "\0DVRHEAT"
 std::uint64_t fnv1a(const void* p, std::size_t n) {
   auto* b = static_cast<const unsigned char*>(p);
   std::uint64_t h = 0xcbf29ce484222325ull;
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  for (std::size_t i = 0; i < n; ++i)
+    h = (h ^ b[i]) * 0x100000001b3ull;
   return h;
 }
 
@@ -201,25 +219,23 @@ int run(const Args& a, int rank, int size) {
   std::string resumed;
   if (auto name = s.restore_latest()) {
     resumed = *name;
-    if (meta->magic != kMagic || meta->nx != static_cast<std::uint64_t>(a.nx) ||
-        meta->ny != static_cast<std::uint64_t>(a.ny) || meta->ranks != static_cast<std::uint64_t>(size)) {
+    if (meta->magic != kMagic || meta->nx != static_cast<std::uint64_t>(a.nx) || meta->ny != static_cast<std::uint64_t>(a.ny) ||
+        meta->ranks != static_cast<std::uint64_t>(size)) {
       std::fprintf(stderr,
-                   "dvr-example-mpi-heat: rank %d: snapshot %s is of another run (grid %" PRIu64 "x%" PRIu64
-                   " on %" PRIu64 " ranks; this one: %ldx%ld on %d)\n",
+                   "dvr-example-mpi-heat: rank %d: snapshot %s is of another run (grid %" PRIu64 "x%" PRIu64 " on %" PRIu64
+                   " ranks; this one: %ldx%ld on %d)\n",
                    rank, name->c_str(), meta->nx, meta->ny, meta->ranks, a.nx, a.ny, size);
       MPI_Abort(MPI_COMM_WORLD, 3);
     }
-    if (rank == 0 && !a.json)
-      std::printf("resumed from %s (step %" PRIu64 " of %ld)\n", name->c_str(), meta->step, a.steps);
+    if (rank == 0 && !a.json) std::printf("resumed from %s (step %" PRIu64 " of %ld)\n", name->c_str(), meta->step, a.steps);
   } else {
-    *meta = Meta{kMagic, 0, static_cast<std::uint64_t>(a.nx), static_cast<std::uint64_t>(a.ny),
-                 static_cast<std::uint64_t>(size)};
+    *meta = Meta{kMagic, 0, static_cast<std::uint64_t>(a.nx), static_cast<std::uint64_t>(a.ny), static_cast<std::uint64_t>(size)};
     for (long i = 0; i < n; ++i) {
       const long g = row0 + i;
       for (long j = 0; j < nx; ++j) {
         double v = 0.25 * (1.0 + std::sin(0.05 * static_cast<double>(g) + 0.11 * static_cast<double>(j)));
         if (std::labs(g - a.ny / 2) < a.ny / 8 && std::labs(j - nx / 2) < nx / 8) v = 2.0;  // a hot square
-        if (j == 0 || j == nx - 1) v = 0.0;                                                // fixed side edges
+        if (j == 0 || j == nx - 1) v = 0.0;                                                 // fixed side edges
         u[(i + 1) * nx + j] = v;
       }
     }
@@ -241,16 +257,17 @@ int run(const Args& a, int rank, int size) {
   const long first_step = static_cast<long>(meta->step);
 
   for (long step = first_step; step < a.steps;) {
-    MPI_Sendrecv(u + nx, static_cast<int>(nx), MPI_DOUBLE, up, 0, u + (n + 1) * nx, static_cast<int>(nx), MPI_DOUBLE,
-                 down, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    MPI_Sendrecv(u + n * nx, static_cast<int>(nx), MPI_DOUBLE, down, 1, u, static_cast<int>(nx), MPI_DOUBLE, up, 1,
-                 MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Sendrecv(u + nx, static_cast<int>(nx), MPI_DOUBLE, up, 0, u + (n + 1) * nx, static_cast<int>(nx), MPI_DOUBLE, down, 0, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+    MPI_Sendrecv(u + n * nx, static_cast<int>(nx), MPI_DOUBLE, down, 1, u, static_cast<int>(nx), MPI_DOUBLE, up, 1, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
     for (long i = 1; i <= n; ++i) {
       const double* c = u + i * nx;
       double* o = next.data() + (i - 1) * nx;
       o[0] = c[0];
       o[nx - 1] = c[nx - 1];
-      for (long j = 1; j < nx - 1; ++j) o[j] = c[j] + alpha * (c[j - nx] + c[j + nx] + c[j - 1] + c[j + 1] - 4.0 * c[j]);
+      for (long j = 1; j < nx - 1; ++j)
+        o[j] = c[j] + alpha * (c[j - nx] + c[j + nx] + c[j - 1] + c[j + 1] - 4.0 * c[j]);
     }
     std::memcpy(u + nx, next.data(), next.size() * sizeof(double));
     meta->step = static_cast<std::uint64_t>(++step);
@@ -278,8 +295,8 @@ int run(const Args& a, int rank, int size) {
         partner_bytes += g.partner_bytes;
         stored_bytes += g.stored_bytes;
         if (rank == 0 && !a.json && !a.quiet)
-          std::printf("checkpoint %s: seq %" PRIu64 ", %" PRIu64 " bytes stored, %" PRIu64 " to partner, %.4f s\n",
-                      g.name.c_str(), g.seq, g.stored_bytes, g.partner_bytes, g.seconds);
+          std::printf("checkpoint %s: seq %" PRIu64 ", %" PRIu64 " bytes stored, %" PRIu64 " to partner, %.4f s\n", g.name.c_str(), g.seq,
+                      g.stored_bytes, g.partner_bytes, g.seconds);
       } catch (const std::exception& e) {
         failed.push_back(step_name(step));
         std::fprintf(stderr, "rank %d: checkpoint %s failed: %s\n", rank, step_name(step).c_str(), e.what());
@@ -295,7 +312,8 @@ int run(const Args& a, int rank, int size) {
   for (long i = 1; i <= n; ++i) {
     const double* row = u + i * nx;
     h += mix(fnv1a(row, static_cast<std::size_t>(nx) * sizeof(double)) ^ mix(static_cast<std::uint64_t>(row0 + i - 1)));
-    for (long j = 0; j < nx; ++j) sum += row[j];
+    for (long j = 0; j < nx; ++j)
+      sum += row[j];
   }
   std::uint64_t total_h = 0;
   MPI_Reduce(&h, &total_h, 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
@@ -310,7 +328,8 @@ int run(const Args& a, int rank, int size) {
 
   if (rank == 0) {
     double total = 0;
-    for (double v : sums) total += v;
+    for (double v : sums)
+      total += v;
     char hex[20];
     std::snprintf(hex, sizeof hex, "%016" PRIx64, total_h);
     if (a.json) {
@@ -323,9 +342,11 @@ int run(const Args& a, int rank, int size) {
       out += ",\"resumed_from\":" + (resumed.empty() ? std::string("null") : json_string(resumed));
       out += ",\"checkpoints\":" + std::to_string(checkpoints);
       out += ",\"failed\":[";
-      for (std::size_t i = 0; i < failed.size(); ++i) out += (i ? "," : "") + json_string(failed[i]);
+      for (std::size_t i = 0; i < failed.size(); ++i)
+        out += (i ? "," : "") + json_string(failed[i]);
       out += "],\"committed\":[";
-      for (std::size_t i = 0; i < committed.size(); ++i) out += (i ? "," : "") + json_string(committed[i].name);
+      for (std::size_t i = 0; i < committed.size(); ++i)
+        out += (i ? "," : "") + json_string(committed[i].name);
       std::snprintf(buf, sizeof buf, "%.6g", max_ckpt);
       out += "],\"checkpoint_seconds\":" + std::string(buf);
       out += ",\"partner_bytes\":" + std::to_string(sent_total[0]) + ",\"stored_bytes\":" + std::to_string(sent_total[1]);
@@ -333,10 +354,10 @@ int run(const Args& a, int rank, int size) {
       out += ",\"seconds\":" + std::string(buf) + ",\"partner\":" + std::to_string(s.partner()) + "}";
       std::printf("%s\n", out.c_str());
     } else {
-      std::printf("%ld steps (%ld this run), %ld checkpoints (%zu failed), %.3f s in snapshots (slowest rank), "
-                  "%" PRIu64 " bytes to partners\n",
-                  a.steps, a.steps > first_step ? a.steps - first_step : 0, checkpoints, failed.size(), max_ckpt,
-                  sent_total[0]);
+      std::printf(
+          "%ld steps (%ld this run), %ld checkpoints (%zu failed), %.3f s in snapshots (slowest rank), "
+          "%" PRIu64 " bytes to partners\n",
+          a.steps, a.steps > first_step ? a.steps - first_step : 0, checkpoints, failed.size(), max_ckpt, sent_total[0]);
       if (!resumed.empty()) std::printf("resumed from %s\n", resumed.c_str());
       std::printf("checksum %s sum %.17g\n", hex, total);
     }

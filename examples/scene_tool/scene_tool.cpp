@@ -74,7 +74,8 @@ Node* add_node(dvr::Arena& a, Scene& s, Node* parent, const std::string& name) {
   Node* n = dvr::make<Node>(a, &a);
   n->name = name;
   n->parent = parent;
-  for (int k = 0; k < 16; ++k) n->transform[k] = k % 5 == 0 ? 1.f : 0.f;
+  for (int k = 0; k < 16; ++k)
+    n->transform[k] = k % 5 == 0 ? 1.f : 0.f;
   if (parent) parent->children.push_back(n);
   s.nodes.push_back(n);
   return n;
@@ -86,13 +87,15 @@ Scene* build_scene(dvr::Arena& a, std::size_t mib) {
   for (int m = 0; m < 32; ++m) {
     Material* mat = dvr::make<Material>(a, &a);
     mat->name = "material-" + std::to_string(m);
-    for (int k = 0; k < 4; ++k) mat->color[k] = static_cast<float>((m * 7 + k) % 10) / 10.f;
+    for (int k = 0; k < 4; ++k)
+      mat->color[k] = static_cast<float>((m * 7 + k) % 10) / 10.f;
     mat->roughness = static_cast<float>(m) / 32.f;
     s->materials.push_back(mat);
   }
   s->root = add_node(a, *s, nullptr, "world");
   std::vector<Node*> groups;
-  for (std::size_t g = 0; g < (meshes + 15) / 16; ++g) groups.push_back(add_node(a, *s, s->root, "group-" + std::to_string(g)));
+  for (std::size_t g = 0; g < (meshes + 15) / 16; ++g)
+    groups.push_back(add_node(a, *s, s->root, "group-" + std::to_string(g)));
   for (std::size_t m = 0; m < meshes; ++m) {
     Mesh* mesh = dvr::make<Mesh>(a, &a);
     mesh->name = "mesh-" + std::to_string(m) + "-character-part";
@@ -137,7 +140,8 @@ std::uint64_t checksum(const dvr::Arena& a, const Scene* s) {
       std::memcpy(&x, w + i, 8);
       acc = acc * 0x100000001b3ull + x;
     }
-    for (; i < n; ++i) acc = acc * 31 + w[i];
+    for (; i < n; ++i)
+      acc = acc * 31 + w[i];
     sum = (sum ^ acc) * 1099511628211ull;
   };
   for (const Node* n : s->nodes) {
@@ -147,7 +151,8 @@ std::uint64_t checksum(const dvr::Arena& a, const Scene* s) {
     if (n->parent) {
       check(n->parent);
       bool listed = false;
-      for (const Node* c : n->parent->children) listed = listed || c == n;
+      for (const Node* c : n->parent->children)
+        listed = listed || c == n;
       if (!listed) throw std::runtime_error("node " + std::string(n->name) + " is not among its parent's children");
     }
     for (const Node* c : n->children)
@@ -169,11 +174,13 @@ std::uint64_t checksum(const dvr::Arena& a, const Scene* s) {
 // Effect A: deform every 20th mesh (5%). Effect B: scale another 5%.
 void effect_a(Scene* s) {
   for (std::size_t m = 0; m < s->meshes.size(); m += 20)
-    for (std::size_t v = 0; v < kVertices; ++v) s->meshes[m]->positions[3 * v + 2] += 0.05f * std::sin(static_cast<float>(v) * 0.01f);
+    for (std::size_t v = 0; v < kVertices; ++v)
+      s->meshes[m]->positions[3 * v + 2] += 0.05f * std::sin(static_cast<float>(v) * 0.01f);
 }
 void effect_b(Scene* s) {
   for (std::size_t m = 10; m < s->meshes.size(); m += 20) {
-    for (auto& p : s->meshes[m]->positions) p *= 1.5f;
+    for (auto& p : s->meshes[m]->positions)
+      p *= 1.5f;
     s->meshes[m]->name += "-scaled";
   }
 }
@@ -202,7 +209,9 @@ void save(const Scene* s, const std::string& file) {
   for (std::size_t i = 0; i < s->nodes.size(); ++i) {
     const Node* n = s->nodes[i];
     str(n->name);
-    u64(n->parent ? static_cast<std::uint64_t>(std::find(s->nodes.begin(), s->nodes.begin() + static_cast<std::ptrdiff_t>(i), n->parent) - s->nodes.begin()) : ~0ull);
+    u64(n->parent
+            ? static_cast<std::uint64_t>(std::find(s->nodes.begin(), s->nodes.begin() + static_cast<std::ptrdiff_t>(i), n->parent) - s->nodes.begin())
+            : ~0ull);
     put(n->transform, sizeof n->transform);
   }
   u64(s->meshes.size());
@@ -280,10 +289,14 @@ int main(int argc, char** argv) {
   std::string store_dir;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--mib" && i + 1 < argc) mib = std::stoul(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc) rounds = std::max(1, std::stoi(argv[++i]));
-    else if (a == "--store" && i + 1 < argc) store_dir = argv[++i];
-    else if (a == "--json") json = true;
+    if (a == "--mib" && i + 1 < argc)
+      mib = std::stoul(argv[++i]);
+    else if (a == "--rounds" && i + 1 < argc)
+      rounds = std::max(1, std::stoi(argv[++i]));
+    else if (a == "--store" && i + 1 < argc)
+      store_dir = argv[++i];
+    else if (a == "--json")
+      json = true;
     else {
       std::fprintf(stderr, "usage: %s [--mib 300] [--rounds 3] [--store DIR] [--json]\n", argv[0]);
       return 2;
@@ -348,21 +361,25 @@ int main(int argc, char** argv) {
           throw std::runtime_error(std::string("after restoring ") + v.name + " the scene's checksum is wrong");
       }
     double restore_s = 0;
-    for (auto& v : variants) restore_s = std::max(restore_s, v.best);  // the slowest variant's best
+    for (auto& v : variants)
+      restore_s = std::max(restore_s, v.best);  // the slowest variant's best
 
     if (json) {
-      std::printf("{\"name\":\"restore_variant\",\"value\":%.6f,\"unit\":\"s\",\"peer\":\"reload scene file\",\"peer_value\":%.6f,"
-                  "\"ratio\":%.1f,\"bytes\":%zu,\"meshes\":%zu}\n",
-                  restore_s, reload_s, reload_s / restore_s, arena.used(), scene->meshes.size());
+      std::printf(
+          "{\"name\":\"restore_variant\",\"value\":%.6f,\"unit\":\"s\",\"peer\":\"reload scene file\",\"peer_value\":%.6f,"
+          "\"ratio\":%.1f,\"bytes\":%zu,\"meshes\":%zu}\n",
+          restore_s, reload_s, reload_s / restore_s, arena.used(), scene->meshes.size());
       for (auto& v : variants)
-        std::printf("{\"name\":\"restore_%s\",\"value\":%.6f,\"unit\":\"s\",\"peer\":\"reload scene file\",\"peer_value\":%.6f,"
-                    "\"ratio\":%.1f}\n",
-                    v.name, v.best, reload_s, reload_s / v.best);
+        std::printf(
+            "{\"name\":\"restore_%s\",\"value\":%.6f,\"unit\":\"s\",\"peer\":\"reload scene file\",\"peer_value\":%.6f,"
+            "\"ratio\":%.1f}\n",
+            v.name, v.best, reload_s, reload_s / v.best);
     } else {
-      std::printf("scene: %zu meshes, %zu nodes, %.0f MiB in the arena at %p (built in %.2f s)\n", scene->meshes.size(),
-                  scene->nodes.size(), static_cast<double>(arena.used()) / (1 << 20), arena.base(), build_s);
+      std::printf("scene: %zu meshes, %zu nodes, %.0f MiB in the arena at %p (built in %.2f s)\n", scene->meshes.size(), scene->nodes.size(),
+                  static_cast<double>(arena.used()) / (1 << 20), arena.base(), build_s);
       std::printf("reload from the scene file: %8.1f ms\n", reload_s * 1e3);
-      for (auto& v : variants) std::printf("restore %-6s            %8.2f ms  (%.0fx faster)\n", v.name, v.best * 1e3, reload_s / v.best);
+      for (auto& v : variants)
+        std::printf("restore %-6s            %8.2f ms  (%.0fx faster)\n", v.name, v.best * 1e3, reload_s / v.best);
       std::printf("%d flips, every one checked: all pointers walked, all mesh data summed\n", flips);
     }
   } catch (const std::exception& e) {
@@ -370,7 +387,9 @@ int main(int argc, char** argv) {
     status = 1;
   }
   std::error_code ec;
-  if (own_store) fs::remove_all(work, ec);
-  else fs::remove(work / "scene.bin", ec), fs::remove(work, ec);
+  if (own_store)
+    fs::remove_all(work, ec);
+  else
+    fs::remove(work / "scene.bin", ec), fs::remove(work, ec);
   return status;
 }

@@ -40,11 +40,10 @@ PyObject* exception_for(dvr::Errc code) {
 }
 
 void register_exceptions(py::module_& m) {
-  g_exc.base = PyErr_NewExceptionWithDoc(
-      "memdvr.DvrError",
-      "Base class of every memdvr error. `code` is the C++ dvr::Errc name "
-      "(\"not_found\", \"corrupt\", ...); str(e) is the C++ message.",
-      PyExc_Exception, nullptr);
+  g_exc.base = PyErr_NewExceptionWithDoc("memdvr.DvrError",
+                                         "Base class of every memdvr error. `code` is the C++ dvr::Errc name "
+                                         "(\"not_found\", \"corrupt\", ...); str(e) is the C++ message.",
+                                         PyExc_Exception, nullptr);
   if (!g_exc.base) throw py::error_already_set();
   PyObject_SetAttrString(g_exc.base, "code", py::str("").ptr());
   m.add_object("DvrError", py::handle(g_exc.base));
@@ -56,26 +55,19 @@ void register_exceptions(py::module_& m) {
     const char* doc;
   };
   const Def defs[] = {
-      {dvr::Errc::not_found, "NotFound", PyExc_LookupError,
-       "Unknown session, snapshot, region or store."},
-      {dvr::Errc::already_exists, "AlreadyExists", nullptr,
-       "A snapshot or region of that name exists already."},
-      {dvr::Errc::corrupt, "Corrupt", nullptr,
-       "Data or metadata failed its checksum, or is malformed."},
-      {dvr::Errc::no_space, "NoSpace", PyExc_OSError,
-       "The store's file system is full (or a file-size limit was hit)."},
+      {dvr::Errc::not_found, "NotFound", PyExc_LookupError, "Unknown session, snapshot, region or store."},
+      {dvr::Errc::already_exists, "AlreadyExists", nullptr, "A snapshot or region of that name exists already."},
+      {dvr::Errc::corrupt, "Corrupt", nullptr, "Data or metadata failed its checksum, or is malformed."},
+      {dvr::Errc::no_space, "NoSpace", PyExc_OSError, "The store's file system is full (or a file-size limit was hit)."},
       {dvr::Errc::invalid_argument, "InvalidArgument", PyExc_ValueError,
        "Bad name, size mismatch, overlapping region, read-only or "
        "non-contiguous buffer, ..."},
       {dvr::Errc::io, "DvrIOError", PyExc_OSError, "Any other operating-system error."},
-      {dvr::Errc::unsupported, "Unsupported", nullptr,
-       "Newer store format, or a missing kernel or file-system feature."},
-      {dvr::Errc::permission, "PermissionDenied", PyExc_PermissionError,
-       "Store owned by another user, or not accessible."},
+      {dvr::Errc::unsupported, "Unsupported", nullptr, "Newer store format, or a missing kernel or file-system feature."},
+      {dvr::Errc::permission, "PermissionDenied", PyExc_PermissionError, "Store owned by another user, or not accessible."},
   };
   for (const Def& d : defs) {
-    py::tuple bases = d.builtin ? py::make_tuple(py::handle(g_exc.base), py::handle(d.builtin))
-                                : py::make_tuple(py::handle(g_exc.base));
+    py::tuple bases = d.builtin ? py::make_tuple(py::handle(g_exc.base), py::handle(d.builtin)) : py::make_tuple(py::handle(g_exc.base));
     std::string full = std::string("memdvr.") + d.name;
     PyObject* type = PyErr_NewExceptionWithDoc(full.c_str(), d.doc, bases.ptr(), nullptr);
     if (!type) throw py::error_already_set();
@@ -119,7 +111,6 @@ struct PyClone {
   std::unique_ptr<dvr::Clone> clone;
 };
 
-
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -139,10 +130,8 @@ PYBIND11_MODULE(_core, m) {
             o.create = create;
             return dvr::Store::open(path, o);
           },
-          py::arg("path"), py::arg("chunk_size") = py::none(), py::arg("create") = true,
-          "Opens (and with create=True creates) the store in `path`.")
-      .def_static("default_path", &dvr::Store::default_path,
-                  "$DVR_STORE if set, else /dev/shm/dvr-<uid>, else $HOME/.local/share/dvr.")
+          py::arg("path"), py::arg("chunk_size") = py::none(), py::arg("create") = true, "Opens (and with create=True creates) the store in `path`.")
+      .def_static("default_path", &dvr::Store::default_path, "$DVR_STORE if set, else /dev/shm/dvr-<uid>, else $HOME/.local/share/dvr.")
       .def_property_readonly("path", &dvr::Store::path)
       .def_property_readonly("medium", [](const dvr::Store& s) { return dvr::medium_name(s.medium()); })
       .def_property_readonly("chunk_size", &dvr::Store::chunk_size)
@@ -152,32 +141,29 @@ PYBIND11_MODULE(_core, m) {
           [](const dvr::Store& s, std::optional<std::string> session) {
             auto infos = session ? s.list(*session) : s.list();
             py::list out;
-            for (const auto& i : infos) out.append(snapshot_info_dict(i));
+            for (const auto& i : infos)
+              out.append(snapshot_info_dict(i));
             return out;
           },
           py::arg("session") = py::none(), "Snapshots (dicts), oldest first; damaged ones marked.")
       .def(
-          "info",
-          [](const dvr::Store& s, const std::string& session, const std::string& name) {
-            return snapshot_info_dict(s.info(session, name));
-          },
+          "info", [](const dvr::Store& s, const std::string& session, const std::string& name) { return snapshot_info_dict(s.info(session, name)); },
           py::arg("session"), py::arg("name"))
       .def("remove", &dvr::Store::remove, py::arg("session"), py::arg("name"))
-      .def(
-          "gc",
-          [](dvr::Store& s) {
-            dvr::GcReport r;
-            {
-              py::gil_scoped_release nogil;
-              r = s.gc();
-            }
-            py::dict d;
-            d["bytes_before"] = r.bytes_before;
-            d["bytes_after"] = r.bytes_after;
-            d["packs_removed"] = r.packs_removed;
-            d["temp_files_removed"] = r.temp_files_removed;
-            return d;
-          })
+      .def("gc",
+           [](dvr::Store& s) {
+             dvr::GcReport r;
+             {
+               py::gil_scoped_release nogil;
+               r = s.gc();
+             }
+             py::dict d;
+             d["bytes_before"] = r.bytes_before;
+             d["bytes_after"] = r.bytes_after;
+             d["packs_removed"] = r.packs_removed;
+             d["temp_files_removed"] = r.temp_files_removed;
+             return d;
+           })
       .def("verify",
            [](const dvr::Store& s) {
              dvr::VerifyReport r;
@@ -219,8 +205,7 @@ PYBIND11_MODULE(_core, m) {
            })
       .def(
           "diff",
-          [](const dvr::Store& s, const std::string& sa, const std::string& a, const std::string& sb,
-             const std::string& b) {
+          [](const dvr::Store& s, const std::string& sa, const std::string& a, const std::string& sb, const std::string& b) {
             std::vector<dvr::RegionDiff> diffs;
             {
               py::gil_scoped_release nogil;
@@ -263,13 +248,11 @@ PYBIND11_MODULE(_core, m) {
             }
             return c;
           },
-          py::arg("session"), py::arg("name"), py::arg("verify") = true,
-          "A copy-on-write clone of a snapshot (see Clone).");
+          py::arg("session"), py::arg("name"), py::arg("verify") = true, "A copy-on-write clone of a snapshot (see Clone).");
 
   // ---- Session
   py::class_<PySession>(m, "Session", "One application's named set of memory regions in a store.")
-      .def(py::init([](const dvr::Store& store, const std::string& name,
-                       std::optional<std::string> tracking) {
+      .def(py::init([](const dvr::Store& store, const std::string& name, std::optional<std::string> tracking) {
              dvr::SessionOptions o;
              if (tracking) o.tracking = parse_tracking(*tracking);
              auto s = std::make_unique<PySession>();
@@ -282,17 +265,15 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("head", [](PySession& s) { return s.get().head(); })
       .def_property_readonly("closed", [](PySession& s) { return !s.session.has_value(); })
       .def(
-          "track", [](PySession& s, const std::string& name, py::object obj) { s.regions.track(s.get(), name, std::move(obj)); },
-          py::arg("name"), py::arg("buffer"),
-          "Tracks a writable C-contiguous buffer in place (zero-copy); holds a reference to it.")
+          "track", [](PySession& s, const std::string& name, py::object obj) { s.regions.track(s.get(), name, std::move(obj)); }, py::arg("name"),
+          py::arg("buffer"), "Tracks a writable C-contiguous buffer in place (zero-copy); holds a reference to it.")
       .def(
           "alloc",
           [](py::object self, const std::string& name, std::size_t size) {
             auto& s = self.cast<PySession&>();
             return s.regions.alloc(self, s.get(), name, size);
           },
-          py::arg("name"), py::arg("size"),
-          "Allocates an SDK-owned, zero-filled region; returns a writable memoryview onto it.")
+          py::arg("name"), py::arg("size"), "Allocates an SDK-owned, zero-filled region; returns a writable memoryview onto it.")
       .def(
           "untrack",
           [](PySession& s, const std::string& name) {
@@ -333,7 +314,8 @@ PYBIND11_MODULE(_core, m) {
       .def("list",
            [](PySession& s) {
              py::list out;
-             for (const auto& i : s.get().list()) out.append(snapshot_info_dict(i));
+             for (const auto& i : s.get().list())
+               out.append(snapshot_info_dict(i));
              return out;
            })
       .def("latest",
@@ -360,20 +342,17 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("name"), py::arg("verify") = true)
       .def(
-          "tracking",
-          [](PySession& s, const std::string& region) {
-            return dvr::tracking_name(s.get().tracking(region));
-          },
-          py::arg("region"))
+          "tracking", [](PySession& s, const std::string& region) { return dvr::tracking_name(s.get().tracking(region)); }, py::arg("region"))
       .def("tracking_note", [](PySession& s) { return s.get().tracking_note(); })
-      .def("close",
-           [](PySession& s) {
-             if (!s.session) return;
-             s.regions.check_no_views(s.session->name());
-             s.session.reset();
-             s.regions.clear();
-           },
-           "Ends the session: forgets every region and releases the tracked buffers.");
+      .def(
+          "close",
+          [](PySession& s) {
+            if (!s.session) return;
+            s.regions.check_no_views(s.session->name());
+            s.session.reset();
+            s.regions.clear();
+          },
+          "Ends the session: forgets every region and releases the tracked buffers.");
 
   // ---- Clone
   py::class_<PyClone>(m, "Clone",

@@ -102,18 +102,15 @@ PYBIND11_MODULE(_mpi, m) {
       .def_property_readonly("head", [](LocalSession& l) { return l.s->local().head(); })
       .def_property_readonly("closed", [](LocalSession& l) { return !l.s->mpi; })
       .def(
-          "track",
-          [](LocalSession& l, const std::string& name, py::object obj) { l.s->regions.track(l.s->local(), name, std::move(obj)); },
-          py::arg("name"), py::arg("buffer"),
-          "Tracks a writable C-contiguous buffer in place (zero-copy); holds a reference to it.")
+          "track", [](LocalSession& l, const std::string& name, py::object obj) { l.s->regions.track(l.s->local(), name, std::move(obj)); },
+          py::arg("name"), py::arg("buffer"), "Tracks a writable C-contiguous buffer in place (zero-copy); holds a reference to it.")
       .def(
           "alloc",
           [](py::object self, const std::string& name, std::size_t size) {
             MpiSession& s = *self.cast<LocalSession&>().s;
             return s.regions.alloc(self, s.local(), name, size);
           },
-          py::arg("name"), py::arg("size"),
-          "Allocates an SDK-owned, zero-filled region; returns a writable memoryview onto it.")
+          py::arg("name"), py::arg("size"), "Allocates an SDK-owned, zero-filled region; returns a writable memoryview onto it.")
       .def("untrack", &local_untrack, py::arg("name"))
       .def(
           "buffer",
@@ -134,8 +131,7 @@ PYBIND11_MODULE(_mpi, m) {
             }
             return snapshot_info_dict(info);
           },
-          py::arg("name"), py::arg("label") = "", py::arg("replace") = false,
-          "A snapshot of this rank's regions alone (not a global snapshot).")
+          py::arg("name"), py::arg("label") = "", py::arg("replace") = false, "A snapshot of this rank's regions alone (not a global snapshot).")
       .def(
           "restore",
           [](LocalSession& l, const std::string& name) {
@@ -147,7 +143,8 @@ PYBIND11_MODULE(_mpi, m) {
       .def("list",
            [](LocalSession& l) {
              py::list out;
-             for (const auto& i : l.s->local().list()) out.append(snapshot_info_dict(i));
+             for (const auto& i : l.s->local().list())
+               out.append(snapshot_info_dict(i));
              return out;
            })
       .def("latest",
@@ -171,18 +168,13 @@ PYBIND11_MODULE(_mpi, m) {
           },
           py::arg("name"), py::arg("verify") = true)
       .def(
-          "tracking",
-          [](LocalSession& l, const std::string& region) {
-            return dvr::tracking_name(l.s->local().tracking(region));
-          },
-          py::arg("region"))
+          "tracking", [](LocalSession& l, const std::string& region) { return dvr::tracking_name(l.s->local().tracking(region)); }, py::arg("region"))
       .def("tracking_note", [](LocalSession& l) { return l.s->local().tracking_note(); })
       .def(
           "close",
           [](LocalSession& l) {
             if (!l.s->mpi) return;
-            invalid("the local session of memdvr.mpi.Session '" + l.s->local().name() +
-                    "' closes with it: call close() on the memdvr.mpi.Session");
+            invalid("the local session of memdvr.mpi.Session '" + l.s->local().name() + "' closes with it: call close() on the memdvr.mpi.Session");
           },
           "Refused while the MPI session is open (close that instead); nothing once it is closed.");
 
@@ -190,8 +182,8 @@ PYBIND11_MODULE(_mpi, m) {
   py::class_<MpiSession>(m, "Session",
                          "dvr::mpi::Session: coordinated snapshots across the ranks of a "
                          "communicator (use memdvr.mpi.Session).")
-      .def(py::init([](const dvr::Store& store, const std::string& name, long long comm_f,
-                       int partner_offset, bool partner_copies, std::size_t keep, int level) {
+      .def(py::init([](const dvr::Store& store, const std::string& name, long long comm_f, int partner_offset, bool partner_copies, std::size_t keep,
+                       int level) {
              int initialized = 0, finalized = 0;
              MPI_Initialized(&initialized);
              MPI_Finalized(&finalized);
@@ -212,9 +204,8 @@ PYBIND11_MODULE(_mpi, m) {
              }
              return s;
            }),
-           py::arg("store"), py::arg("name"), py::arg("comm"), py::arg("partner_offset") = 0,
-           py::arg("partner_copies") = true, py::arg("keep") = 3, py::arg("level") = 1,
-           "Collective over the communicator whose Fortran handle is `comm` (mpi4py: comm.py2f()).")
+           py::arg("store"), py::arg("name"), py::arg("comm"), py::arg("partner_offset") = 0, py::arg("partner_copies") = true, py::arg("keep") = 3,
+           py::arg("level") = 1, "Collective over the communicator whose Fortran handle is `comm` (mpi4py: comm.py2f()).")
       .def(
           "local",
           [](py::object self) {
@@ -263,7 +254,8 @@ PYBIND11_MODULE(_mpi, m) {
               infos = mpi.committed();
             }
             py::list out;
-            for (const auto& g : infos) out.append(global_info_dict(g));
+            for (const auto& g : infos)
+              out.append(global_info_dict(g));
             return out;
           },
           "The global snapshots committed, oldest first, as this rank's records say.")

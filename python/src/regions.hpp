@@ -18,13 +18,9 @@ namespace py = pybind11;
 
 namespace {
 
-[[noreturn]] void invalid(const std::string& message) {
-  throw dvr::Error(dvr::Errc::invalid_argument, message);
-}
+[[noreturn]] void invalid(const std::string& message) { throw dvr::Error(dvr::Errc::invalid_argument, message); }
 
-std::string type_name(py::handle obj) {
-  return py::str(py::type::handle_of(obj).attr("__name__"));
-}
+std::string type_name(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")); }
 
 // A Py_buffer held for as long as a region is tracked.
 struct HeldBuffer {
@@ -49,8 +45,7 @@ struct MemoryOwner {
   std::shared_ptr<int> token;
 };
 
-py::memoryview view_of(py::object owner, void* data, std::size_t size, bool readonly,
-                       std::shared_ptr<int> token) {
+py::memoryview view_of(py::object owner, void* data, std::size_t size, bool readonly, std::shared_ptr<int> token) {
   auto holder = std::make_unique<MemoryOwner>();
   holder->owner = std::move(owner);
   holder->data = data;
@@ -65,11 +60,9 @@ py::memoryview view_of(py::object owner, void* data, std::size_t size, bool read
 
 // Registers MemoryOwner as `_MemoryOwner` (a buffer exporter) in module m.
 void register_memory_owner(py::module_& m) {
-  py::class_<MemoryOwner>(m, "_MemoryOwner", py::buffer_protocol(), py::module_local())
-      .def_buffer([](MemoryOwner& o) {
-        return py::buffer_info(o.data, 1, py::format_descriptor<std::uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(o.size)}, {1}, o.readonly);
-      });
+  py::class_<MemoryOwner>(m, "_MemoryOwner", py::buffer_protocol(), py::module_local()).def_buffer([](MemoryOwner& o) {
+    return py::buffer_info(o.data, 1, py::format_descriptor<std::uint8_t>::format(), 1, {static_cast<py::ssize_t>(o.size)}, {1}, o.readonly);
+  });
 }
 
 py::dict region_info_dict(const dvr::RegionInfo& r) {
@@ -82,7 +75,8 @@ py::dict region_info_dict(const dvr::RegionInfo& r) {
 
 py::list regions_list(const std::vector<dvr::Region*>& regions) {
   py::list out;
-  for (const dvr::Region* r : regions) out.append(region_info_dict({r->name(), r->size(), r->sdk_owned()}));
+  for (const dvr::Region* r : regions)
+    out.append(region_info_dict({r->name(), r->size(), r->sdk_owned()}));
   return out;
 }
 
@@ -98,7 +92,8 @@ py::dict snapshot_info_dict(const dvr::SnapshotInfo& i) {
   d["chunks"] = i.chunks;
   d["zero_chunks"] = i.zero_chunks;
   py::list regions;
-  for (const auto& r : i.regions) regions.append(region_info_dict(r));
+  for (const auto& r : i.regions)
+    regions.append(region_info_dict(r));
   d["regions"] = regions;
   d["tracking"] = i.tracking;
   d["chunks_read"] = i.chunks_read;
@@ -120,8 +115,7 @@ struct RegionBuffers {
     auto held = std::make_unique<HeldBuffer>();
     if (PyObject_GetBuffer(obj.ptr(), &held->view, PyBUF_RECORDS_RO) != 0) {
       PyErr_Clear();
-      invalid("cannot track region '" + name + "': a " + type_name(obj) +
-              " does not expose a buffer (track a numpy array, bytearray or memoryview)");
+      invalid("cannot track region '" + name + "': a " + type_name(obj) + " does not expose a buffer (track a numpy array, bytearray or memoryview)");
     }
     held->held = true;
     if (held->view.readonly)
@@ -155,13 +149,13 @@ struct RegionBuffers {
   void check_no_views(const std::string& session, const std::string& region) const {
     auto it = tokens.find(region);
     if (it != tokens.end() && it->second.use_count() > 1)
-      invalid("region '" + region + "' of session '" + session + "' is still referenced by " +
-              std::to_string(it->second.use_count() - 1) +
+      invalid("region '" + region + "' of session '" + session + "' is still referenced by " + std::to_string(it->second.use_count() - 1) +
               " Python buffer(s) (arrays or memoryviews from alloc()/array()): delete them "
               "before untracking it or closing the session");
   }
   void check_no_views(const std::string& session) const {
-    for (const auto& [name, token] : tokens) check_no_views(session, name);
+    for (const auto& [name, token] : tokens)
+      check_no_views(session, name);
   }
 
   void forget(const std::string& region) {

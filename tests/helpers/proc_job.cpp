@@ -113,11 +113,13 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
 // Page `page` as written by generation `gen` (0: the initial fill).
 void fill_page(std::uint64_t* words, std::size_t page, std::uint64_t gen) {
   std::uint64_t seed = mix((gen << 40) ^ page);
-  for (std::size_t i = 0; i < kPage / 8; ++i) words[i] = mix(seed + i);
+  for (std::size_t i = 0; i < kPage / 8; ++i)
+    words[i] = mix(seed + i);
 }
 
 void fill(unsigned char* buf, std::size_t pages) {
-  for (std::size_t p = 0; p < pages; ++p) fill_page(reinterpret_cast<std::uint64_t*>(buf + p * kPage), p, 0);
+  for (std::size_t p = 0; p < pages; ++p)
+    fill_page(reinterpret_cast<std::uint64_t*>(buf + p * kPage), p, 0);
 }
 
 // The pages mutation number `gen` (>= 1) rewrites: 1% of them (at least one),
@@ -125,7 +127,8 @@ void fill(unsigned char* buf, std::size_t pages) {
 std::vector<std::size_t> mutated_pages(std::size_t pages, std::uint64_t gen) {
   std::size_t n = pages / 100 > 0 ? pages / 100 : 1;
   std::vector<std::size_t> out;
-  for (std::size_t i = 0; i < n; ++i) out.push_back(mix((gen << 32) ^ (i * 0x5851F42D4C957F2Dull)) % pages);
+  for (std::size_t i = 0; i < n; ++i)
+    out.push_back(mix((gen << 32) ^ (i * 0x5851F42D4C957F2Dull)) % pages);
   return out;
 }
 
@@ -190,7 +193,8 @@ std::optional<std::string> read_redirect(const std::string& file) {
   std::ifstream in(file);
   std::string line;
   if (!in || !std::getline(in, line)) return std::nullopt;
-  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' '))
+    line.pop_back();
   if (line.empty()) return std::nullopt;
   return line;
 }
@@ -245,9 +249,12 @@ Options parse(int argc, char** argv) {
       o.region = value();
     } else if (a == "--tracking") {
       std::string t = value();
-      if (t == "hash") o.tracking = dvr::Tracking::hash;
-      else if (t == "write_protect") o.tracking = dvr::Tracking::write_protect;
-      else throw UsageError("--tracking must be hash or write_protect, got '" + t + "'");
+      if (t == "hash")
+        o.tracking = dvr::Tracking::hash;
+      else if (t == "write_protect")
+        o.tracking = dvr::Tracking::write_protect;
+      else
+        throw UsageError("--tracking must be hash or write_protect, got '" + t + "'");
     } else if (a == "--gen") {
       o.gen = parse_u64(a, value());
       o.have_gen = true;
@@ -289,12 +296,14 @@ int run_expect(const Options& o) {
     std::vector<std::size_t> list = mutated_pages(pages, o.gen);
     std::sort(list.begin(), list.end());
     list.erase(std::unique(list.begin(), list.end()), list.end());
-    for (std::size_t p : list) std::printf("%zu\n", p);
+    for (std::size_t p : list)
+      std::printf("%zu\n", p);
     return 0;
   }
   std::vector<unsigned char> buf(bytes);
   fill(buf.data(), pages);
-  for (std::uint64_t g = 1; g <= o.gen; ++g) mutate(buf.data(), pages, g);
+  for (std::uint64_t g = 1; g <= o.gen; ++g)
+    mutate(buf.data(), pages, g);
   std::printf("%s\n", sum_hex(checksum(buf.data(), bytes)).c_str());
   return 0;
 }
@@ -309,8 +318,7 @@ int run_job(const Options& o) {
   if (o.mode == "heap") {
     // Hash tracking by default: no userfaultfd in the process (nothing is
     // snapshotted from inside; the point is the heap file CRIU sees mapped).
-    session = std::make_unique<dvr::Session>(dvr::Store::open(o.store), o.session,
-                                             dvr::SessionOptions{.tracking = o.tracking});
+    session = std::make_unique<dvr::Session>(dvr::Store::open(o.store), o.session, dvr::SessionOptions{.tracking = o.tracking});
     buf = static_cast<unsigned char*>(session->alloc(o.region, bytes, dvr::AllocOptions{.persistent = true}).data());
   } else {
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -336,8 +344,8 @@ int run_job(const Options& o) {
   std::string status_path = o.status;
   std::uint64_t count = 0, gen = 0, seq = 0, snaps = 0;
   std::vector<std::unique_ptr<unsigned char[]>> history;  // one record per mutation
-  std::string snap_note;  // " snap=NAME" after a snapshot from inside
-  std::uint64_t next_report = 0;  // report at once
+  std::string snap_note;                                  // " snap=NAME" after a snapshot from inside
+  std::uint64_t next_report = 0;                          // report at once
   for (;;) {
     bool report_now = false;
     if (g_usr1.exchange(0) > 0) {
@@ -354,7 +362,8 @@ int run_job(const Options& o) {
         snap_note = " snap=" + name;
       } catch (const dvr::Error& e) {
         snap_note = " snap-error=";
-        for (const char* c = e.what(); *c; ++c) snap_note += (*c == ' ' || *c == '\n') ? '_' : *c;
+        for (const char* c = e.what(); *c; ++c)
+          snap_note += (*c == ' ' || *c == '\n') ? '_' : *c;
       }
       report_now = true;
     }

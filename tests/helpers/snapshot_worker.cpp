@@ -142,7 +142,8 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
 
 std::uint64_t name_hash(const std::string& name) {
   std::uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a, then mixed
-  for (unsigned char c : name) h = (h ^ c) * 0x100000001B3ull;
+  for (unsigned char c : name)
+    h = (h ^ c) * 0x100000001B3ull;
   return mix(h);
 }
 
@@ -186,7 +187,8 @@ class Content {
   }
 
   void fill_region(std::size_t region, char* dst, std::size_t size) const {
-    for (std::size_t off = 0, u = 0; off < size; off += kUnit, ++u) fill(region, u, dst + off, std::min(kUnit, size - off));
+    for (std::size_t off = 0, u = 0; off < size; off += kUnit, ++u)
+      fill(region, u, dst + off, std::min(kUnit, size - off));
   }
 
  private:
@@ -202,8 +204,7 @@ const char* const kEvolveBase = "evolve-base";
 
 // Digits only, no leading zero, at least 1 (the library's std::to_string).
 bool parse_counter(const std::string& digits, std::uint64_t* n) {
-  if (digits.empty() || digits.size() > 18 || digits[0] == '0' || digits.find_first_not_of("0123456789") != std::string::npos)
-    return false;
+  if (digits.empty() || digits.size() > 18 || digits[0] == '0' || digits.find_first_not_of("0123456789") != std::string::npos) return false;
   *n = std::stoull(digits);
   return true;
 }
@@ -278,9 +279,12 @@ std::vector<Write> writes_of(std::uint64_t pos, const std::vector<std::size_t>& 
       std::size_t r = pick_region();
       std::size_t page = next() % ((sizes[r] + kPage - 1) / kPage);
       std::uint64_t how = next() % 4;
-      if (how < 2) add(r, page * kPage, kPage, pick_kind());                                     // one whole page
-      else if (how == 2) add(r, page * kPage + next() % kPage, 1 + next() % 300, pick_kind());    // a few bytes
-      else add(r, page * kPage + kPage - 1 - next() % 100, 2 + next() % 200, pick_kind());        // across a page boundary
+      if (how < 2)
+        add(r, page * kPage, kPage, pick_kind());  // one whole page
+      else if (how == 2)
+        add(r, page * kPage + next() % kPage, 1 + next() % 300, pick_kind());  // a few bytes
+      else
+        add(r, page * kPage + kPage - 1 - next() % 100, 2 + next() % 200, pick_kind());  // across a page boundary
     }
   }
   return out;
@@ -322,7 +326,8 @@ class Evolver {
       pos_ = 0;
     }
     for (; pos_ < pos; ++pos_)
-      for (auto& w : writes_of(pos_ + 1, sizes_)) apply_write(w, now_[w.region].data(), base_[w.region].data());
+      for (auto& w : writes_of(pos_ + 1, sizes_))
+        apply_write(w, now_[w.region].data(), base_[w.region].data());
     return now_;
   }
 
@@ -332,8 +337,8 @@ class Evolver {
       auto ws = writes_of(p, sizes_);
       for (auto it = ws.rbegin(); it != ws.rend(); ++it)
         if (it->region == r && it->offset <= offset && offset < it->offset + it->len)
-          return "written at position " + std::to_string(p) + " (" + write_kind_name(it->kind) + ", bytes [" +
-                 std::to_string(it->offset) + ", " + std::to_string(it->offset + it->len) + "))";
+          return "written at position " + std::to_string(p) + " (" + write_kind_name(it->kind) + ", bytes [" + std::to_string(it->offset) + ", " +
+                 std::to_string(it->offset + it->len) + "))";
     }
     return "unchanged since position 0";
   }
@@ -357,7 +362,8 @@ template <class Describe>
 void compare_bytes(const char* got, const char* want, std::size_t len, const Describe& where) {
   if (std::memcmp(got, want, len) == 0) return;
   std::size_t k = 0;
-  while (got[k] == want[k]) ++k;
+  while (got[k] == want[k])
+    ++k;
   char msg[64];
   std::snprintf(msg, sizeof msg, " is 0x%02x, expected 0x%02x", static_cast<unsigned char>(got[k]), static_cast<unsigned char>(want[k]));
   throw CheckFailure(where(k) + msg);
@@ -438,7 +444,8 @@ Options parse(int argc, char** argv) {
   if (!pos.empty() && pos[0] == "describe") {
     if (pos.size() != 2) throw UsageError("describe needs exactly one NAME");
     std::uint64_t evolving = 0;
-    if (evolving_position(pos[1], &evolving)) throw UsageError("describe: '" + pos[1] + "' is an evolving name (autosave-N, named-N), not made of units");
+    if (evolving_position(pos[1], &evolving))
+      throw UsageError("describe: '" + pos[1] + "' is an evolving name (autosave-N, named-N), not made of units");
     o.mode = pos[0];
     o.names = {pos[1]};
     return o;
@@ -449,8 +456,7 @@ Options parse(int argc, char** argv) {
   o.session = pos[2];
   o.names.assign(pos.begin() + 3, pos.end());
   if ((o.mode == "loop" || o.mode == "autosave") && o.count < 0) throw UsageError(o.mode + " needs --count N");
-  if ((o.mode == "loop" || o.mode == "fill" || o.mode == "autosave") && !o.names.empty())
-    throw UsageError(o.mode + " takes no snapshot names");
+  if ((o.mode == "loop" || o.mode == "fill" || o.mode == "autosave") && !o.names.empty()) throw UsageError(o.mode + " takes no snapshot names");
   if (o.mode == "clone" && o.names.size() != 1) throw UsageError("clone needs exactly one NAME");
   // (autosave(0 ms) turns autosave off: checkpoint_point() would never take one.)
   if (o.mode == "autosave" && (o.every_ms < 1 || o.keep < 1)) throw UsageError("autosave needs --every-ms and --keep of at least 1");
@@ -481,8 +487,7 @@ void compare_content(const std::vector<char*>& ptrs, const std::vector<std::size
     auto& want = e.at(pos);
     for (std::size_t r = 0; r < sizes.size(); ++r)
       compare_bytes(ptrs[r], want[r].data(), sizes[r], [&](std::size_t k) {
-        return "region r" + std::to_string(r) + " byte " + std::to_string(k) + " (of " + std::to_string(sizes[r]) + "; " +
-               e.origin(pos, r, k) + ")";
+        return "region r" + std::to_string(r) + " byte " + std::to_string(k) + " (of " + std::to_string(sizes[r]) + "; " + e.origin(pos, r, k) + ")";
       });
     return;
   }
@@ -495,10 +500,11 @@ void compare_content(const std::vector<char*>& ptrs, const std::vector<std::size
       const char* got = ptrs[r] + off;
       if (std::memcmp(got, want.data(), len) == 0) continue;
       std::size_t k = 0;
-      while (got[k] == want[k]) ++k;
+      while (got[k] == want[k])
+        ++k;
       char msg[256];
-      std::snprintf(msg, sizeof msg, "region r%zu byte %zu (of %zu; unit %zu, %s) is 0x%02x, expected 0x%02x", r, off + k, sizes[r],
-                    u, kind_name(c.kind(r, u)), static_cast<unsigned char>(got[k]), static_cast<unsigned char>(want[k]));
+      std::snprintf(msg, sizeof msg, "region r%zu byte %zu (of %zu; unit %zu, %s) is 0x%02x, expected 0x%02x", r, off + k, sizes[r], u,
+                    kind_name(c.kind(r, u)), static_cast<unsigned char>(got[k]), static_cast<unsigned char>(want[k]));
       throw CheckFailure(msg);
     }
   }
@@ -522,23 +528,27 @@ class Workload {
       return;
     }
     Content c(name, sizes_);
-    for (std::size_t r = 0; r < sizes_.size(); ++r) c.fill_region(r, ptrs_[r], sizes_[r]);
+    for (std::size_t r = 0; r < sizes_.size(); ++r)
+      c.fill_region(r, ptrs_[r], sizes_[r]);
   }
 
   // Live memory := the evolving content at `pos`.
   void write_position(std::uint64_t pos) {
     auto& now = evolver(sizes_).at(pos);
-    for (std::size_t r = 0; r < sizes_.size(); ++r) std::memcpy(ptrs_[r], now[r].data(), sizes_[r]);
+    for (std::size_t r = 0; r < sizes_.size(); ++r)
+      std::memcpy(ptrs_[r], now[r].data(), sizes_[r]);
   }
 
   // Applies the writes that take position pos-1 to pos to live memory.
   void step_to(std::uint64_t pos) {
     Evolver& e = evolver(sizes_);
-    for (auto& w : writes_of(pos, sizes_)) apply_write(w, ptrs_[w.region], e.base(w.region).data());
+    for (auto& w : writes_of(pos, sizes_))
+      apply_write(w, ptrs_[w.region], e.base(w.region).data());
   }
 
   void poison() {
-    for (std::size_t r = 0; r < sizes_.size(); ++r) std::memset(ptrs_[r], 0xA5, sizes_[r]);
+    for (std::size_t r = 0; r < sizes_.size(); ++r)
+      std::memset(ptrs_[r], 0xA5, sizes_[r]);
   }
 
   // Throws CheckFailure naming the first byte that differs from `name`'s content.
@@ -594,7 +604,8 @@ int run_loop(const Options& o) {
 int run_snap(const Options& o) {
   dvr::Store store = open_store(o);
   Workload w(store, o.session, o.mib);
-  for (auto& name : o.names) take(w, name, false, o.content_of);
+  for (auto& name : o.names)
+    take(w, name, false, o.content_of);
   return 0;
 }
 
@@ -605,8 +616,7 @@ int run_check(const Options& o) {
   std::vector<std::string> names = o.names;
   if (names.empty()) {
     for (auto& info : store.list(o.session)) {
-      if (info.damaged)
-        throw dvr::Error(dvr::Errc::corrupt, "snapshot '" + o.session + "/" + info.name + "' is listed as damaged: " + info.damage);
+      if (info.damaged) throw dvr::Error(dvr::Errc::corrupt, "snapshot '" + o.session + "/" + info.name + "' is listed as damaged: " + info.damage);
       names.push_back(info.name);
     }
     if (names.empty()) throw CheckFailure("session '" + o.session + "' has no snapshots to check");
@@ -684,7 +694,8 @@ int run_autosave(const Options& o) {
   dvr::Session& s = w.session();
   // Number on as the library does: after the highest autosave listed.
   std::set<std::string> names;
-  for (auto& info : store.list(o.session)) names.insert(info.name);
+  for (auto& info : store.list(o.session))
+    names.insert(info.name);
   std::set<std::uint64_t> autosaves = autosaves_in(store, o.session);
   std::uint64_t next = autosaves.empty() ? 1 : *autosaves.rbegin() + 1;
 
@@ -730,7 +741,8 @@ int run_autosave(const Options& o) {
     const std::string name = autosave_name(n);
     say("> checkpoint " + name);
     std::optional<dvr::SnapshotInfo> taken;
-    while (!(taken = s.checkpoint_point())) sleep_ms(0.1);
+    while (!(taken = s.checkpoint_point()))
+      sleep_ms(0.1);
     if (taken->name != name) throw CheckFailure("checkpoint_point() took '" + taken->name + "', expected '" + name + "'");
     say("committed " + name);
     autosaves.insert(n);
@@ -787,8 +799,8 @@ int run_clone(const Options& o) {
   auto compare = [&](const std::vector<std::vector<char>>& want, const char* when) {
     for (std::size_t r = 0; r < sizes.size(); ++r)
       compare_bytes(ptrs[r], want[r].data(), sizes[r], [&](std::size_t k) {
-        return std::string("clone of '") + ref + "' " + when + ": region r" + std::to_string(r) + " byte " + std::to_string(k) +
-               " (page " + std::to_string(k / 4096) + ")";
+        return std::string("clone of '") + ref + "' " + when + ": region r" + std::to_string(r) + " byte " + std::to_string(k) + " (page " +
+               std::to_string(k / 4096) + ")";
       });
   };
   try {

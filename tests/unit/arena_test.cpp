@@ -54,7 +54,8 @@ Graph* build(Arena& a, int n, std::uint64_t seed) {
     Node* x = make<Node>(a, &a);
     x->name = "node-" + std::to_string(i) + std::string(static_cast<std::size_t>(rng() % 40), 'x');
     x->payload.resize(rng() % 200);
-    for (auto& v : x->payload) v = static_cast<double>(rng() % 1000);
+    for (auto& v : x->payload)
+      v = static_cast<double>(rng() % 1000);
     if (i > 0) {
       x->parent = g->nodes[rng() % g->nodes.size()];
       x->parent->children.push_back(x);
@@ -69,12 +70,15 @@ std::uint64_t walk(Arena& a, const Graph* g) {
   std::uint64_t sum = g->nodes.size();
   for (const Node* x : g->nodes) {
     REQUIRE(a.contains(x));
-    for (char c : x->name) sum = sum * 31 + static_cast<unsigned char>(c);
-    for (double v : x->payload) sum = sum * 7 + static_cast<std::uint64_t>(v);
+    for (char c : x->name)
+      sum = sum * 31 + static_cast<unsigned char>(c);
+    for (double v : x->payload)
+      sum = sum * 7 + static_cast<std::uint64_t>(v);
     if (x->parent) {
       REQUIRE(a.contains(x->parent));
       bool listed = false;
-      for (const Node* c : x->parent->children) listed = listed || c == x;
+      for (const Node* c : x->parent->children)
+        listed = listed || c == x;
       REQUIRE(listed);
     }
     for (const Node* c : x->children) {
@@ -100,11 +104,13 @@ TEST_CASE("arena: many small objects, large vectors, free and reuse", "[arena]")
     small.push_back(p);
   }
   const std::size_t used = a.used();
-  for (int i = 0; i < 20000; i += 2) a.deallocate(small[i], 1 + i % 300, 8);
+  for (int i = 0; i < 20000; i += 2)
+    a.deallocate(small[i], 1 + i % 300, 8);
   CHECK(a.used() < used);
   // Freed blocks are reused before the bump pointer moves on.
   std::size_t committed = a.committed();
-  for (int i = 0; i < 20000; i += 2) small[i] = a.allocate(1 + i % 300, 8);
+  for (int i = 0; i < 20000; i += 2)
+    small[i] = a.allocate(1 + i % 300, 8);
   CHECK(a.used() == used);
   CHECK(a.committed() == committed);
   // Over-aligned and large allocations.
@@ -112,7 +118,8 @@ TEST_CASE("arena: many small objects, large vectors, free and reuse", "[arena]")
   CHECK(reinterpret_cast<std::uintptr_t>(al) % 256 == 0);
   std::pmr::vector<std::uint64_t> big(&a);
   big.resize(3 << 20);  // 24 MiB: the arena grows
-  for (std::size_t i = 0; i < big.size(); ++i) big[i] = i;
+  for (std::size_t i = 0; i < big.size(); ++i)
+    big[i] = i;
   CHECK(a.committed() >= (24u << 20));
   void* large = a.allocate(100000, 64);
   CHECK(reinterpret_cast<std::uintptr_t>(large) % 64 == 0);

@@ -24,9 +24,9 @@ namespace Catch {
 template <>
 struct StringMaker<dvr_status> {
   static std::string convert(dvr_status s) {
-    static const char* const names[] = {"DVR_OK",          "DVR_E_NOT_FOUND",   "DVR_E_ALREADY_EXISTS", "DVR_E_CORRUPT",
-                                        "DVR_E_NO_SPACE",  "DVR_E_INVALID_ARGUMENT", "DVR_E_IO",       "DVR_E_UNSUPPORTED",
-                                        "DVR_E_PERMISSION", "DVR_E_NOMEM",      "DVR_E_INTERNAL"};
+    static const char* const names[] = {
+        "DVR_OK",   "DVR_E_NOT_FOUND",   "DVR_E_ALREADY_EXISTS", "DVR_E_CORRUPT", "DVR_E_NO_SPACE", "DVR_E_INVALID_ARGUMENT",
+        "DVR_E_IO", "DVR_E_UNSUPPORTED", "DVR_E_PERMISSION",     "DVR_E_NOMEM",   "DVR_E_INTERNAL"};
     auto i = static_cast<unsigned>(s);
     return i < std::size(names) ? names[i] : "dvr_status(" + std::to_string(i) + ")";
   }
@@ -331,8 +331,7 @@ TEST_CASE("c api: every NULL argument is INVALID_ARGUMENT with a message naming 
   dvr_list_free(nullptr);
 }
 
-TEST_CASE("c api: bad names, size 0, overlap and a restore into a resized region are INVALID_ARGUMENT",
-          "[c_api]") {
+TEST_CASE("c api: bad names, size 0, overlap and a restore into a resized region are INVALID_ARGUMENT", "[c_api]") {
   CFixture f;
   auto a = dvrtest::random_bytes(8192, 7700);
   dvr_session* s = reinterpret_cast<dvr_session*>(1);
@@ -434,7 +433,8 @@ TEST_CASE("c api: damaged chunk data is CORRUPT on restore, and live memory stay
   auto store = dvr::Store::open(f.dir.store());
   for (auto& pack : dvrtest::pack_files(store)) {
     auto size = std::filesystem::file_size(pack);
-    for (std::uint64_t off = 4096; off < size; off += 4096) dvrtest::flip_byte(pack, off + 7);
+    for (std::uint64_t off = 4096; off < size; off += 4096)
+      dvrtest::flip_byte(pack, off + 7);
   }
   dvrtest::fill_random(a.data(), a.size(), 7801);
   auto now = a;
@@ -453,14 +453,19 @@ TEST_CASE("c api: a region too large to map is NO_SPACE", "[c_api]") {
 
 TEST_CASE("c api: the guard turns every exception into a status and a message", "[c_api]") {
   auto run = [](std::function<void()> f) {
-    return dvr::detail::c_call("dvr_probe", [](void* c) { (*static_cast<std::function<void()>*>(c))(); }, &f);
+    return dvr::detail::c_call(
+        "dvr_probe", [](void* c) { (*static_cast<std::function<void()>*>(c))(); }, &f);
   };
   using dvr::Errc;
   const std::pair<Errc, dvr_status> codes[] = {
-      {Errc::not_found, DVR_E_NOT_FOUND},         {Errc::already_exists, DVR_E_ALREADY_EXISTS},
-      {Errc::corrupt, DVR_E_CORRUPT},             {Errc::no_space, DVR_E_NO_SPACE},
-      {Errc::invalid_argument, DVR_E_INVALID_ARGUMENT}, {Errc::io, DVR_E_IO},
-      {Errc::unsupported, DVR_E_UNSUPPORTED},     {Errc::permission, DVR_E_PERMISSION},
+      {Errc::not_found, DVR_E_NOT_FOUND},
+      {Errc::already_exists, DVR_E_ALREADY_EXISTS},
+      {Errc::corrupt, DVR_E_CORRUPT},
+      {Errc::no_space, DVR_E_NO_SPACE},
+      {Errc::invalid_argument, DVR_E_INVALID_ARGUMENT},
+      {Errc::io, DVR_E_IO},
+      {Errc::unsupported, DVR_E_UNSUPPORTED},
+      {Errc::permission, DVR_E_PERMISSION},
   };
   for (auto [code, status] : codes) {
     std::string text = std::string("message for ") + dvr::errc_name(code);
@@ -500,8 +505,7 @@ TEST_CASE("c api: dvr_errmsg is per thread", "[c_api]") {
   CHECK_THAT(errmsg(), !Catch::Contains("other-thread-miss"));
 }
 
-TEST_CASE("c api: a NULL path opens the default store ($DVR_STORE), and a session outlives its store handle",
-          "[c_api]") {
+TEST_CASE("c api: a NULL path opens the default store ($DVR_STORE), and a session outlives its store handle", "[c_api]") {
   TempDir dir;
   const char* old = std::getenv("DVR_STORE");
   std::string saved = old ? old : "";

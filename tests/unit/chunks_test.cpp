@@ -39,7 +39,8 @@ Bytes zeros(std::size_t n) { return Bytes(n, 0); }
 
 Bytes cat(std::initializer_list<Bytes> parts) {
   Bytes out;
-  for (auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  for (auto& p : parts)
+    out.insert(out.end(), p.begin(), p.end());
   return out;
 }
 
@@ -137,7 +138,8 @@ TEST_CASE("chunks: view_of gives each chunk its reference, page hashes and own o
     CHECK(v.paged);
     CHECK(v.pages == f.m.hashes_of(i));
     CHECK(v.overlay_count == overlays[i]);
-    for (std::size_t k = 0; k < v.overlay_count; ++k) CHECK(v.overlays[k].chunk == i);
+    for (std::size_t k = 0; k < v.overlay_count; ++k)
+      CHECK(v.overlays[k].chunk == i);
     CHECK(v.page_count() == (i == 2 ? 3u : 4u));
   }
   ChunkView v2 = view_of(f.m, 2);
@@ -157,7 +159,8 @@ TEST_CASE("chunks: view_of gives each chunk its reference, page hashes and own o
   std::vector<OwnedChunk> owned;
   {
     Manifest copy = f.m;
-    for (std::size_t i = 0; i < 4; ++i) owned.emplace_back(view_of(copy, i));
+    for (std::size_t i = 0; i < 4; ++i)
+      owned.emplace_back(view_of(copy, i));
   }
   for (std::size_t i = 0; i < 4; ++i) {
     ChunkView o = owned[i].view();
@@ -207,8 +210,8 @@ TEST_CASE("chunks: check_chunk finds a flipped byte in a chunk, an overlay page 
   SECTION("in a stored chunk: named by pack and page offset; read_chunk refuses it") {
     dvrtest::flip_byte(pack, Fixture::kAt0 + kPageSize + 10);
     std::string why = f.check(0);
-    CHECK_THAT(why, Catch::Contains("checksum mismatch") && Catch::Contains(pack) &&
-                        Catch::Contains("offset " + std::to_string(Fixture::kAt0 + kPageSize)));
+    CHECK_THAT(
+        why, Catch::Contains("checksum mismatch") && Catch::Contains(pack) && Catch::Contains("offset " + std::to_string(Fixture::kAt0 + kPageSize)));
     auto c = catch_error([&] { f.read(0); });
     CHECK(c.code == Errc::corrupt);
     CHECK_THAT(c.what, Catch::Contains("snapshot s/n chunk 0") && Catch::Contains("damaged") && Catch::Contains(pack));
@@ -243,8 +246,7 @@ TEST_CASE("chunks: check_chunk finds a flipped byte in a chunk, an overlay page 
     CHECK_THAT(c.what, Catch::Contains("snapshot s/n chunk 0"));
     // With the chunk hash made to match, the page itself is found to differ.
     f.rehash(0);
-    CHECK_THAT(f.check(0), Catch::Contains("checksum mismatch") &&
-                               Catch::Contains("offset " + std::to_string(Fixture::kAt0 + 2 * kPageSize)));
+    CHECK_THAT(f.check(0), Catch::Contains("checksum mismatch") && Catch::Contains("offset " + std::to_string(Fixture::kAt0 + 2 * kPageSize)));
   }
   SECTION("a zero page whose hash is not that of zeros") {
     f.m.page_hashes[f.m.first_page[3] + 1] ^= 1;

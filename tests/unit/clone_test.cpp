@@ -75,11 +75,13 @@ TEST_CASE("clone: costs memory only for pages written", "[clone]") {
   auto* p = static_cast<volatile unsigned char*>(c.region("d").data());
   auto before = rss_anon();
   std::uint64_t sum = 0;
-  for (std::size_t off = 0; off < size; off += 4096) sum += p[off];  // read everything
-  for (std::size_t page = 0; page < size / 4096; page += 100) p[page * 4096] = 1;  // write 1% of pages
+  for (std::size_t off = 0; off < size; off += 4096)
+    sum += p[off];  // read everything
+  for (std::size_t page = 0; page < size / 4096; page += 100)
+    p[page * 4096] = 1;  // write 1% of pages
   auto grown = rss_anon() - before;
   INFO("RssAnon grew by " << grown << " bytes (sum " << sum << ")");
-  CHECK(grown < size / 20);           // far from a full copy
+  CHECK(grown < size / 20);                        // far from a full copy
   CHECK(grown >= (size / 4096 / 100) * 4096 / 2);  // the written pages were copied
 }
 
@@ -105,7 +107,8 @@ TEST_CASE("clone: its data stays intact after the snapshot is removed, until the
   }
   // Clone gone: its pin is gone, and gc frees the old data.
   CHECK(dvrtest::tree(store.path() + "/pins").empty());
-  for (int i = 0; i < 3; ++i) store.remove("r", "new" + std::to_string(i));
+  for (int i = 0; i < 3; ++i)
+    store.remove("r", "new" + std::to_string(i));
   store.gc();
   CHECK(store.stats().pack_bytes < used);
 }

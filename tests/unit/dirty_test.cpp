@@ -35,9 +35,9 @@ TEST_CASE("tracker: reports exactly the pages written, once, and keeps watching"
   REQUIRE(t->collect(mem.range(), w));
   CHECK(w.empty());
 
-  mem.p[3 * 4096 + 17] = 2;                          // one byte
-  std::memset(mem.p + 10 * 4096 + 4000, 3, 200);     // straddles pages 10 and 11
-  std::memcpy(mem.p + 40 * 4096, mem.p, 3 * 4096);   // pages 40-42
+  mem.p[3 * 4096 + 17] = 2;                         // one byte
+  std::memset(mem.p + 10 * 4096 + 4000, 3, 200);    // straddles pages 10 and 11
+  std::memcpy(mem.p + 40 * 4096, mem.p, 3 * 4096);  // pages 40-42
   REQUIRE(t->collect(mem.range(), w));
   CHECK(w == std::vector<AddrRange>{{mem.page(3), mem.page(4)}, {mem.page(10), mem.page(12)}, {mem.page(40), mem.page(43)}});
 

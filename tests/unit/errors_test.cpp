@@ -171,7 +171,8 @@ TEST_CASE("restore errors: damage in the first chunk is found too", "[errors]") 
 
 TEST_CASE("restore errors: a missing pack file is corrupt and changes nothing", "[errors]") {
   Fixture f;
-  for (auto& p : dvrtest::pack_files(f.store)) REQUIRE(::unlink(p.c_str()) == 0);
+  for (auto& p : dvrtest::pack_files(f.store))
+    REQUIRE(::unlink(p.c_str()) == 0);
   auto e = catch_error([&] { f.s.restore("good"); });
   CHECK(e.code == Errc::corrupt);
   CHECK_THAT(e.what, Catch::Contains("sess/good"));
@@ -297,8 +298,7 @@ TEST_CASE("verify: clean on a healthy store, and names every damaged snapshot of
   CHECK(store.verify().ok());
 }
 
-TEST_CASE("restore errors: a crafted chunk reference outside its pack is rejected without a stray read",
-          "[errors][bug]") {
+TEST_CASE("restore errors: a crafted chunk reference outside its pack is rejected without a stray read", "[errors][bug]") {
   // A manifest with a valid checksum (checksums are not signatures: a snapshot
   // received from another machine can say anything) whose chunk offset points
   // past the end of the address range. offset + length wraps around 2^64, so
@@ -351,7 +351,8 @@ TEST_CASE("restore errors: a crafted chunk reference outside its pack is rejecte
     ::close(pipefd[1]);
     std::string out;
     char buf[4096];
-    for (ssize_t n; (n = ::read(pipefd[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+    for (ssize_t n; (n = ::read(pipefd[0], buf, sizeof buf)) > 0;)
+      out.append(buf, static_cast<std::size_t>(n));
     ::close(pipefd[0]);
     int status = 0;
     REQUIRE(::waitpid(pid, &status, 0) == pid);
@@ -370,23 +371,24 @@ TEST_CASE("restore errors: a crafted chunk reference outside its pack is rejecte
 namespace {
 
 std::vector<std::string> bad_names() {
-  return {"",
-          "a/b",
-          "/abs",
-          "..",
-          ".",
-          "../x",
-          "../../x",
-          ".hidden",
-          std::string(129, 'n'),
-          "with space",
-          std::string("nul\0byte", 8),
-          std::string("\0", 1),
-          "tab\there",
-          "new\nline",
-          "back\\slash",
-          "star*",
-          "\xc3\xbc"  // "ü" in UTF-8
+  return {
+      "",
+      "a/b",
+      "/abs",
+      "..",
+      ".",
+      "../x",
+      "../../x",
+      ".hidden",
+      std::string(129, 'n'),
+      "with space",
+      std::string("nul\0byte", 8),
+      std::string("\0", 1),
+      "tab\there",
+      "new\nline",
+      "back\\slash",
+      "star*",
+      "\xc3\xbc"  // "ü" in UTF-8
   };
 }
 

@@ -80,7 +80,8 @@ TEST_CASE("gc: data shared with a remaining snapshot is kept", "[gc]") {
   s.snapshot("first");
   // Every other chunk changes in every page, so it is stored whole again.
   for (std::size_t i = 0; i < 10; ++i)
-    for (std::size_t p = 0; p < cs; p += 4096) data[i * 2 * cs + p] ^= 0x55;
+    for (std::size_t p = 0; p < cs; p += 4096)
+      data[i * 2 * cs + p] ^= 0x55;
   auto v1 = data;
   CHECK(s.snapshot("second").stored_bytes == 10 * cs);
   store.remove("shared", "first");
@@ -351,8 +352,7 @@ TEST_CASE("reuse: replace frees the old content, and snapshotting the old conten
   CHECK(store.verify().ok());
 }
 
-TEST_CASE("reuse: a Store whose index predates another Store's remove-and-reuse does not dedup against overwritten data",
-          "[gc][reuse][bug]") {
+TEST_CASE("reuse: a Store whose index predates another Store's remove-and-reuse does not dedup against overwritten data", "[gc][reuse][bug]") {
   // Store b learns where the chunks of x1 are. Store a removes x1 and reuses
   // that space for y. When b snapshots x again it must not point at the space
   // that now holds y: the snapshot would be published as fine (stored_bytes 0)
@@ -444,7 +444,7 @@ TEST_CASE("reuse: random snapshot/replace/remove/gc/restore through two Store ob
       sessions[st][se]->track("r", live[st][se].data(), sizes[se]);
     }
   std::map<std::pair<int, std::string>, std::vector<unsigned char>> model;  // (session, snapshot) -> content
-  std::vector<std::vector<unsigned char>> history[2];                        // earlier contents, to re-create dedup
+  std::vector<std::vector<unsigned char>> history[2];                       // earlier contents, to re-create dedup
   // DVR_UNIT_SEED picks another sequence (for hunting bugs); the default is fixed.
   const char* seed_env = std::getenv("DVR_UNIT_SEED");
   std::uint64_t seed = seed_env ? std::strtoull(seed_env, nullptr, 10) : 20240601;
@@ -460,14 +460,19 @@ TEST_CASE("reuse: random snapshot/replace/remove/gc/restore through two Store ob
     INFO("step " << step << " op " << op << " store " << st << " session " << session_names[se]);
     if (op <= 3 || model.empty()) {  // snapshot (sometimes replacing)
       switch (pick(4)) {
-        case 0: dvrtest::fill_random(mem.data(), mem.size(), rng()); break;
+        case 0:
+          dvrtest::fill_random(mem.data(), mem.size(), rng());
+          break;
         case 1:
-          for (int k = 0; k < 3; ++k) mem[pick(mem.size())] ^= 0x11;
+          for (int k = 0; k < 3; ++k)
+            mem[pick(mem.size())] ^= 0x11;
           break;
         case 2:
           if (!history[se].empty()) mem = history[se][pick(history[se].size())];
           break;
-        case 3: std::memset(mem.data() + pick(mem.size() / 2), 0, mem.size() / 3); break;
+        case 3:
+          std::memset(mem.data() + pick(mem.size() / 2), 0, mem.size() / 3);
+          break;
       }
       std::string name;
       bool replace = false;

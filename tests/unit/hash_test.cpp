@@ -12,8 +12,10 @@ using dvr::detail::Hash128;
 TEST_CASE("hash: hash128 equals reference XXH3-128 for every length and alignment", "[hash]") {
   auto data = dvrtest::random_bytes(300000, 42);
   std::vector<std::size_t> lengths;
-  for (std::size_t n = 0; n <= 600; ++n) lengths.push_back(n);
-  for (std::size_t n : {1023u, 1024u, 1025u, 4095u, 4096u, 4097u, 65535u, 65536u, 65537u, 250000u}) lengths.push_back(n);
+  for (std::size_t n = 0; n <= 600; ++n)
+    lengths.push_back(n);
+  for (std::size_t n : {1023u, 1024u, 1025u, 4095u, 4096u, 4097u, 65535u, 65536u, 65537u, 250000u})
+    lengths.push_back(n);
   for (std::size_t n : lengths) {
     for (std::size_t off : {0u, 1u, 7u}) {
       XXH128_hash_t ref = XXH3_128bits(data.data() + off, n);

@@ -56,8 +56,7 @@ TEST_CASE("heap: a persistent region lives in a store file and outlives its sess
     CHECK(dvrtest::diff(r.data(), want.data(), n) == "");
     // This process maps it; a path that only looks alike is not a heap.
     auto users = heaps::processes_mapping(path);
-    CHECK(std::any_of(users.begin(), users.end(),
-                      [](const std::string& u) { return u.rfind(std::to_string(::getpid()) + " ", 0) == 0; }));
+    CHECK(std::any_of(users.begin(), users.end(), [](const std::string& u) { return u.rfind(std::to_string(::getpid()) + " ", 0) == 0; }));
     CHECK(heaps::mapped_heaps(::getpid()) == std::vector<std::string>{path});
     s.alloc("plain", 4096);
     CHECK(s.heap_path("plain").empty());
@@ -80,8 +79,8 @@ TEST_CASE("heap: base_on compares with a snapshot taken by another session objec
     a.track("r", data.data(), n);
     a.snapshot("a");
   }
-  data[5 * 4096 + 7] ^= 0xff;   // one page changed
-  data[700 * 4096] ^= 0x01;     // and another
+  data[5 * 4096 + 7] ^= 0xff;  // one page changed
+  data[700 * 4096] ^= 0x01;    // and another
   Session b(store, "s", {.tracking = Tracking::hash});
   b.track("r", data.data(), n);
   CHECK(catch_error([&] { b.base_on("missing"); }).code == Errc::not_found);
@@ -226,8 +225,8 @@ namespace {
 constexpr std::size_t kPage = 4096;
 
 // The bytes of snapshot `snap` of region `region` (of `size` bytes) in session `session`.
-std::vector<unsigned char> snapshot_bytes(Store& store, const std::string& session, const std::string& snap,
-                                          const std::string& region, std::size_t size) {
+std::vector<unsigned char> snapshot_bytes(Store& store, const std::string& session, const std::string& snap, const std::string& region,
+                                          std::size_t size) {
   std::vector<unsigned char> back(size);
   Session c(store, session, SessionOptions{.tracking = Tracking::hash});
   c.track(region, back.data(), size);
@@ -438,4 +437,3 @@ TEST_CASE("heap: heap snapshots do not wait forever for a store lock the frozen 
   ::unlink(heaps::note_path(path).c_str());  // (it became the FIFO)
   CHECK(finished);
 }
-

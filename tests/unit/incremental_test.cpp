@@ -81,9 +81,7 @@ void random_history(Tracking mode, std::uint64_t seed) {
   struct Copy {
     std::vector<unsigned char> owned, odd, anon;
   };
-  auto capture = [&] {
-    return Copy{{own, own + owned.size()}, {odd, odd + odd_size}, {anon.p, anon.p + anon.size}};
-  };
+  auto capture = [&] { return Copy{{own, own + owned.size()}, {odd, odd + odd_size}, {anon.p, anon.p + anon.size}}; };
   std::map<std::string, Copy> expected;
   std::vector<std::string> names;
   for (int step = 0; step < 60; ++step) {
@@ -91,9 +89,15 @@ void random_history(Tracking mode, std::uint64_t seed) {
     if (action < 5 || names.empty()) {
       for (int k = static_cast<int>(rng() % 4); k >= 0; --k) {
         switch (rng() % 3) {
-          case 0: mutate(rng, own, owned.size(), false); break;
-          case 1: mutate(rng, odd, odd_size, false); break;
-          default: mutate(rng, anon.p, anon.size, true); break;
+          case 0:
+            mutate(rng, own, owned.size(), false);
+            break;
+          case 1:
+            mutate(rng, odd, odd_size, false);
+            break;
+          default:
+            mutate(rng, anon.p, anon.size, true);
+            break;
         }
       }
     } else if (action < 8) {
@@ -131,11 +135,13 @@ void random_history(Tracking mode, std::uint64_t seed) {
 }  // namespace
 
 TEST_CASE("incremental: random writes, snapshots and restores match plain copies (write_protect)", "[incremental]") {
-  for (std::uint64_t seed = 1; seed <= 12; ++seed) random_history(Tracking::write_protect, seed);
+  for (std::uint64_t seed = 1; seed <= 12; ++seed)
+    random_history(Tracking::write_protect, seed);
 }
 
 TEST_CASE("incremental: random writes, snapshots and restores match plain copies (hash)", "[incremental]") {
-  for (std::uint64_t seed = 101; seed <= 106; ++seed) random_history(Tracking::hash, seed);
+  for (std::uint64_t seed = 101; seed <= 106; ++seed)
+    random_history(Tracking::hash, seed);
 }
 
 TEST_CASE("incremental: a snapshot after a small change reads and stores only the pages written", "[incremental]") {
@@ -144,16 +150,15 @@ TEST_CASE("incremental: a snapshot after a small change reads and stores only th
   Session s(store, "inc");
   auto& r = s.alloc("data", 64u << 20);
   dvrtest::fill_random(r.data(), r.size(), 7);
-  if (s.tracking("data") != Tracking::write_protect)
-    DVR_SKIP("write-protect tracking not in use here: " << dvrtest::no_write_protect_why(s));
+  if (s.tracking("data") != Tracking::write_protect) DVR_SKIP("write-protect tracking not in use here: " << dvrtest::no_write_protect_why(s));
   auto first = s.snapshot("a");
   CHECK(first.chunks_read == first.chunks);
   CHECK(first.tracking == "hash");  // nothing to compare with yet
   auto* p = static_cast<unsigned char*>(r.data());
   const std::size_t cs = store.chunk_size();
-  p[5] ^= 1;                           // chunk 0
-  p[2 * cs + 3] ^= 1;                  // chunk 2
-  std::memset(p + 5 * cs - 2, 9, 4);   // chunks 4 and 5
+  p[5] ^= 1;                          // chunk 0
+  p[2 * cs + 3] ^= 1;                 // chunk 2
+  std::memset(p + 5 * cs - 2, 9, 4);  // chunks 4 and 5
   auto second = s.snapshot("b");
   CHECK(second.tracking == "write_protect");
   CHECK(second.chunks_read == 4);
@@ -210,8 +215,8 @@ TEST_CASE("incremental: a failed restore keeps the record of what was written", 
   auto at = dvr::detail::view_of(m, 100000 / m.chunk_size).location((100000 % m.chunk_size) / 4096);
   REQUIRE(at.pack != 0);
   dvrtest::flip_byte(dvrtest::pack_path(store, at.pack), at.offset + 10);
-  p[7] ^= 1;        // written after "bad"
-  p[100000] ^= 1;   // ... and in the damaged chunk, which a rollback to "bad" must read
+  p[7] ^= 1;       // written after "bad"
+  p[100000] ^= 1;  // ... and in the damaged chunk, which a rollback to "bad" must read
   // (Where nothing was written a rollback does not read the stored copy at all:
   // live memory already holds those bytes, and `dvr verify` reports the damage.)
   std::vector<unsigned char> before(p, p + r.size());
@@ -260,8 +265,7 @@ TEST_CASE("incremental: a region tracked again under the same name is compared, 
   CHECK(dvrtest::diff(c, b) == "");
 }
 
-TEST_CASE("incremental: a chunk whose stored pages fail their hashes is never restored, even if no page looks different",
-          "[incremental]") {
+TEST_CASE("incremental: a chunk whose stored pages fail their hashes is never restored, even if no page looks different", "[incremental]") {
   TempDir dir;
   std::vector<unsigned char> a(1u << 20), b;
   {

@@ -284,8 +284,8 @@ TEST_CASE("pack: map_all maps every readable pack for mapped(), which never thro
   REQUIRE(p != nullptr);
   CHECK(dvrtest::diff(p, data.data(), data.size()) == "");
   CHECK(fresh.mapped(1, kPackHeaderSize, 4096) != nullptr);
-  CHECK(fresh.mapped(3, kPackHeaderSize, 4096) == nullptr);  // the damaged one
-  CHECK(fresh.mapped(4, kPackHeaderSize, 4096) == nullptr);  // none such
+  CHECK(fresh.mapped(3, kPackHeaderSize, 4096) == nullptr);   // the damaged one
+  CHECK(fresh.mapped(4, kPackHeaderSize, 4096) == nullptr);   // none such
   CHECK(fresh.mapped(2, (1 << 20) - 4096, 8192) == nullptr);  // past the end
   CHECK(fresh.mapped(2, 0, 4096) == nullptr);                 // the header
 }
@@ -359,6 +359,5 @@ TEST_CASE("pack: stored_hashes returns the page hashes a writer set, and nothing
   // A link planted in its place is corrupt, naming it.
   REQUIRE(::symlink("/etc/passwd", (d.dir + "/00000001.hash").c_str()) == 0);
   Packs planted(d.dir, kUuid);
-  check_corrupt(catch_error([&] { planted.stored_hashes(1, at, 1, untouched.data()); }), d.dir + "/00000001.hash",
-                "symbolic link");
+  check_corrupt(catch_error([&] { planted.stored_hashes(1, at, 1, untouched.data()); }), d.dir + "/00000001.hash", "symbolic link");
 }

@@ -158,8 +158,10 @@ TEST_CASE("pages: scattered writes store one page per changed page, every snapsh
     for (std::size_t round = 0; round < owned_writes.size(); ++round) {
       INFO("round " << round);
       Bytes owned_before = copy_of(owned), heap_before = heap;
-      for (std::size_t at : owned_writes[round]) p[at] ^= static_cast<unsigned char>(0x11 + round);
-      for (std::size_t at : heap_writes[round]) heap[at] ^= static_cast<unsigned char>(0x21 + round);
+      for (std::size_t at : owned_writes[round])
+        p[at] ^= static_cast<unsigned char>(0x11 + round);
+      for (std::size_t at : heap_writes[round])
+        heap[at] ^= static_cast<unsigned char>(0x21 + round);
       if (round == 1) std::memset(p + 4 * cs - 2, 0xAB, 4);  // straddles pages (and chunks 3 and 4)
       Bytes owned_now = copy_of(owned);
       std::uint64_t pages = changed_pages(owned_before, owned_now) + changed_pages(heap_before, heap);
@@ -234,8 +236,10 @@ TEST_CASE("pages: overlays accumulate up to a quarter of a chunk, then it is sto
       INFO("snapshot " << k << ", page " << page);
       dvrtest::fill_random(p + chunk * cs + page * kPage + 100, 300, 100 + k);
       const bool whole = (model.size() + 1) * 4 > ppc;
-      if (whole) model.clear();
-      else model.insert(page);
+      if (whole)
+        model.clear();
+      else
+        model.insert(page);
       std::string name = "p" + std::to_string(k);
       auto info = s.snapshot(name);
       CHECK(info.chunks_read == 1);
@@ -276,8 +280,10 @@ TEST_CASE("pages: overlays accumulate up to a quarter of a chunk, then it is sto
 
     // Several pages of one snapshot: 16 pages of chunk 3 stay overlays, 17 of
     // chunk 4 make it whole (stored_bytes: 16 pages + one whole chunk).
-    for (std::uint32_t q = 0; q < ppc / 4; ++q) p[3 * cs + q * 4 * kPage + 9] ^= 0x5A;
-    for (std::uint32_t q = 0; q <= ppc / 4; ++q) p[4 * cs + q * 3 * kPage + 9] ^= 0x5A;
+    for (std::uint32_t q = 0; q < ppc / 4; ++q)
+      p[3 * cs + q * 4 * kPage + 9] ^= 0x5A;
+    for (std::uint32_t q = 0; q <= ppc / 4; ++q)
+      p[4 * cs + q * 3 * kPage + 9] ^= 0x5A;
     auto many = s.snapshot("many");
     CHECK(many.stored_bytes == (ppc / 4) * kPage + cs);
     CHECK(many.chunks_read == 2);
@@ -400,7 +406,8 @@ TEST_CASE("pages: zeroed and dropped pages store nothing, identical rewrites sto
     if (wp) CHECK(rewrite.chunks_read == 3);
     if (mode == Tracking::hash) CHECK(rewrite.chunks_read == 0);
     CHECK(mr.overlays.size() == m1.overlays.size());
-    for (std::size_t c = 0; c < mr.chunks.size(); ++c) CHECK(mr.chunks[c].hash == m1.chunks[c].hash);
+    for (std::size_t c = 0; c < mr.chunks.size(); ++c)
+      CHECK(mr.chunks[c].hash == m1.chunks[c].hash);
 
     // The all-zero chunk 4: a page written becomes an overlay on the zero
     // chunk; dropped again, it is a zero overlay.
@@ -413,7 +420,8 @@ TEST_CASE("pages: zeroed and dropped pages store nothing, identical rewrites sto
     REQUIRE(::madvise(p + 4 * cs, cs, MADV_DONTNEED) == 0);
     auto [backzero, mb] = snap("zero-again");
     CHECK(backzero.stored_bytes == 0);
-    for (std::uint32_t q = 0; q < ppc; ++q) CHECK(detail::view_of(mb, 4).location(q).pack == 0);
+    for (std::uint32_t q = 0; q < ppc; ++q)
+      CHECK(detail::view_of(mb, 4).location(q).pack == 0);
 
     for (auto it = names.rbegin(); it != names.rend(); ++it) {
       INFO("restore " << *it);
@@ -501,7 +509,8 @@ TEST_CASE("pages: page hash files are only a cache, and a damaged overlay page i
     }
     auto report = store.verify();
     CHECK(report.ok());
-    for (auto& pr : report.problems) WARN(pr.session << "/" << pr.snapshot << ": " << pr.what);
+    for (auto& pr : report.problems)
+      WARN(pr.session << "/" << pr.snapshot << ": " << pr.what);
     std::vector<RegionDiff> d;
     CHECK_NOTHROW(d = store.diff(sess, "s1", sess, "s2"));
     if (d.size() == 2) {
@@ -535,13 +544,15 @@ TEST_CASE("pages: page hash files are only a cache, and a damaged overlay page i
 
   check_store("intact", false);
   // Garbage over the used part of every hash file, its size kept.
-  for (auto& f : files_with_extension(packs, ".hash")) scribble(f, 0, 1u << 20, 20);
+  for (auto& f : files_with_extension(packs, ".hash"))
+    scribble(f, 0, 1u << 20, 20);
   check_store("garbage", true);
   // One hash file cut short (just garbage).
   dvrtest::write_file(files_with_extension(packs, ".hash").front(), std::string(1000, 'x'));
   check_store("short", true);
   // None at all.
-  for (auto& f : files_with_extension(packs, ".hash")) dvrtest::fs::remove(f);
+  for (auto& f : files_with_extension(packs, ".hash"))
+    dvrtest::fs::remove(f);
   check_store("deleted", true);
   check_store("recreated", false);  // the last snapshot wrote some hash files anew
 
@@ -555,8 +566,8 @@ TEST_CASE("pages: page hash files are only a cache, and a damaged overlay page i
   auto mp = manifest_of(store, sess, mv.parent);
   std::optional<detail::Overlay> victim;
   for (auto& o : mv.overlays) {
-    bool inherited = std::any_of(mp.overlays.begin(), mp.overlays.end(),
-                                 [&](const detail::Overlay& x) { return x.pack == o.pack && x.offset == o.offset; });
+    bool inherited =
+        std::any_of(mp.overlays.begin(), mp.overlays.end(), [&](const detail::Overlay& x) { return x.pack == o.pack && x.offset == o.offset; });
     if (o.pack != 0 && !inherited && !victim) victim = o;
   }
   REQUIRE(victim);
@@ -613,7 +624,8 @@ TEST_CASE("pages: page hash files are only a cache, and a damaged overlay page i
     CHECK(dvrtest::diff(b2, expect["s0"].second) == "");
   };
   check_damage("hash files present");
-  for (auto& f : files_with_extension(packs, ".hash")) dvrtest::fs::remove(f);
+  for (auto& f : files_with_extension(packs, ".hash"))
+    dvrtest::fs::remove(f);
   check_damage("hash files deleted");
 }
 
@@ -636,10 +648,10 @@ TEST_CASE("pages: clones of snapshots with overlays are exact and private", "[pa
   dvrtest::fill_random(q, odd_size, 31);
   s.snapshot("base");
   Bytes base_r = copy_of(r), base_q = copy_of(q, odd_size);
-  dvrtest::fill_random(p + 10 * kPage + 5, 50, 32);         // stored overlay
-  std::memset(p + cs + 3 * kPage, 0, kPage);                 // zero overlay
+  dvrtest::fill_random(p + 10 * kPage + 5, 50, 32);                        // stored overlay
+  std::memset(p + cs + 3 * kPage, 0, kPage);                               // zero overlay
   REQUIRE(::madvise(p + 2 * cs + 60 * kPage, kPage, MADV_DONTNEED) == 0);  // dropped
-  q[odd_size - 1] ^= 0x40;                                   // partial last page of "odd"
+  q[odd_size - 1] ^= 0x40;                                                 // partial last page of "odd"
   q[cs + 2 * kPage] ^= 0x40;
   auto info = s.snapshot("ov");
   CHECK(info.stored_bytes == 3 * kPage);
@@ -736,11 +748,11 @@ TEST_CASE("pages: unaligned caller memory and partial last pages", "[pages]") {
     snap("s0", {}, {});
 
     auto q0 = copy_of(q, odd_size), t0 = copy_of(tail);
-    q[0] ^= 1;                   // first (partial) page
-    q[odd_size - 1] ^= 1;        // last (partial) page
-    t[tail.size() - 1] ^= 1;     // last partial page of the SDK region
-    buf[0] ^= 0x80;              // outside the region, same memory page as q[0]
-    q[odd_size + 5] ^= 0x80;     // outside the region, after its end
+    q[0] ^= 1;                // first (partial) page
+    q[odd_size - 1] ^= 1;     // last (partial) page
+    t[tail.size() - 1] ^= 1;  // last partial page of the SDK region
+    buf[0] ^= 0x80;           // outside the region, same memory page as q[0]
+    q[odd_size + 5] ^= 0x80;  // outside the region, after its end
     snap("s1", q0, t0);
 
     q0 = copy_of(q, odd_size), t0 = copy_of(tail);
@@ -751,9 +763,9 @@ TEST_CASE("pages: unaligned caller memory and partial last pages", "[pages]") {
     snap("s2", q0, t0);
 
     q0 = copy_of(q, odd_size), t0 = copy_of(tail);
-    std::memset(q + odd_size - 100, 0, 100);      // the partial last page becomes zero
-    std::memset(t + 30 * kPage, 0, 123);          // ... of both regions
-    q[2 * cs - 1] ^= 4;                           // last byte of a whole chunk
+    std::memset(q + odd_size - 100, 0, 100);  // the partial last page becomes zero
+    std::memset(t + 30 * kPage, 0, 123);      // ... of both regions
+    q[2 * cs - 1] ^= 4;                       // last byte of a whole chunk
     snap("s3", q0, t0);
 
     q0 = copy_of(q, odd_size), t0 = copy_of(tail);
@@ -906,7 +918,8 @@ TEST_CASE("pages: overlaid snapshots survive removal of their bases, gc, space r
       expect["k" + std::to_string(k)] = copy_of(r);
     }
     REQUIRE(manifest_of(store, "keep", "k6").overlays.size() == 6);
-    for (const char* gone : {"base", "k1", "k2", "k3", "k4"}) store.remove("keep", gone);
+    for (const char* gone : {"base", "k1", "k2", "k3", "k4"})
+      store.remove("keep", gone);
     store.gc();
     CHECK(store.verify().ok());
     // Other data takes whatever space was freed.

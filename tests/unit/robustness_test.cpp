@@ -14,8 +14,7 @@ using namespace dvr;
 using dvrtest::catch_error;
 using dvrtest::TempDir;
 
-TEST_CASE("fork: parent and child snapshotting through one inherited Store object do not corrupt each other",
-          "[robustness][fork]") {
+TEST_CASE("fork: parent and child snapshotting through one inherited Store object do not corrupt each other", "[robustness][fork]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   constexpr int kRounds = 25;
@@ -62,8 +61,7 @@ TEST_CASE("fork: parent and child snapshotting through one inherited Store objec
   }
 }
 
-TEST_CASE("links: a pack file replaced by a symbolic link is refused, and nothing outside the store is written",
-          "[robustness][security]") {
+TEST_CASE("links: a pack file replaced by a symbolic link is refused, and nothing outside the store is written", "[robustness][security]") {
   TempDir dir;
   std::string victim = dir / "victim";
   dvrtest::write_file(victim, "precious");
@@ -89,8 +87,7 @@ TEST_CASE("links: a pack file replaced by a symbolic link is refused, and nothin
   CHECK(dvrtest::read_file(victim) == "precious");
 }
 
-TEST_CASE("links: a tmp directory replaced by a link to elsewhere makes gc refuse instead of deleting there",
-          "[robustness][security]") {
+TEST_CASE("links: a tmp directory replaced by a link to elsewhere makes gc refuse instead of deleting there", "[robustness][security]") {
   TempDir dir;
   std::string elsewhere = dir / "elsewhere";
   REQUIRE(::mkdir(elsewhere.c_str(), 0700) == 0);
@@ -104,8 +101,7 @@ TEST_CASE("links: a tmp directory replaced by a link to elsewhere makes gc refus
   CHECK(dvrtest::read_file(elsewhere + "/keep.tmp") == "mine");
 }
 
-TEST_CASE("special files: a FIFO or a link to a device posing as a manifest is reported damaged, never read or waited on",
-          "[robustness][security]") {
+TEST_CASE("special files: a FIFO or a link to a device posing as a manifest is reported damaged, never read or waited on", "[robustness][security]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   auto a = dvrtest::random_bytes(100000, 3);
@@ -116,7 +112,8 @@ TEST_CASE("special files: a FIFO or a link to a device posing as a manifest is r
   REQUIRE(::symlink("/dev/zero", (dir.store() + "/sessions/s/zero.snap").c_str()) == 0);
   auto list = store.list("s");  // must return: no blocking open, no endless read
   int damaged = 0;
-  for (auto& i : list) damaged += i.damaged ? 1 : 0;
+  for (auto& i : list)
+    damaged += i.damaged ? 1 : 0;
   CHECK(list.size() == 3);
   CHECK(damaged == 2);
   CHECK(catch_error([&] { store.info("s", "fifo"); }).code == Errc::corrupt);
@@ -128,8 +125,7 @@ TEST_CASE("special files: a FIFO or a link to a device posing as a manifest is r
   CHECK(report.damaged_snapshots() == std::vector<std::string>{"s/fifo", "s/zero"});
 }
 
-TEST_CASE("space: snapshots of a big session that change little need no new pack and little space",
-          "[robustness][space]") {
+TEST_CASE("space: snapshots of a big session that change little need no new pack and little space", "[robustness][space]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   const std::size_t size = 192u << 20;

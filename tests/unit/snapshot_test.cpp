@@ -25,8 +25,7 @@ using dvrtest::TempDir;
 namespace {
 
 const std::vector<std::size_t>& region_sizes() {
-  static const std::vector<std::size_t> sizes = {1,     7,     4095,  4096,           4097,           65535,
-                                                 65536, 65537, 3 * 65536 + 123, (3u << 20) + 5, 4u << 20};
+  static const std::vector<std::size_t> sizes = {1, 7, 4095, 4096, 4097, 65535, 65536, 65537, 3 * 65536 + 123, (3u << 20) + 5, 4u << 20};
   return sizes;
 }
 
@@ -95,8 +94,10 @@ TEST_CASE("snapshot: SDK-owned alloc() regions are page-aligned, zeroed, and res
   }
   SnapshotInfo info = s.snapshot("all");
   REQUIRE(info.regions.size() == region_sizes().size());
-  for (auto& ri : info.regions) CHECK(ri.sdk_owned);
-  for (auto* r : s.regions()) dvrtest::fill_random(r->data(), r->size(), 7777);
+  for (auto& ri : info.regions)
+    CHECK(ri.sdk_owned);
+  for (auto* r : s.regions())
+    dvrtest::fill_random(r->data(), r->size(), 7777);
   s.restore("all");
   auto regions = s.regions();
   REQUIRE(regions.size() == expect.size());
@@ -138,7 +139,8 @@ TEST_CASE("snapshot: several regions in one session, adjacent and apart, restore
   CHECK(info.logical_bytes == big.size() + lone.size() + x.size() + y.size());
   REQUIRE(info.regions.size() == 6);
   std::vector<std::string> names;
-  for (auto& r : info.regions) names.push_back(r.name);
+  for (auto& r : info.regions)
+    names.push_back(r.name);
   CHECK(names == std::vector<std::string>{"a", "b", "c", "lone", "x", "y"});
   CHECK(info.regions[1].size == 3 * cs + 777);
   CHECK(info.regions[4].sdk_owned);
@@ -172,10 +174,18 @@ TEST_CASE("snapshot: 30 snapshots with different content restore bit-exact in ra
   for (int i = 0; i < 30; ++i) {
     // Change a varying part each time: one chunk, a few bytes, the tail, or everything.
     switch (i % 4) {
-      case 0: dvrtest::fill_random(buf.data() + (i % 5) * cs, cs, 1000 + i); break;
-      case 1: buf.data()[rng() % size] ^= 0x40; break;
-      case 2: dvrtest::fill_random(buf.data() + 5 * cs, 333, 2000 + i); break;
-      case 3: dvrtest::fill_random(buf.data(), size, 3000 + i); break;
+      case 0:
+        dvrtest::fill_random(buf.data() + (i % 5) * cs, cs, 1000 + i);
+        break;
+      case 1:
+        buf.data()[rng() % size] ^= 0x40;
+        break;
+      case 2:
+        dvrtest::fill_random(buf.data() + 5 * cs, 333, 2000 + i);
+        break;
+      case 3:
+        dvrtest::fill_random(buf.data(), size, 3000 + i);
+        break;
     }
     dvrtest::fill_random(sdk.data(), i % 3 == 0 ? sdk.size() : 5, 4000 + i);
     expect_data.emplace_back(buf.data(), buf.data() + size);
@@ -184,7 +194,8 @@ TEST_CASE("snapshot: 30 snapshots with different content restore bit-exact in ra
     s.snapshot("t" + std::to_string(i), {.label = "step " + std::to_string(i)});
   }
   std::vector<int> order(30);
-  for (int i = 0; i < 30; ++i) order[i] = i;
+  for (int i = 0; i < 30; ++i)
+    order[i] = i;
   std::shuffle(order.begin(), order.end(), rng);
   for (int round = 0; round < 2; ++round) {
     for (int i : order) {
@@ -212,7 +223,8 @@ TEST_CASE("snapshot: all-zero chunks are counted, never stored, and restored as 
   const std::size_t size = 8 * cs + 1000;  // 9 chunks, the last one partial
   std::vector<unsigned char> buf(size, 0);
   // Chunks 0, 2, 5 hold distinct random data; 1, 3, 4, 6, 7 and the tail are zero.
-  for (std::size_t c : {0, 2, 5}) dvrtest::fill_random(buf.data() + c * cs, cs, 500 + c);
+  for (std::size_t c : {0, 2, 5})
+    dvrtest::fill_random(buf.data() + c * cs, cs, 500 + c);
   auto expect = buf;
   Session s(store, "sparse");
   s.track("r", buf.data(), size);
@@ -249,7 +261,8 @@ TEST_CASE("snapshot: identical chunks within one snapshot are stored once", "[sn
   const std::size_t cs = store.chunk_size();
   std::vector<unsigned char> buf(6 * cs);
   auto pattern = dvrtest::random_bytes(cs, 600);
-  for (int i = 0; i < 6; ++i) std::memcpy(buf.data() + i * cs, pattern.data(), cs);
+  for (int i = 0; i < 6; ++i)
+    std::memcpy(buf.data() + i * cs, pattern.data(), cs);
   auto expect = buf;
   Session s(store, "rep");
   s.track("r", buf.data(), buf.size());
@@ -328,8 +341,8 @@ TEST_CASE("snapshot: changing one byte stores one page", "[snapshot][dedup]") {
   std::memcpy(data.data(), v0.data(), size);
   CHECK(s.snapshot("back").stored_bytes == 0);
 
-  for (auto& [name, v] : std::vector<std::pair<std::string, std::vector<unsigned char>*>>{
-           {"base", &v0}, {"mid", &v1}, {"tail", &v2}, {"two", &v3}, {"back", &v0}}) {
+  for (auto& [name, v] :
+       std::vector<std::pair<std::string, std::vector<unsigned char>*>>{{"base", &v0}, {"mid", &v1}, {"tail", &v2}, {"two", &v3}, {"back", &v0}}) {
     INFO(name);
     std::fill(data.begin(), data.end(), 0xAB);
     s.restore(name);
@@ -427,9 +440,7 @@ TEST_CASE("snapshot: label, time and sizes are recorded, and list() is ordered b
   auto live = dvrtest::random_bytes(70000, 830);
   Session s(store, "meta");
   s.track("r", live.data(), live.size());
-  auto now = [] {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  };
+  auto now = [] { return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count(); };
   std::int64_t t0 = now();
   // Names in reverse alphabetical order, so name order differs from time order.
   std::vector<std::string> names = {"zz", "yy", "mm", "bb", "aa"};
@@ -517,8 +528,7 @@ TEST_CASE("snapshot: restore leaves regions the snapshot does not record untouch
   CHECK(diff(b.data(), b0.data(), b.size()) == "");
 }
 
-TEST_CASE("snapshot: a snapshot the store cannot hold is no_space, and nothing is published, earlier ones stay intact",
-          "[snapshot][no_space]") {
+TEST_CASE("snapshot: a snapshot the store cannot hold is no_space, and nothing is published, earlier ones stay intact", "[snapshot][no_space]") {
   // The file-size limit stands in for a full file system: growing a pack past
   // it fails with EFBIG, which the store reports as no_space.
   TempDir dir;
@@ -590,8 +600,7 @@ std::string thread_work(Store store, int id, bool remove_old) {
       if (i % 5 == 4) store.gc();
       int back = i >= 3 ? i - 2 : 0;
       s.restore("v" + std::to_string(back));
-      if (live != kept[static_cast<std::size_t>(back)])
-        return "v" + std::to_string(back) + " restored wrong bytes";
+      if (live != kept[static_cast<std::size_t>(back)]) return "v" + std::to_string(back) + " restored wrong bytes";
     }
   } catch (const std::exception& e) {
     return e.what();
@@ -601,21 +610,22 @@ std::string thread_work(Store store, int id, bool remove_old) {
 
 }  // namespace
 
-TEST_CASE("snapshot: three threads sharing one Store object (snapshot, restore, remove, gc) do not disturb each other",
-          "[snapshot][threads]") {
+TEST_CASE("snapshot: three threads sharing one Store object (snapshot, restore, remove, gc) do not disturb each other", "[snapshot][threads]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   std::string failures[3];
   std::vector<std::thread> threads;
-  for (int id = 0; id < 3; ++id) threads.emplace_back([&, id] { failures[id] = thread_work(store, id, true); });
-  for (auto& t : threads) t.join();
-  for (auto& f : failures) CHECK(f == "");
+  for (int id = 0; id < 3; ++id)
+    threads.emplace_back([&, id] { failures[id] = thread_work(store, id, true); });
+  for (auto& t : threads)
+    t.join();
+  for (auto& f : failures)
+    CHECK(f == "");
   CHECK(store.verify().ok());
   CHECK(store.list().size() == 9);
 }
 
-TEST_CASE("snapshot: two threads with their own Store objects on one path (snapshot, restore, gc) do not disturb each other",
-          "[snapshot][threads]") {
+TEST_CASE("snapshot: two threads with their own Store objects on one path (snapshot, restore, gc) do not disturb each other", "[snapshot][threads]") {
   // Separate Store objects lock through separate descriptors, like separate
   // processes. (No removes here: see the [reuse] tests for those.)
   TempDir dir;
@@ -626,7 +636,8 @@ TEST_CASE("snapshot: two threads with their own Store objects on one path (snaps
   std::thread t1([&] { failures[1] = thread_work(b, 1, false); });
   t0.join();
   t1.join();
-  for (auto& f : failures) CHECK(f == "");
+  for (auto& f : failures)
+    CHECK(f == "");
   CHECK(a.verify().ok());
   CHECK(b.list().size() == 30);
 }
@@ -639,7 +650,10 @@ TEST_CASE("store: open_default() honours $DVR_STORE", "[store]") {
   std::string path;
   auto e = catch_error([&] { path = Store::open_default().path(); });
   std::string def = Store::default_path();
-  if (old) ::setenv("DVR_STORE", saved.c_str(), 1); else ::unsetenv("DVR_STORE");
+  if (old)
+    ::setenv("DVR_STORE", saved.c_str(), 1);
+  else
+    ::unsetenv("DVR_STORE");
   CHECK(e.what == "(returned normally)");
   CHECK(path == dir.store());
   CHECK(def == dir.store());

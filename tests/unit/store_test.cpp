@@ -377,7 +377,8 @@ TEST_CASE("store: sessions() lists sessions with snapshots, sorted, and list() c
   auto all = store.list();
   REQUIRE(all.size() == 6);
   std::set<std::string> seen;
-  for (auto& i : all) seen.insert(i.session + "/" + i.name);
+  for (auto& i : all)
+    seen.insert(i.session + "/" + i.name);
   CHECK(seen == std::set<std::string>{"alpha/a", "alpha/b", "mid/a", "mid/b", "zeta/a", "zeta/b"});
   CHECK(empty.list().empty());
 }

@@ -82,8 +82,7 @@ int memfd_of(const std::string& bytes) {
   return fd;
 }
 
-std::string stream_of(const Store& store, const std::string& ref, const transfer::Options& o = {},
-                      transfer::Stats* stats = nullptr) {
+std::string stream_of(const Store& store, const std::string& ref, const transfer::Options& o = {}, transfer::Stats* stats = nullptr) {
   int fd = ::memfd_create("stream", MFD_CLOEXEC);
   REQUIRE(fd >= 0);
   transfer::Stats st = transfer::send(store, ref, fd, o);
@@ -151,8 +150,8 @@ struct StoreState {
 StoreState state_of(const Store& store) {
   StoreState st;
   for (auto& i : store.list())
-    st.snapshots.push_back(i.session + "/" + i.name + " " + i.label + " " + std::to_string(i.logical_bytes) + " " +
-                           std::to_string(i.time_ns) + (i.damaged ? " damaged" : ""));
+    st.snapshots.push_back(i.session + "/" + i.name + " " + i.label + " " + std::to_string(i.logical_bytes) + " " + std::to_string(i.time_ns) +
+                           (i.damaged ? " damaged" : ""));
   for (const char* sub : {"sessions", "heaps", "tmp"}) {
     std::string root = store.path() + "/" + sub;
     if (!dvrtest::fs::exists(root)) continue;
@@ -166,8 +165,10 @@ StoreState state_of(const Store& store) {
 
 std::string describe(const StoreState& s) {
   std::string out;
-  for (auto& n : s.snapshots) out += "  " + n + "\n";
-  for (auto& [f, c] : s.files) out += "  " + f + " (" + std::to_string(c.size()) + " bytes)\n";
+  for (auto& n : s.snapshots)
+    out += "  " + n + "\n";
+  for (auto& [f, c] : s.files)
+    out += "  " + f + " (" + std::to_string(c.size()) + " bytes)\n";
   return out;
 }
 
@@ -219,8 +220,7 @@ std::uint32_t get_u32(const std::string& s, std::size_t at) {
 
 // Where the `len` bytes at `data` occur in `stream` (npos if they do not).
 std::size_t find_in(const std::string& stream, const unsigned char* data, std::size_t len) {
-  auto it = std::search(stream.begin(), stream.end(), data, data + len,
-                        [](char a, unsigned char b) { return static_cast<unsigned char>(a) == b; });
+  auto it = std::search(stream.begin(), stream.end(), data, data + len, [](char a, unsigned char b) { return static_cast<unsigned char>(a) == b; });
   return it == stream.end() ? std::string::npos : static_cast<std::size_t>(it - stream.begin());
 }
 
@@ -328,7 +328,8 @@ TEST_CASE("stream: an incremental send against a base carries only what changed"
   receive_bytes(t.b, first);
   // Three scattered pages change.
   Source next = t.src;
-  for (std::size_t page : {3u, 200u, 700u}) next.owned[page * 4096 + 17] ^= 0x5a;
+  for (std::size_t page : {3u, 200u, 700u})
+    next.owned[page * 4096 + 17] ^= 0x5a;
   snapshot(t.a, next, "two");
 
   transfer::Options o;
@@ -406,9 +407,8 @@ TEST_CASE("stream: every kind of truncated stream is corrupt, and the receiver i
   const std::string s = stream_of(t.a, "s/one", {.level = 0});
   REQUIRE(s.size() > 100000);
   const std::size_t n = s.size();
-  for (std::size_t len : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{12},
-                          std::size_t{16}, std::size_t{17}, std::size_t{100}, std::size_t{4096}, n / 3, n / 2,
-                          n - 4096, n - 100, n - 21, n - 20, n - 9, n - 8, n - 1})
+  for (std::size_t len : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{12}, std::size_t{16}, std::size_t{17},
+                          std::size_t{100}, std::size_t{4096}, n / 3, n / 2, n - 4096, n - 100, n - 21, n - 20, n - 9, n - 8, n - 1})
     t.refused(s.substr(0, len), Errc::corrupt, "cut to " + std::to_string(len) + " of " + std::to_string(n) + " bytes");
   // Cut at a random place, through a pipe whose writer then closes it.
   std::mt19937_64 rng(42);
@@ -476,9 +476,12 @@ TEST_CASE("stream: a flipped byte anywhere past the header is refused, never pub
   std::mt19937_64 rng(7);
   const std::size_t header = 16;  // magic and version (docs/format.md); flipped above
   std::vector<std::size_t> spots;
-  for (std::size_t i = header; i < header + 64 && i < s.size(); ++i) spots.push_back(i);  // the first record
-  for (std::size_t i = s.size() - 64; i < s.size(); ++i) spots.push_back(i);             // the last ones
-  for (int i = 0; i < 60; ++i) spots.push_back(header + rng() % (s.size() - header));
+  for (std::size_t i = header; i < header + 64 && i < s.size(); ++i)
+    spots.push_back(i);  // the first record
+  for (std::size_t i = s.size() - 64; i < s.size(); ++i)
+    spots.push_back(i);  // the last ones
+  for (int i = 0; i < 60; ++i)
+    spots.push_back(header + rng() % (s.size() - header));
   const StoreState before = state_of(t.b);
   for (std::size_t at : spots) {
     std::string bad = s;

@@ -43,12 +43,12 @@ struct StringMaker<dvr::Errc> {
 /// stream expression: DVR_SKIP("no tracker: " << why). CTest's skip overrides a
 /// failure, so use it before the test case's first assertion, where nothing
 /// can have failed yet.
-#define DVR_SKIP(reason)                                                  \
-  do {                                                                    \
-    std::ostringstream dvr_skip_reason_;                                  \
-    dvr_skip_reason_ << reason;                                           \
-    std::cout << "SKIPPED: " << dvr_skip_reason_.str() << std::endl;      \
-    return;                                                               \
+#define DVR_SKIP(reason)                                             \
+  do {                                                               \
+    std::ostringstream dvr_skip_reason_;                             \
+    dvr_skip_reason_ << reason;                                      \
+    std::cout << "SKIPPED: " << dvr_skip_reason_.str() << std::endl; \
+    return;                                                          \
   } while (false)
 
 namespace dvrtest {
@@ -118,7 +118,8 @@ inline void fill_random(void* dst, std::size_t len, std::uint64_t seed) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    for (int b = 0; b < 8 && i < len; ++b, ++i) p[i] = static_cast<unsigned char>(z >> (8 * b));
+    for (int b = 0; b < 8 && i < len; ++b, ++i)
+      p[i] = static_cast<unsigned char>(z >> (8 * b));
   }
 }
 
@@ -134,9 +135,10 @@ inline std::string diff(const void* a, const void* b, std::size_t len) {
   auto* x = static_cast<const unsigned char*>(a);
   auto* y = static_cast<const unsigned char*>(b);
   std::size_t i = 0;
-  while (x[i] == y[i]) ++i;
-  return "differ first at byte " + std::to_string(i) + " of " + std::to_string(len) + " (" + std::to_string(x[i]) +
-         " vs " + std::to_string(y[i]) + ")";
+  while (x[i] == y[i])
+    ++i;
+  return "differ first at byte " + std::to_string(i) + " of " + std::to_string(len) + " (" + std::to_string(x[i]) + " vs " + std::to_string(y[i]) +
+         ")";
 }
 
 /// diff() for two whole buffers, including their sizes.

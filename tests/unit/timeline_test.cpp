@@ -42,9 +42,9 @@ TEST_CASE("timeline: diff counts differing bytes and pages per region, across se
   s.track("y", y.data(), y.size());
   s.snapshot("a");
   x[5] ^= 1;
-  x[6] ^= 1;          // same page as 5
-  x[4096 * 7] ^= 1;   // another page, another chunk
-  x[99999] ^= 0xFF;   // last page
+  x[6] ^= 1;         // same page as 5
+  x[4096 * 7] ^= 1;  // another page, another chunk
+  x[99999] ^= 0xFF;  // last page
   s.snapshot("b");
   auto d = store.diff("one", "a", "one", "b");
   REQUIRE(d.size() == 2);
@@ -125,7 +125,8 @@ TEST_CASE("autosave: due only after the period, keeps the newest N, never remove
   }
   CHECK(taken == std::vector<std::string>{"autosave-1", "autosave-2", "autosave-3", "autosave-4"});
   std::vector<std::string> names;
-  for (auto& i : s.list()) names.push_back(i.name);
+  for (auto& i : s.list())
+    names.push_back(i.name);
   std::sort(names.begin(), names.end());
   CHECK(names == std::vector<std::string>{"autosave-3", "autosave-4", "named-before", "named-middle"});
   // The newest autosave restores what was saved, and a new run continues the numbering.

@@ -121,8 +121,7 @@ bool holds(const Store& s, const std::string& session, const std::string& name) 
   return false;
 }
 
-void snap(Store& store, const std::string& session, const std::string& region, std::vector<unsigned char>& data,
-          const std::string& name) {
+void snap(Store& store, const std::string& session, const std::string& region, std::vector<unsigned char>& data, const std::string& name) {
   Session s(store, session);
   s.track(region, data.data(), data.size());
   s.snapshot(name);

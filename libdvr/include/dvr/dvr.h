@@ -73,13 +73,13 @@ typedef struct dvr_session dvr_session;
  * and stay valid until dvr_list_free. */
 typedef struct dvr_snapshot_info {
   const char* name;
-  const char* parent;      /* the snapshot this one was taken after ("" = none) */
-  const char* label;       /* free text given at snapshot time ("" = none) */
-  const char* damage;      /* why the snapshot is damaged ("" when intact) */
-  int64_t time_ns;         /* commit time (Unix epoch, ns); for a damaged one, its file's mtime */
-  uint64_t logical_bytes;  /* sum of the region sizes */
-  uint64_t stored_bytes;   /* bytes this snapshot added to the store when taken */
-  int damaged;             /* 1 when its manifest is unreadable: it cannot be restored */
+  const char* parent;     /* the snapshot this one was taken after ("" = none) */
+  const char* label;      /* free text given at snapshot time ("" = none) */
+  const char* damage;     /* why the snapshot is damaged ("" when intact) */
+  int64_t time_ns;        /* commit time (Unix epoch, ns); for a damaged one, its file's mtime */
+  uint64_t logical_bytes; /* sum of the region sizes */
+  uint64_t stored_bytes;  /* bytes this snapshot added to the store when taken */
+  int damaged;            /* 1 when its manifest is unreadable: it cannot be restored */
 } dvr_snapshot_info;
 
 /* The message of the calling thread's most recent failed dvr_* call, "" when
@@ -187,7 +187,7 @@ DVR_EXPORT dvr_status dvr_snapshot(dvr_session* session, const char* name, const
 DVR_EXPORT dvr_status dvr_restore(dvr_session* session, const char* name);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
 #endif /* DVR_DVR_H */

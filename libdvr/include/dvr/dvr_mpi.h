@@ -78,8 +78,7 @@ DVR_EXPORT void dvr_mpi_options_init(dvr_mpi_options* opts);
  * session keeps the store open. On failure *out is NULL.
  * Errors: INVALID_ARGUMENT (NULL argument, bad name, MPI_COMM_NULL, MPI not
  * initialized). */
-DVR_EXPORT dvr_status dvr_mpi_session_open(dvr_store* store, const char* name, MPI_Comm comm,
-                                const dvr_mpi_options* opts, dvr_mpi_session** out);
+DVR_EXPORT dvr_status dvr_mpi_session_open(dvr_store* store, const char* name, MPI_Comm comm, const dvr_mpi_options* opts, dvr_mpi_session** out);
 
 /* Ends the session on this rank (not collective): forgets its regions and
  * frees those made by dvr_alloc; snapshots stay in the stores. The handle
@@ -116,7 +115,7 @@ DVR_EXPORT dvr_status dvr_mpi_snapshot(dvr_mpi_session* session, const char* nam
 DVR_EXPORT dvr_status dvr_mpi_restore_latest(dvr_mpi_session* session, char* name_buf, size_t buf_size);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
 #endif /* DVR_DVR_MPI_H */

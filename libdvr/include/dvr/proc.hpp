@@ -55,9 +55,9 @@ struct ProcInfo {
   std::uint64_t stored_bytes = 0;  // bytes the dump added to the store (images and heaps)
   std::string parent;              // the dump its data was compared with ("" = none)
   std::vector<HeapRef> heaps;
-  std::vector<MappedFile> files;   // programs and libraries the processes mapped
-  std::string kernel;              // `uname -r` of the dumping host
-  double seconds = 0;              // dump: time taken (0 when listed)
+  std::vector<MappedFile> files;  // programs and libraries the processes mapped
+  std::string kernel;             // `uname -r` of the dumping host
+  double seconds = 0;             // dump: time taken (0 when listed)
 };
 
 struct DumpOptions {
@@ -89,9 +89,9 @@ struct RestoreResult {
 /// What `dvr proc check` reports.
 struct Preflight {
   bool ok = false;
-  std::string criu;          // path of the criu binary ("" = not found)
-  std::string criu_version;  // e.g. "4.1.1"
-  std::string plugin;        // path of dvr_criu.so ("" = not found)
+  std::string criu;                   // path of the criu binary ("" = not found)
+  std::string criu_version;           // e.g. "4.1.1"
+  std::string plugin;                 // path of dvr_criu.so ("" = not found)
   std::vector<std::string> problems;  // each says what is missing and what to do
 };
 

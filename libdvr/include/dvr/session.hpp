@@ -34,8 +34,7 @@ class DVR_EXPORT Region {
     return {static_cast<T*>(data_), size_ / sizeof(T)};
   }
 
-  Region(std::string name, void* data, std::size_t size, bool sdk_owned)
-      : name_(std::move(name)), data_(data), size_(size), sdk_owned_(sdk_owned) {}
+  Region(std::string name, void* data, std::size_t size, bool sdk_owned) : name_(std::move(name)), data_(data), size_(size), sdk_owned_(sdk_owned) {}
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
   ~Region();
@@ -84,7 +83,6 @@ struct AllocOptions {
   /// snapshots it into the store instead of copying it through CRIU's images.
   bool persistent = false;
 };
-
 
 class DVR_EXPORT Session {
  public:

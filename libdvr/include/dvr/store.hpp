@@ -64,19 +64,19 @@ struct RegionInfo {
 struct SnapshotInfo {
   std::string session;
   std::string name;
-  std::string parent;              // snapshot this one was taken after ("" = none)
-  std::string label;               // free text given at snapshot time
-  std::int64_t time_ns = 0;        // wall-clock time of the commit (Unix epoch, ns);
-                                   // for a damaged snapshot, its file's modification time
-  std::uint64_t logical_bytes = 0; // sum of region sizes
-  std::uint64_t stored_bytes = 0;  // bytes this snapshot added to the store when taken
-  std::uint64_t chunks = 0;        // chunk references (including all-zero chunks)
-  std::uint64_t zero_chunks = 0;   // all-zero chunks (never stored)
+  std::string parent;               // snapshot this one was taken after ("" = none)
+  std::string label;                // free text given at snapshot time
+  std::int64_t time_ns = 0;         // wall-clock time of the commit (Unix epoch, ns);
+                                    // for a damaged snapshot, its file's modification time
+  std::uint64_t logical_bytes = 0;  // sum of region sizes
+  std::uint64_t stored_bytes = 0;   // bytes this snapshot added to the store when taken
+  std::uint64_t chunks = 0;         // chunk references (including all-zero chunks)
+  std::uint64_t zero_chunks = 0;    // all-zero chunks (never stored)
   std::vector<RegionInfo> regions;
   /// How it was taken: "write_protect" (only chunks with written pages were
   /// read; the rest came from the parent), or "hash" (all memory was read).
   std::string tracking;
-  std::uint64_t chunks_read = 0;   // chunks hashed (whole or page by page) to take it
+  std::uint64_t chunks_read = 0;  // chunks hashed (whole or page by page) to take it
   /// Set when the manifest cannot be read or fails its checksum; `damage` says
   /// why. Damaged snapshots are listed so that nothing disappears silently; they
   /// cannot be restored. `dvr verify` also checks their chunk data.
@@ -92,9 +92,9 @@ struct VerifyProblem {
 };
 
 struct DVR_EXPORT VerifyReport {
-  std::uint64_t snapshots = 0;      // manifests examined
-  std::uint64_t chunks = 0;         // distinct stored chunks re-hashed
-  std::uint64_t bytes = 0;          // bytes re-hashed
+  std::uint64_t snapshots = 0;  // manifests examined
+  std::uint64_t chunks = 0;     // distinct stored chunks re-hashed
+  std::uint64_t bytes = 0;      // bytes re-hashed
   std::vector<VerifyProblem> problems;
   /// Names ("session/snapshot") of every damaged snapshot, sorted, once each.
   std::vector<std::string> damaged_snapshots() const;
@@ -102,9 +102,9 @@ struct DVR_EXPORT VerifyReport {
 };
 
 struct GcReport {
-  std::uint64_t bytes_before = 0;   // space used by pack files before gc
-  std::uint64_t bytes_after = 0;    // ... and after
-  std::uint64_t packs_removed = 0;  // pack files deleted because nothing referenced them
+  std::uint64_t bytes_before = 0;        // space used by pack files before gc
+  std::uint64_t bytes_after = 0;         // ... and after
+  std::uint64_t packs_removed = 0;       // pack files deleted because nothing referenced them
   std::uint64_t temp_files_removed = 0;  // leftovers of snapshots interrupted by a crash
 };
 
@@ -185,8 +185,8 @@ class DVR_EXPORT Store {
   /// Compares two snapshots (of any sessions) region by region, byte by byte
   /// where their chunks differ. Both snapshots' data is checked against its
   /// checksums. Throws not_found or corrupt.
-  std::vector<RegionDiff> diff(const std::string& session_a, const std::string& snapshot_a,
-                               const std::string& session_b, const std::string& snapshot_b) const;
+  std::vector<RegionDiff> diff(const std::string& session_a, const std::string& snapshot_a, const std::string& session_b,
+                               const std::string& snapshot_b) const;
 
   /// The newest snapshot of `session` whose manifest and data are intact (every
   /// chunk re-hashed), or no value when there is none. Newer damaged snapshots

@@ -94,8 +94,7 @@ class Reader {
   /// `what` names the thing decoded in errors ("manifest sessions/s/a.snap",
   /// "the stream"); `advice`, if any, says what to do about it; `truncated`
   /// is the reason given when a field does not fit in what is left.
-  explicit Reader(std::string_view in, std::string what, std::string advice = {},
-                  std::string truncated = "ends early (truncated)")
+  explicit Reader(std::string_view in, std::string what, std::string advice = {}, std::string truncated = "ends early (truncated)")
       : in_(in), what_(std::move(what)), advice_(std::move(advice)), truncated_(std::move(truncated)) {}
 
   template <class T>

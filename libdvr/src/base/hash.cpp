@@ -60,9 +60,7 @@ void hash_pages(const char* data, std::size_t len, std::uint64_t* out) noexcept 
     *out++ = page_hash_impl(data + off, std::min<std::size_t>(kPageSize, len - off));
 }
 
-Hash128 tree_hash(const std::uint64_t* page_hashes, std::size_t count) noexcept {
-  return hash_impl(page_hashes, count * sizeof(std::uint64_t));
-}
+Hash128 tree_hash(const std::uint64_t* page_hashes, std::size_t count) noexcept { return hash_impl(page_hashes, count * sizeof(std::uint64_t)); }
 
 std::uint64_t zero_page_hash(std::size_t len) {
   // Nearly always a whole page: computed once, no lock.
@@ -97,8 +95,7 @@ bool is_zero_chunk(const Hash128& h, std::size_t len) {
 
 std::string to_hex(const Hash128& h) {
   char buf[33];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.hi),
-                static_cast<unsigned long long>(h.lo));
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.hi), static_cast<unsigned long long>(h.lo));
   return buf;
 }
 

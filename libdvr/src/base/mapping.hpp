@@ -24,8 +24,7 @@ class Mapping {
   /// (MAP_NORESERVE), plus `extra_flags`. A zero `len` maps one byte (so
   /// data() is never null). Throws no_space: "cannot allocate LEN bytes
   /// PURPOSE", e.g. purpose "to receive a region".
-  static Mapping anonymous(std::size_t len, const std::string& purpose, int prot = PROT_READ | PROT_WRITE,
-                           int extra_flags = 0);
+  static Mapping anonymous(std::size_t len, const std::string& purpose, int prot = PROT_READ | PROT_WRITE, int extra_flags = 0);
 
   /// Takes over a range mapped elsewhere (MAP_FAILED or nullptr: none).
   static Mapping adopt(void* addr, std::size_t len) noexcept;

@@ -75,8 +75,7 @@ bool all_zero(const void* data, std::size_t len) noexcept {
   return len == 0 || (p[0] == 0 && std::memcmp(p, p + 1, len - 1) == 0);
 }
 
-void parallel_for(std::size_t count, std::size_t work_bytes,
-                  const std::function<void(std::size_t, std::size_t)>& fn) {
+void parallel_for(std::size_t count, std::size_t work_bytes, const std::function<void(std::size_t, std::size_t)>& fn) {
   constexpr std::size_t kMinBytesPerThread = 8u << 20;
   std::size_t threads = std::max(1u, std::thread::hardware_concurrency());
   threads = std::min({threads, count, std::max<std::size_t>(1, work_bytes / kMinBytesPerThread)});
@@ -104,7 +103,8 @@ void parallel_for(std::size_t count, std::size_t work_bytes,
     begin += n;
   }
   run(0, first_end);
-  for (auto& th : pool) th.join();
+  for (auto& th : pool)
+    th.join();
   if (first_error) std::rethrow_exception(first_error);
 }
 

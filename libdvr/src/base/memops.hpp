@@ -19,7 +19,6 @@ bool all_zero(const void* data, std::size_t len) noexcept;
 /// Runs fn(begin, end) over [0, count) split into contiguous slices, one per
 /// hardware thread, when `work_bytes` is large enough to pay for the threads.
 /// Exceptions from fn are rethrown (the first one).
-void parallel_for(std::size_t count, std::size_t work_bytes,
-                  const std::function<void(std::size_t, std::size_t)>& fn);
+void parallel_for(std::size_t count, std::size_t work_bytes, const std::function<void(std::size_t, std::size_t)>& fn);
 
 }  // namespace dvr::detail

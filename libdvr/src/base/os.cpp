@@ -20,7 +20,9 @@ void throw_errno(int err, const std::string& what) {
     case EDQUOT:
       throw Error(Errc::no_space, msg + " — the store's file system is full; free space, remove snapshots and run `dvr gc`, or use a larger store");
     case EFBIG:
-      throw Error(Errc::no_space, msg + " — the file-size limit (ulimit -f) or the file system's maximum file size was reached; raise the limit or use another store");
+      throw Error(
+          Errc::no_space,
+          msg + " — the file-size limit (ulimit -f) or the file system's maximum file size was reached; raise the limit or use another store");
     case ENOENT:
       throw Error(Errc::not_found, msg);
     case EACCES:
@@ -48,8 +50,7 @@ Fd::~Fd() {
 Fd open_or_throw(const std::string& path, int flags, mode_t mode) {
   int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode);
   if (fd < 0) {
-    if (errno == ELOOP)
-      throw Error(Errc::corrupt, path + " is a symbolic link; a store holds none — remove it (someone may have planted it)");
+    if (errno == ELOOP) throw Error(Errc::corrupt, path + " is a symbolic link; a store holds none — remove it (someone may have planted it)");
     throw_errno(errno, "cannot open " + path);
   }
   Fd owned(fd);
@@ -57,8 +58,8 @@ Fd open_or_throw(const std::string& path, int flags, mode_t mode) {
   if (::fstat(fd, &st) != 0) throw_errno(errno, "cannot stat " + path);
   bool want_dir = (flags & O_DIRECTORY) != 0;
   if (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))
-    throw Error(Errc::corrupt, path + " is not a " + (want_dir ? "directory" : "regular file") +
-                                   "; a store holds only files and directories it made — remove it");
+    throw Error(Errc::corrupt,
+                path + " is not a " + (want_dir ? "directory" : "regular file") + "; a store holds only files and directories it made — remove it");
   // Back to blocking mode for regular I/O.
   int fl = ::fcntl(fd, F_GETFL);
   if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
@@ -156,12 +157,10 @@ std::vector<std::string> list_dir(const std::string& dir) {
 }
 
 void make_private_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    throw_errno(errno, "cannot create directory " + dir);
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) throw_errno(errno, "cannot create directory " + dir);
 }
 
-void write_file_atomic(const std::string& tmp_dir, const std::string& final_path,
-                       std::string_view data) {
+void write_file_atomic(const std::string& tmp_dir, const std::string& final_path, std::string_view data) {
   std::string tmp = tmp_dir + "/" + random_hex() + ".tmp";
   {
     Fd fd = open_or_throw(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600);
@@ -228,10 +227,6 @@ std::string random_hex() {
   return s;
 }
 
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+std::int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 }  // namespace dvr::detail

@@ -64,8 +64,7 @@ void make_private_dir(const std::string& dir);
 /// Writes `data` to `final_path` atomically: a temporary file in `tmp_dir` is
 /// written, fsynced and renamed over `final_path`, then the directory is fsynced.
 /// A crash leaves either the old file (or none) or the complete new one.
-void write_file_atomic(const std::string& tmp_dir, const std::string& final_path,
-                       std::string_view data);
+void write_file_atomic(const std::string& tmp_dir, const std::string& final_path, std::string_view data);
 
 /// While alive, a write beyond RLIMIT_FSIZE fails with EFBIG (reported as
 /// no_space) in this thread instead of killing the process with SIGXFSZ: the

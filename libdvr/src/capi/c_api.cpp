@@ -33,14 +33,22 @@ void set_message(const char* function, const char* text, const char* detail = ""
 
 dvr_status status_of(dvr::Errc code) noexcept {
   switch (code) {
-    case dvr::Errc::not_found: return DVR_E_NOT_FOUND;
-    case dvr::Errc::already_exists: return DVR_E_ALREADY_EXISTS;
-    case dvr::Errc::corrupt: return DVR_E_CORRUPT;
-    case dvr::Errc::no_space: return DVR_E_NO_SPACE;
-    case dvr::Errc::invalid_argument: return DVR_E_INVALID_ARGUMENT;
-    case dvr::Errc::io: return DVR_E_IO;
-    case dvr::Errc::unsupported: return DVR_E_UNSUPPORTED;
-    case dvr::Errc::permission: return DVR_E_PERMISSION;
+    case dvr::Errc::not_found:
+      return DVR_E_NOT_FOUND;
+    case dvr::Errc::already_exists:
+      return DVR_E_ALREADY_EXISTS;
+    case dvr::Errc::corrupt:
+      return DVR_E_CORRUPT;
+    case dvr::Errc::no_space:
+      return DVR_E_NO_SPACE;
+    case dvr::Errc::invalid_argument:
+      return DVR_E_INVALID_ARGUMENT;
+    case dvr::Errc::io:
+      return DVR_E_IO;
+    case dvr::Errc::unsupported:
+      return DVR_E_UNSUPPORTED;
+    case dvr::Errc::permission:
+      return DVR_E_PERMISSION;
   }
   return DVR_E_INTERNAL;
 }
@@ -122,7 +130,8 @@ dvr_status dvr_list(dvr_store* store, const char* session, dvr_snapshot_info** o
     if (snaps.empty()) return;
     // One block: the entries, then their strings, so one free() releases all.
     std::size_t bytes = snaps.size() * sizeof(dvr_snapshot_info);
-    for (auto& s : snaps) bytes += s.name.size() + s.parent.size() + s.label.size() + s.damage.size() + 4;
+    for (auto& s : snaps)
+      bytes += s.name.size() + s.parent.size() + s.label.size() + s.damage.size() + 4;
     auto* list = static_cast<dvr_snapshot_info*>(std::malloc(bytes));
     if (!list) throw std::bad_alloc();
     char* text = reinterpret_cast<char*>(list + snaps.size());
@@ -161,13 +170,13 @@ dvr_status dvr_latest(dvr_store* store, const char* session, char* name_buf, siz
     auto latest = store->store.latest(session, &skipped);
     if (!latest) {
       std::string msg = "session '" + std::string(session) + "' in store " + store->store.path() + " has no intact snapshot";
-      for (auto& s : skipped) msg += "; skipped " + s;
+      for (auto& s : skipped)
+        msg += "; skipped " + s;
       throw dvr::Error(dvr::Errc::not_found, msg);
     }
     if (latest->name.size() + 1 > buf_size)
-      throw bad_argument(fn, "name_buf holds " + std::to_string(buf_size) + " bytes but snapshot name '" + latest->name +
-                                       "' needs " + std::to_string(latest->name.size() + 1) +
-                                       " (a buffer of DVR_NAME_MAX + 1 bytes always suffices)");
+      throw bad_argument(fn, "name_buf holds " + std::to_string(buf_size) + " bytes but snapshot name '" + latest->name + "' needs " +
+                                 std::to_string(latest->name.size() + 1) + " (a buffer of DVR_NAME_MAX + 1 bytes always suffices)");
     std::memcpy(name_buf, latest->name.c_str(), latest->name.size() + 1);
   });
 }

@@ -52,7 +52,8 @@ namespace dvr::detail {
 template <class F>
 dvr_status guarded(const char* function, F&& body) noexcept {
   using Body = std::remove_reference_t<F>;
-  return dvr_internal_c_call(function, [](void* c) { (*static_cast<Body*>(c))(); }, &body);
+  return dvr_internal_c_call(
+      function, [](void* c) { (*static_cast<Body*>(c))(); }, &body);
 }
 
 // Thrown by the entry points themselves for NULL arguments and the like; the

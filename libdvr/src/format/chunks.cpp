@@ -63,20 +63,23 @@ std::string check_chunk(const Packs& packs, const ChunkView& c) {
 
 void read_chunk(Packs& packs, const ChunkView& c, char* out, const std::string& what) {
   map_chunk(packs, c);
-  if (std::string why = check_chunk(packs, c); !why.empty())
-    throw Error(Errc::corrupt, what + " is damaged: " + why + "; run `dvr verify`");
+  if (std::string why = check_chunk(packs, c); !why.empty()) throw Error(Errc::corrupt, what + " is damaged: " + why + "; run `dvr verify`");
   const ChunkRef& ref = *c.ref;
   if (!c.paged) {
-    if (ref.is_zero()) std::memset(out, 0, ref.length);
-    else std::memcpy(out, packs.read(ref.pack, ref.offset, ref.length), ref.length);
+    if (ref.is_zero())
+      std::memset(out, 0, ref.length);
+    else
+      std::memcpy(out, packs.read(ref.pack, ref.offset, ref.length), ref.length);
     return;
   }
   for (std::uint32_t p = 0; p < c.page_count(); ++p) {
     PageLoc at = c.location(p);
     std::uint32_t len = c.page_length(p);
     char* to = out + std::uint64_t{p} * kPageSize;
-    if (at.pack == 0) std::memset(to, 0, len);
-    else std::memcpy(to, packs.read(at.pack, at.offset, len), len);
+    if (at.pack == 0)
+      std::memset(to, 0, len);
+    else
+      std::memcpy(to, packs.read(at.pack, at.offset, len), len);
   }
 }
 

@@ -25,18 +25,21 @@ Reader manifest_reader(std::string_view bytes, const std::string& where) { retur
 
 std::uint64_t Manifest::logical_bytes() const {
   std::uint64_t n = 0;
-  for (auto& r : regions) n += r.size;
+  for (auto& r : regions)
+    n += r.size;
   return n;
 }
 
 void Manifest::index() {
   first_page.assign(chunks.size() + 1, 0);
-  for (std::size_t i = 0; i < chunks.size(); ++i) first_page[i + 1] = first_page[i] + (paged ? pages_in(chunks[i].length) : 0);
+  for (std::size_t i = 0; i < chunks.size(); ++i)
+    first_page[i + 1] = first_page[i] + (paged ? pages_in(chunks[i].length) : 0);
   first_overlay.assign(chunks.size() + 1, 0);
   std::size_t k = 0;
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     first_overlay[i] = static_cast<std::uint32_t>(k);
-    while (k < overlays.size() && overlays[k].chunk == i) ++k;
+    while (k < overlays.size() && overlays[k].chunk == i)
+      ++k;
   }
   first_overlay[chunks.size()] = static_cast<std::uint32_t>(k);
 }
@@ -110,13 +113,12 @@ Manifest decode_manifest(std::string_view bytes, const std::string& where) {
   bool intact = body == bytes.size() - kTrailerSize && std::memcmp(bytes.data() + body + 8, kEndMagic, 8) == 0;
   if (intact) intact = decode_fixed<std::uint64_t>(bytes.data() + body) == hash64(bytes.data(), body);
   if (version > kManifestVersion) {
-    std::string msg = "manifest " + where + " has format version " + std::to_string(version) +
-                      ", newer than this dvr understands (" + std::to_string(kManifestVersion) + ")";
+    std::string msg = "manifest " + where + " has format version " + std::to_string(version) + ", newer than this dvr understands (" +
+                      std::to_string(kManifestVersion) + ")";
     if (intact) throw Error(Errc::unsupported, msg + "; upgrade dvr");
     r.fail("checksum mismatch (" + msg + ", or the header is damaged)");
   }
-  if (body != bytes.size() - kTrailerSize)
-    r.fail("length " + std::to_string(bytes.size()) + " does not match its header (truncated or extended)");
+  if (body != bytes.size() - kTrailerSize) r.fail("length " + std::to_string(bytes.size()) + " does not match its header (truncated or extended)");
   if (std::memcmp(bytes.data() + body + 8, kEndMagic, 8) != 0) r.fail("end marker missing");
   if (!intact) r.fail("checksum mismatch");
 
@@ -172,8 +174,7 @@ Manifest decode_manifest(std::string_view bytes, const std::string& where) {
       if (o.chunk >= chunk_count || o.page >= pages_in(m.chunks[o.chunk].length) ||
           (!zero_page && (o.pack == 0 || o.offset < kPageSize || o.offset % kPageSize != 0 || o.offset > (1ull << 62))))
         in.fail("overlay " + std::to_string(k) + " is impossible");
-      if (k > 0 && std::tie(m.overlays[k - 1].chunk, m.overlays[k - 1].page) >= std::tie(o.chunk, o.page))
-        in.fail("overlay table is not in order");
+      if (k > 0 && std::tie(m.overlays[k - 1].chunk, m.overlays[k - 1].page) >= std::tie(o.chunk, o.page)) in.fail("overlay table is not in order");
     }
   }
   // Tables must describe exactly the regions' bytes.

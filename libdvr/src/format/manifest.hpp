@@ -58,8 +58,10 @@ struct UninitAllocator : std::allocator<T> {
   UninitAllocator(const UninitAllocator<U>&) noexcept {}
   template <class U, class... Args>
   void construct(U* p, Args&&... args) {
-    if constexpr (sizeof...(Args) == 0) ::new (static_cast<void*>(p)) U;
-    else ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    if constexpr (sizeof...(Args) == 0)
+      ::new (static_cast<void*>(p)) U;
+    else
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
   }
 };
 
@@ -112,9 +114,7 @@ struct Manifest {
   /// Chunks (ascending) whose page hashes could not be made to agree with
   /// their hash when hydrated: damaged, so nothing may rely on them.
   std::vector<std::size_t> untrusted;
-  bool trusted(std::size_t chunk) const {
-    return untrusted.empty() || !std::binary_search(untrusted.begin(), untrusted.end(), chunk);
-  }
+  bool trusted(std::size_t chunk) const { return untrusted.empty() || !std::binary_search(untrusted.begin(), untrusted.end(), chunk); }
   bool has_overlays(std::size_t chunk) const { return first_overlay[chunk] != first_overlay[chunk + 1]; }
   /// True when every byte of chunk `chunk` is zero.
   bool zero_chunk(std::size_t chunk) const { return chunks[chunk].is_zero() && !has_overlays(chunk); }

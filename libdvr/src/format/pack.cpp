@@ -35,9 +35,8 @@ class Pmem2Map {
  public:
   Pmem2Map(int fd, std::uint64_t offset, std::uint64_t length, const std::string& path) {
     bool ok = pmem2_config_new(&cfg_) == 0 && pmem2_source_from_fd(&src_, fd) == 0 &&
-              pmem2_config_set_required_store_granularity(cfg_, PMEM2_GRANULARITY_PAGE) == 0 &&
-              pmem2_config_set_offset(cfg_, offset) == 0 && pmem2_config_set_length(cfg_, length) == 0 &&
-              pmem2_map_new(&map_, cfg_, src_) == 0;
+              pmem2_config_set_required_store_granularity(cfg_, PMEM2_GRANULARITY_PAGE) == 0 && pmem2_config_set_offset(cfg_, offset) == 0 &&
+              pmem2_config_set_length(cfg_, length) == 0 && pmem2_map_new(&map_, cfg_, src_) == 0;
     if (!ok) {
       std::string msg = pmem2_error("cannot map " + path);
       release();
@@ -81,7 +80,8 @@ struct Packs::WriteMap {
     if (length == 0) return;
     std::uint64_t first = offset / kPageSize, last = (offset + length - 1) / kPageSize;
     std::lock_guard<std::mutex> lock(mu);
-    for (std::uint64_t p = first; p <= last && p / 64 < populated.size(); ++p) populated[p / 64] &= ~(1ull << (p % 64));
+    for (std::uint64_t p = first; p <= last && p / 64 < populated.size(); ++p)
+      populated[p / 64] &= ~(1ull << (p % 64));
   }
 };
 
@@ -146,8 +146,7 @@ std::vector<std::uint32_t> Packs::ids() const {
   for (auto& n : list_dir(dir_)) {
     unsigned id = 0;
     char tail[8] = {};
-    if (n.size() == 13 && std::sscanf(n.c_str(), "%8u.%4s", &id, tail) == 2 && std::strcmp(tail, "pack") == 0 && id > 0)
-      out.push_back(id);
+    if (n.size() == 13 && std::sscanf(n.c_str(), "%8u.%4s", &id, tail) == 2 && std::strcmp(tail, "pack") == 0 && id > 0) out.push_back(id);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -173,8 +172,7 @@ void Packs::create(std::uint32_t id, std::uint64_t size, std::uint64_t min_size)
   try {
     write_all(fd.get(), header, sizeof header, tmp);
     FileSizeSignalGuard guard;
-    if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0 &&
-        (errno != EFBIG || ::ftruncate(fd.get(), static_cast<off_t>(min_size)) != 0))
+    if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0 && (errno != EFBIG || ::ftruncate(fd.get(), static_cast<off_t>(min_size)) != 0))
       throw_errno(errno, "cannot size new pack " + tmp);
     fsync_or_throw(fd.get(), tmp);
     if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno(errno, "cannot publish " + path);
@@ -225,8 +223,7 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
   }
   slot->last_use = ++write_clock_;
   if (offset < kPackHeaderSize || offset + length > slot->size)
-    throw Error(Errc::io, "internal error: write of [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
-                              ") outside " + path);
+    throw Error(Errc::io, "internal error: write of [" + std::to_string(offset) + ", " + std::to_string(offset + length) + ") outside " + path);
   HashMap* h = hash_map(pack, true);
   return PackWriter(slot.get(), offset, length, h ? h->addr() : nullptr, h ? h->fd.get() : -1);
 }
@@ -289,12 +286,14 @@ void PackWriter::reserve(std::uint64_t rel, std::uint64_t len) {
   bool all = true;
   {
     std::lock_guard<std::mutex> lock(map_->mu);
-    for (std::uint64_t p = first; p <= last && all; ++p) all = (map_->populated[p / 64] >> (p % 64)) & 1;
+    for (std::uint64_t p = first; p <= last && all; ++p)
+      all = (map_->populated[p / 64] >> (p % 64)) & 1;
   }
   if (all) return;
   if (::madvise(base_ + rel, len, MADV_POPULATE_WRITE) != 0) return;  // pages fault in one by one instead
   std::lock_guard<std::mutex> lock(map_->mu);
-  for (std::uint64_t p = first; p <= last; ++p) map_->populated[p / 64] |= 1ull << (p % 64);
+  for (std::uint64_t p = first; p <= last; ++p)
+    map_->populated[p / 64] |= 1ull << (p % 64);
 }
 
 void PackWriter::copy(std::uint64_t rel, const void* src, std::size_t len) {
@@ -356,8 +355,7 @@ void Packs::refresh_mappings() {
   }
   for (auto it = writes_.begin(); it != writes_.end();) {
     struct stat st {};
-    bool same = it->second && ::stat(path_of(it->first).c_str(), &st) == 0 &&
-                static_cast<std::uint64_t>(st.st_ino) == it->second->ino &&
+    bool same = it->second && ::stat(path_of(it->first).c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == it->second->ino &&
                 static_cast<std::uint64_t>(st.st_size) == it->second->size;
     it = same ? std::next(it) : writes_.erase(it);
   }
@@ -372,16 +370,14 @@ const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t 
       owner = open_or_throw(path, O_RDONLY);
     } catch (const Error& e) {
       if (e.code() != Errc::not_found) throw;  // permission, I/O, a planted link: not "missing"
-      throw Error(Errc::corrupt, "pack file " + path +
-                                     " is missing; snapshots stored in it cannot be restored — run `dvr verify` to list them");
+      throw Error(Errc::corrupt, "pack file " + path + " is missing; snapshots stored in it cannot be restored — run `dvr verify` to list them");
     }
     int fd = owner.get();
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw_errno(errno, "cannot stat " + path);
     auto size = static_cast<std::uint64_t>(st.st_size);
     char header[48] = {};
-    if (size < kPackHeaderSize || ::pread(fd, header, sizeof header, 0) != sizeof header ||
-        std::memcmp(header, kPackMagic, 8) != 0)
+    if (size < kPackHeaderSize || ::pread(fd, header, sizeof header, 0) != sizeof header || std::memcmp(header, kPackMagic, 8) != 0)
       throw Error(Errc::corrupt, "pack file " + path + " has no valid header; it is damaged or not a Memory DVR pack");
     if (uuid_.size() == 32 && std::memcmp(header + 16, uuid_.data(), 32) != 0)
       throw Error(Errc::corrupt, "pack file " + path + " belongs to another store (its store id differs); it was copied in by mistake");
@@ -389,8 +385,8 @@ const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t 
   }
   if (offset < kPackHeaderSize || offset > it->second.size() || length > it->second.size() - offset)
     throw Error(Errc::corrupt, "pack file " + path_of(pack) + " is truncated or the reference is bad: it ends at byte " +
-                                   std::to_string(it->second.size()) + " but a chunk needs bytes [" + std::to_string(offset) +
-                                   ", " + std::to_string(offset + length) + ")");
+                                   std::to_string(it->second.size()) + " but a chunk needs bytes [" + std::to_string(offset) + ", " +
+                                   std::to_string(offset + length) + ")");
   return it->second.addr() + offset;
 }
 
@@ -406,8 +402,7 @@ void Packs::map_all() {
 
 const char* Packs::mapped(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const {
   auto it = reads_.find(pack);
-  if (it == reads_.end() || offset < kPackHeaderSize || offset > it->second.size() || length > it->second.size() - offset)
-    return nullptr;
+  if (it == reads_.end() || offset < kPackHeaderSize || offset > it->second.size() || length > it->second.size() - offset) return nullptr;
   return it->second.addr() + offset;
 }
 

@@ -3,7 +3,6 @@
 // so errors, messages and dvr_errmsg() are those of dvr/dvr.h.
 #include "dvr/dvr_mpi.h"
 
-
 #include <cstring>
 #include <memory>
 #include <string>
@@ -45,8 +44,7 @@ void dvr_mpi_options_init(dvr_mpi_options* opts) {
   opts->level = d.level;
 }
 
-dvr_status dvr_mpi_session_open(dvr_store* store, const char* name, MPI_Comm comm, const dvr_mpi_options* opts,
-                                dvr_mpi_session** out) {
+dvr_status dvr_mpi_session_open(dvr_store* store, const char* name, MPI_Comm comm, const dvr_mpi_options* opts, dvr_mpi_session** out) {
   const char* const fn = __func__;
   return guarded(fn, [&] {
     require(fn, out, "out");
@@ -56,8 +54,7 @@ dvr_status dvr_mpi_session_open(dvr_store* store, const char* name, MPI_Comm com
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
-    if (!initialized || finalized)
-      throw bad_argument(fn, finalized ? "MPI is finalized" : "MPI is not initialized (call MPI_Init first)");
+    if (!initialized || finalized) throw bad_argument(fn, finalized ? "MPI is finalized" : "MPI is not initialized (call MPI_Init first)");
     if (comm == MPI_COMM_NULL) throw bad_argument(fn, "comm is MPI_COMM_NULL");
     dvr::mpi::Options o;
     if (opts) {
@@ -115,12 +112,12 @@ dvr_status dvr_mpi_restore_latest(dvr_mpi_session* session, char* name_buf, size
     // Checked before the collective: a name that does not fit would be found
     // only after every rank restored.
     if (buf_size < DVR_NAME_MAX + 1)
-      throw bad_argument(fn, "name_buf holds " + std::to_string(buf_size) + " bytes; it needs DVR_NAME_MAX + 1 (" +
-                                 std::to_string(DVR_NAME_MAX + 1) + ")");
+      throw bad_argument(
+          fn, "name_buf holds " + std::to_string(buf_size) + " bytes; it needs DVR_NAME_MAX + 1 (" + std::to_string(DVR_NAME_MAX + 1) + ")");
     auto name = session->mpi->restore_latest();
     if (!name)
-      throw dvr::Error(dvr::Errc::not_found, "session '" + session->local->session.name() +
-                                                 "' has no global snapshot that every rank can restore (a fresh start)");
+      throw dvr::Error(dvr::Errc::not_found,
+                       "session '" + session->local->session.name() + "' has no global snapshot that every rank can restore (a fresh start)");
     std::strncpy(name_buf, name->c_str(), buf_size - 1);
     name_buf[buf_size - 1] = '\0';
   });

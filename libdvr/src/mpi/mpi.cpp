@@ -32,12 +32,10 @@ namespace {
 
 constexpr int kTagStream = 0x4456;  // "DV"
 constexpr int kTagList = 0x4457;
-constexpr int kMaxSeqs = 64;        // seqs exchanged per rank in restore_latest()
-constexpr int kMsg = 512;           // bytes of an error message exchanged
+constexpr int kMaxSeqs = 64;  // seqs exchanged per rank in restore_latest()
+constexpr int kMsg = 512;     // bytes of an error message exchanged
 
-double since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
+double since(std::chrono::steady_clock::time_point t) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); }
 
 // The same error on every rank: messages of the failing ranks gathered.
 [[noreturn]] void fail_all(MPI_Comm comm, int size, bool ok, const std::string& mine, const std::string& what) {
@@ -46,7 +44,8 @@ double since(std::chrono::steady_clock::time_point t) {
   MPI_Allgather(buf.data(), kMsg, MPI_CHAR, all.data(), kMsg, MPI_CHAR, comm);
   std::string msg = what + ":";
   for (int r = 0; r < size; ++r)
-    if (all[static_cast<std::size_t>(r) * kMsg]) msg += "\n  rank " + std::to_string(r) + ": " + std::string(&all[static_cast<std::size_t>(r) * kMsg]);
+    if (all[static_cast<std::size_t>(r) * kMsg])
+      msg += "\n  rank " + std::to_string(r) + ": " + std::string(&all[static_cast<std::size_t>(r) * kMsg]);
   throw Error(Errc::io, msg);
 }
 
@@ -71,8 +70,7 @@ void all_or_throw(MPI_Comm comm, int size, const std::string& what, const std::f
 // (nothing to send / receive). Both directions run at once, so that pairs of
 // ranks sending to each other cannot deadlock. Returns the bytes sent; an
 // exception of either side is rethrown after both streams ended.
-std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& produce, int source,
-                       const std::function<void(int)>& consume) {
+std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& produce, int source, const std::function<void(int)>& consume) {
   int out[2] = {-1, -1}, in[2] = {-1, -1};
   std::exception_ptr produce_error, consume_error;
   std::thread producer, consumer;
@@ -155,9 +153,12 @@ std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& 
     }
     // Waiting: yield at first, then sleep a little, so that this loop does
     // not take the CPU the stream's own threads (and other ranks) need.
-    if (progress) idle = 0;
-    else if (++idle < 64) sched_yield();
-    else ::usleep(idle < 1024 ? 50 : 500);
+    if (progress)
+      idle = 0;
+    else if (++idle < 64)
+      sched_yield();
+    else
+      ::usleep(idle < 1024 ? 50 : 500);
   }
   if (producer.joinable()) producer.join();
   if (consumer.joinable()) consumer.join();
@@ -170,7 +171,8 @@ std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& 
 // Sends a list of strings to `dest` and receives one from `source`.
 std::vector<std::string> swap_lists(MPI_Comm comm, int dest, const std::vector<std::string>& mine, int source) {
   std::string flat;
-  for (auto& s : mine) flat += s + '\n';
+  for (auto& s : mine)
+    flat += s + '\n';
   MPI_Request req;
   MPI_Isend(flat.data(), static_cast<int>(flat.size()), MPI_CHAR, dest, kTagList, comm, &req);
   MPI_Status st;
@@ -182,7 +184,8 @@ std::vector<std::string> swap_lists(MPI_Comm comm, int dest, const std::vector<s
   MPI_Wait(&req, MPI_STATUS_IGNORE);
   std::vector<std::string> out;
   std::size_t at = 0;
-  for (std::size_t nl; (nl = got.find('\n', at)) != std::string::npos; at = nl + 1) out.push_back(got.substr(at, nl - at));
+  for (std::size_t nl; (nl = got.find('\n', at)) != std::string::npos; at = nl + 1)
+    out.push_back(got.substr(at, nl - at));
   return out;
 }
 
@@ -245,7 +248,8 @@ int Session::partner() const { return state_->partner; }
 
 std::vector<GlobalInfo> Session::committed() const {
   std::vector<GlobalInfo> out;
-  for (auto& [n, seq] : state_->records()) out.push_back({n, seq, 0, 0, 0});
+  for (auto& [n, seq] : state_->records())
+    out.push_back({n, seq, 0, 0, 0});
   std::sort(out.begin(), out.end(), [](const GlobalInfo& a, const GlobalInfo& b) { return a.seq < b.seq; });
   return out;
 }
@@ -257,7 +261,8 @@ GlobalInfo Session::snapshot(const std::string& name) {
   info.name = name;
   // Phase 1: every rank snapshots its part; the vote.
   std::uint64_t my_max = 0, max_seq = 0;
-  for (auto& [n, s] : st.records()) my_max = std::max(my_max, s);
+  for (auto& [n, s] : st.records())
+    my_max = std::max(my_max, s);
   MPI_Allreduce(&my_max, &max_seq, 1, MPI_UINT64_T, MPI_MAX, st.comm);
   info.seq = max_seq + 1;
   bool took = false;
@@ -322,7 +327,8 @@ GlobalInfo Session::snapshot(const std::string& name) {
   // Retention: the newest `keep` global snapshots, own parts and copies.
   if (st.options.keep > 0) {
     std::vector<std::pair<std::uint64_t, std::string>> by_seq;
-    for (auto& [n, s] : st.records()) by_seq.emplace_back(s, n);
+    for (auto& [n, s] : st.records())
+      by_seq.emplace_back(s, n);
     std::sort(by_seq.rbegin(), by_seq.rend());
     for (std::size_t k = st.options.keep; k < by_seq.size(); ++k) {
       const std::string& old = by_seq[k].second;
@@ -401,18 +407,17 @@ std::optional<std::string> Session::restore_latest() {
   const bool client_needs = st.options.partner_copies && !in(all_own, st.client, chosen);
   all_or_throw(st.comm, st.size, "the parts of global snapshot '" + name + "' lost with a store could not be brought back from partners", [&] {
     if (!need && !client_needs) return;
-    exchange(
-        st.comm, st.client,
-        client_needs ? std::function<void(int)>([&](int fd) { transfer::send(st.store, st.copies_session(st.client) + "/" + name, fd); })
-                     : std::function<void(int)>(),
-        st.partner,
-        need ? std::function<void(int)>([&](int fd) {
-          Store here = Store::open(st.store.path());  // its own lock, as in snapshot()
-          for (auto& i : here.list(st.name))
-            if (i.name == name) here.remove(st.name, name);  // a damaged leftover
-          transfer::receive(here, fd, {.session = st.name});
-        })
-             : std::function<void(int)>());
+    exchange(st.comm, st.client,
+             client_needs ? std::function<void(int)>([&](int fd) { transfer::send(st.store, st.copies_session(st.client) + "/" + name, fd); })
+                          : std::function<void(int)>(),
+             st.partner,
+             need ? std::function<void(int)>([&](int fd) {
+               Store here = Store::open(st.store.path());  // its own lock, as in snapshot()
+               for (auto& i : here.list(st.name))
+                 if (i.name == name) here.remove(st.name, name);  // a damaged leftover
+               transfer::receive(here, fd, {.session = st.name});
+             })
+                  : std::function<void(int)>());
     if (need) st.record(name, chosen);
   });
   all_or_throw(st.comm, st.size, "global snapshot '" + name + "' could not be restored on every rank", [&] { st.local.restore(name); });

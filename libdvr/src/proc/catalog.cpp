@@ -22,7 +22,8 @@ namespace {
 heaps::HeapImage heap_image(const ProcInfo& p) {
   heaps::HeapImage img;
   img.snapshot = kHeapPrefix + p.name;
-  for (auto& h : p.heaps) img.heaps.push_back({h.store, h.session, "", h.path, h.bytes});
+  for (auto& h : p.heaps)
+    img.heaps.push_back({h.store, h.session, "", h.path, h.bytes});
   return img;
 }
 
@@ -30,7 +31,8 @@ heaps::HeapImage heap_image(const ProcInfo& p) {
 
 heaps::HeapImage heap_image_in(const Store& store, const ProcInfo& p) {
   heaps::HeapImage img = heap_image(p);
-  for (auto& h : img.heaps) h.store = heaps::heap_store(h, img.snapshot, store.path());
+  for (auto& h : img.heaps)
+    h.store = heaps::heap_store(h, img.snapshot, store.path());
   return img;
 }
 

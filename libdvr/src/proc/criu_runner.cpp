@@ -60,9 +60,7 @@ std::string dir_of(const std::string& p) {
   return k == std::string::npos ? "." : p.substr(0, k);
 }
 
-double since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+double since(std::chrono::steady_clock::time_point t0) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
 
 std::string find_criu() {
   if (const char* e = std::getenv("DVR_CRIU"); e && *e) return is_file(e) ? e : "";
@@ -80,16 +78,19 @@ int run_capture(const std::vector<std::string>& argv, const std::vector<std::str
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0) detail::throw_errno(errno, "cannot create a pipe");
   std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  for (char** e = environ; *e; ++e)
+    env.emplace_back(*e);
   for (auto& x : env_extra) {
     auto key = x.substr(0, x.find('=') + 1);
     std::erase_if(env, [&](const std::string& y) { return y.rfind(key, 0) == 0; });
     env.push_back(x);
   }
   std::vector<char*> args, envp;
-  for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (auto& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  for (auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  for (auto& e : env)
+    envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
   pid_t child = ::fork();
   if (child < 0) {
@@ -144,7 +145,8 @@ WorkDir::WorkDir(const std::string& store_path, const std::string& what) {
 }
 
 WorkDir::~WorkDir() {
-  for (auto& f : detail::list_dir(path)) ::unlink((path + "/" + f).c_str());
+  for (auto& f : detail::list_dir(path))
+    ::unlink((path + "/" + f).c_str());
   ::rmdir(path.c_str());
 }
 
@@ -166,7 +168,8 @@ void clean_stale_work(const std::string& store_path) {
     std::string path = base + "/" + d;
     struct stat st {};
     if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH || ::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
-    for (auto& f : detail::list_dir(path)) ::unlink((path + "/" + f).c_str());
+    for (auto& f : detail::list_dir(path))
+      ::unlink((path + "/" + f).c_str());
     ::rmdir(path.c_str());
   }
 }
@@ -198,17 +201,18 @@ std::string criu_hint(const std::string& errors) {
 std::string plugin_or_throw(const std::string& dir, const char* verb) {
   std::string d = dir.empty() ? plugin_dir() : dir;
   if (d.empty() || !is_file(d + "/" + kPluginFile))
-    throw Error(Errc::unsupported, std::string("cannot ") + verb + ": the DVR CRIU plugin " + kPluginFile + " was not found" +
-                                       (d.empty() ? std::string(" (looked in $DVR_CRIU_PLUGIN_DIR, criu-plugin/ beside dvr and ../lib/dvr/criu)")
-                                                  : " in " + d) +
-                                       "; build and install it (cmake --install), or point $DVR_CRIU_PLUGIN_DIR at its directory");
+    throw Error(Errc::unsupported,
+                std::string("cannot ") + verb + ": the DVR CRIU plugin " + kPluginFile + " was not found" +
+                    (d.empty() ? std::string(" (looked in $DVR_CRIU_PLUGIN_DIR, criu-plugin/ beside dvr and ../lib/dvr/criu)") : " in " + d) +
+                    "; build and install it (cmake --install), or point $DVR_CRIU_PLUGIN_DIR at its directory");
   return d;
 }
 
 std::pair<std::string, std::string> criu_or_throw(const char* verb) {
   std::string criu = find_criu();
   if (criu.empty())
-    throw Error(Errc::unsupported, std::string("cannot ") + verb + ": criu was not found; install CRIU 4.x (./install-deps.sh takes it from Debian 13)");
+    throw Error(Errc::unsupported,
+                std::string("cannot ") + verb + ": criu was not found; install CRIU 4.x (./install-deps.sh takes it from Debian 13)");
   std::string v = criu_version(criu);
   if (v.empty() || std::atoi(v.c_str()) < 4)
     throw Error(Errc::unsupported, std::string("cannot ") + verb + ": " + criu + " is version " + (v.empty() ? "unknown" : v) +
@@ -218,7 +222,8 @@ std::pair<std::string, std::string> criu_or_throw(const char* verb) {
 
 void require_root(const char* verb) {
   if (::geteuid() != 0)
-    throw Error(Errc::permission, std::string("cannot ") + verb + ": CRIU needs root (or CAP_CHECKPOINT_RESTORE and CAP_SYS_ADMIN); run dvr proc as root");
+    throw Error(Errc::permission,
+                std::string("cannot ") + verb + ": CRIU needs root (or CAP_CHECKPOINT_RESTORE and CAP_SYS_ADMIN); run dvr proc as root");
 }
 
 }  // namespace impl
@@ -259,7 +264,8 @@ Preflight preflight(const std::string& dir, bool quick) {
     }
   }
   std::string d = dir.empty() ? plugin_dir() : dir;
-  if (!d.empty() && is_file(d + "/" + kPluginFile)) p.plugin = d + "/" + kPluginFile;
+  if (!d.empty() && is_file(d + "/" + kPluginFile))
+    p.plugin = d + "/" + kPluginFile;
   else
     p.problems.push_back(std::string("the DVR CRIU plugin ") + kPluginFile + " was not found" + (d.empty() ? "" : " in " + d) +
                          ": build it (cmake --build) and install it, or set $DVR_CRIU_PLUGIN_DIR to its directory");

@@ -43,8 +43,7 @@ void check_dump_request(const Store& store, pid_t pid, const std::string& name) 
   detail::check_name("process snapshot", name);
   if (name.size() > 120) throw Error(Errc::invalid_argument, "process snapshot name '" + name + "' is longer than 120 characters");
   require_root("dump a process");
-  if (pid <= 0 || ::kill(pid, 0) != 0)
-    throw Error(Errc::not_found, "cannot dump process " + std::to_string(pid) + ": no such process");
+  if (pid <= 0 || ::kill(pid, 0) != 0) throw Error(Errc::not_found, "cannot dump process " + std::to_string(pid) + ": no such process");
   for (auto& s : store.list(kImageSession))
     if (s.name == name)
       throw Error(Errc::already_exists, "process snapshot '" + name + "' exists already in store " + store.path() +
@@ -76,10 +75,11 @@ void drop_plugin_heaps(const WorkDir& work) {
 // Runs `criu dump`, which leaves the tree stopped (or running), not killed,
 // so that it goes on if storing its images fails. When CRIU fails, the tree
 // is resumed, the plugin's heap snapshots are removed, and this throws.
-void run_criu_dump(const std::string& criu, const std::string& plugin, pid_t pid, const std::string& name,
-                   const DumpOptions& options, const WorkDir& work, const std::vector<pid_t>& tree) {
-  std::vector<std::string> argv = {criu, "dump", "-t", std::to_string(pid), "-D", work.path, "-o", "dump.log", "-v2",
-                                   "--libdir", plugin, options.leave_running ? "--leave-running" : "--leave-stopped"};
+void run_criu_dump(const std::string& criu, const std::string& plugin, pid_t pid, const std::string& name, const DumpOptions& options,
+                   const WorkDir& work, const std::vector<pid_t>& tree) {
+  std::vector<std::string> argv = {criu,  "dump",     "-t",   std::to_string(pid),
+                                   "-D",  work.path,  "-o",   "dump.log",
+                                   "-v2", "--libdir", plugin, options.leave_running ? "--leave-running" : "--leave-stopped"};
   std::string out;
   int rc = run_capture(argv, {"DVR_CRIU_NAME=" + name}, &out);
   if (rc == 0) return;
@@ -87,8 +87,8 @@ void run_criu_dump(const std::string& criu, const std::string& plugin, pid_t pid
   drop_plugin_heaps(work);
   if (!options.leave_running) signal_tree(tree, SIGCONT);  // CRIU resumes it on failure; make sure
   if (!plugin_error.empty()) throw Error(Errc::io, "cannot dump process " + std::to_string(pid) + ": " + plugin_error);
-  throw Error(Errc::io, "CRIU could not dump process " + std::to_string(pid) + " (exit " + std::to_string(rc) + "):" +
-                            (errors.empty() ? "\n  " + out : errors) + criu_hint(errors) + "\nfull log: " + log +
+  throw Error(Errc::io, "CRIU could not dump process " + std::to_string(pid) + " (exit " + std::to_string(rc) +
+                            "):" + (errors.empty() ? "\n  " + out : errors) + criu_hint(errors) + "\nfull log: " + log +
                             "\n(`dvr proc check` checks CRIU and the kernel; a job started with `dvr run` dumps most reliably)");
 }
 
@@ -139,8 +139,7 @@ void track_image_files(Images& img, const WorkDir& work, Meta& meta) {
   ProcInfo& info = meta.info;
   for (auto& f : detail::list_dir(work.path)) {
     if (f == "dump.log" || f == heaps::kErrorName) continue;
-    if (std::any_of(meta.paged_images.begin(), meta.paged_images.end(), [&](const PagedImage& g) { return g.pages == f; }))
-      continue;
+    if (std::any_of(meta.paged_images.begin(), meta.paged_images.end(), [&](const PagedImage& g) { return g.pages == f; })) continue;
     std::string p = work.path + "/" + f;
     Fd fd = detail::open_or_throw(p, O_RDONLY);
     std::uint64_t n = detail::file_size(fd.get(), p);
@@ -150,7 +149,8 @@ void track_image_files(Images& img, const WorkDir& work, Meta& meta) {
     info.image_bytes += n;
     if (f == heaps::kImageName) {
       heaps::HeapImage hi = heaps::parse_image(std::string(static_cast<const char*>(data), n));
-      for (auto& h : hi.heaps) info.heaps.push_back({h.path, h.bytes, h.store, h.session});
+      for (auto& h : hi.heaps)
+        info.heaps.push_back({h.path, h.bytes, h.store, h.session});
     }
     img.session.track(f, data, n);
   }

@@ -39,14 +39,18 @@ std::string encode_meta(const Meta& meta) {
     << "criu_version=" << p.criu_version << "\n"
     << "leave_running=" << (p.leave_running ? 1 : 0) << "\n"
     << "image_bytes=" << p.image_bytes << "\n";
-  for (auto& h : p.heaps) o << "heap=" << h.bytes << "\t" << h.store << "\t" << h.session << "\t" << h.path << "\n";
-  for (auto& f : p.files) o << "file=" << f.size << "\t" << f.mtime_ns << "\t" << f.path << "\n";
+  for (auto& h : p.heaps)
+    o << "heap=" << h.bytes << "\t" << h.store << "\t" << h.session << "\t" << h.path << "\n";
+  for (auto& f : p.files)
+    o << "file=" << f.size << "\t" << f.mtime_ns << "\t" << f.path << "\n";
   o << "kernel=" << p.kernel << "\n";
   std::string cmd = p.command;
   std::replace(cmd.begin(), cmd.end(), '\n', ' ');
   o << "command=" << cmd << "\n";
-  for (auto& e : meta.empty_images) o << "empty=" << e << "\n";
-  for (auto& g : meta.paged_images) o << "paged=" << g.pages << "\t" << g.pagemap << "\t" << g.size << "\n";
+  for (auto& e : meta.empty_images)
+    o << "empty=" << e << "\n";
+  for (auto& g : meta.paged_images)
+    o << "paged=" << g.pages << "\t" << g.pagemap << "\t" << g.size << "\n";
   return o.str();
 }
 
@@ -56,22 +60,27 @@ Meta decode_meta(std::string_view text, const std::string& name) {
   p.name = name;
   std::istringstream in{std::string(text)};
   std::string line;
-  if (!std::getline(in, line) || line.rfind("dvr-proc ", 0) != 0)
-    throw Error(Errc::corrupt, "process snapshot '" + name + "' has no valid metadata");
-  if (line != kHeader)
-    throw Error(Errc::unsupported, "process snapshot '" + name + "' was written by a newer dvr (" + line + ")");
+  if (!std::getline(in, line) || line.rfind("dvr-proc ", 0) != 0) throw Error(Errc::corrupt, "process snapshot '" + name + "' has no valid metadata");
+  if (line != kHeader) throw Error(Errc::unsupported, "process snapshot '" + name + "' was written by a newer dvr (" + line + ")");
   while (std::getline(in, line)) {
     auto eq = line.find('=');
     if (eq == std::string::npos) continue;
     std::string k = line.substr(0, eq), v = line.substr(eq + 1);
     try {
-      if (k == "pid") p.pid = static_cast<pid_t>(std::stol(v));
-      else if (k == "own_pid_namespace") p.own_pid_namespace = v == "1";
-      else if (k == "criu_version") p.criu_version = v;
-      else if (k == "leave_running") p.leave_running = v == "1";
-      else if (k == "image_bytes") p.image_bytes = std::stoull(v);
-      else if (k == "command") p.command = v;
-      else if (k == "kernel") p.kernel = v;
+      if (k == "pid")
+        p.pid = static_cast<pid_t>(std::stol(v));
+      else if (k == "own_pid_namespace")
+        p.own_pid_namespace = v == "1";
+      else if (k == "criu_version")
+        p.criu_version = v;
+      else if (k == "leave_running")
+        p.leave_running = v == "1";
+      else if (k == "image_bytes")
+        p.image_bytes = std::stoull(v);
+      else if (k == "command")
+        p.command = v;
+      else if (k == "kernel")
+        p.kernel = v;
       else if (k == "file") {
         auto f = fields(v, 3);  // size, mtime_ns, path
         p.files.push_back({f[2], std::stoull(f[0]), std::stoll(f[1])});

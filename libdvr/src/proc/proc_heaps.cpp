@@ -107,7 +107,6 @@ std::vector<std::string> processes_mapping(const std::string& path, pid_t except
   return out;
 }
 
-
 namespace {
 
 // True when a process other than `except` maps the file `st` writably.
@@ -154,8 +153,10 @@ bool written_by_note(pid_t pid, const HeapFile& h, const TrackNote& n, std::vect
     char perms[8] = {};
     if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &offset, &major, &minor, &inode) != 7) continue;
     if (inode != st.st_ino || makedev(major, minor) != st.st_dev) continue;
-    if (lo == n.data && offset == 0 && hi >= n.end && perms[3] == 's') ++mapped;
-    else if (perms[1] == 'w') ++elsewhere;  // read-only mappings cannot write
+    if (lo == n.data && offset == 0 && hi >= n.end && perms[3] == 's')
+      ++mapped;
+    else if (perms[1] == 'w')
+      ++elsewhere;  // read-only mappings cannot write
   }
   if (mapped != 1 || elsewhere != 0 || written_elsewhere(st, pid)) return false;
   std::vector<AddrRange> pages;
@@ -167,8 +168,10 @@ bool written_by_note(pid_t pid, const HeapFile& h, const TrackNote& n, std::vect
   for (auto& [b, e] : pages) {
     std::uint64_t lo = b - n.data, hi = std::min<std::uint64_t>(e - n.data, n.size);
     if (lo >= hi) continue;
-    if (!out.empty() && out.back().second >= lo) out.back().second = std::max(out.back().second, hi);
-    else out.emplace_back(lo, hi);
+    if (!out.empty() && out.back().second >= lo)
+      out.back().second = std::max(out.back().second, hi);
+    else
+      out.emplace_back(lo, hi);
   }
   return true;
 }
@@ -187,9 +190,8 @@ namespace {
 // tracking notes refer to, when it is stored exactly so (then only the pages
 // the notes say were written are read), else the session's newest (compared
 // page by page by hash).
-SnapshotInfo snapshot_group(Store& store, const std::string& session, const std::vector<HeapFile*>& members,
-                            std::vector<RegionSource>& sources, pid_t pid, const std::string& snapshot, bool replace,
-                            HeapStats* stats) {
+SnapshotInfo snapshot_group(Store& store, const std::string& session, const std::vector<HeapFile*>& members, std::vector<RegionSource>& sources,
+                            pid_t pid, const std::string& snapshot, bool replace, HeapStats* stats) {
   StoreImpl& si = impl_of(store);
   WriteBatch batch(si);
   std::optional<Manifest> base;
@@ -247,8 +249,8 @@ SnapshotInfo snapshot_group(Store& store, const std::string& session, const std:
 
 }  // namespace
 
-HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const std::string& snapshot, bool replace,
-                         HeapStats* stats, std::chrono::milliseconds lock_timeout) {
+HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const std::string& snapshot, bool replace, HeapStats* stats,
+                         std::chrono::milliseconds lock_timeout) {
   HeapImage image;
   image.snapshot = snapshot;
   for (auto& f : files) {
@@ -340,8 +342,8 @@ HeapImage parse_image(const std::string& text) {
   std::string line;
   if (!std::getline(in, line) || line.rfind("dvr-criu-heaps ", 0) != 0) return bad("no header");
   if (line != "dvr-criu-heaps 1")
-    throw Error(Errc::unsupported, std::string(kImageName) + " has format '" + line.substr(15) +
-                                       "', newer than this dvr understands (1); restore with a newer dvr");
+    throw Error(Errc::unsupported,
+                std::string(kImageName) + " has format '" + line.substr(15) + "', newer than this dvr understands (1); restore with a newer dvr");
   HeapImage image;
   bool ended = false;
   while (std::getline(in, line)) {
@@ -381,8 +383,7 @@ HeapImage parse_image(const std::string& text) {
   return image;
 }
 
-std::string heap_store(const HeapFile& h, const std::string& snapshot, const std::string& preferred,
-                       std::chrono::milliseconds lock_timeout) {
+std::string heap_store(const HeapFile& h, const std::string& snapshot, const std::string& preferred, std::chrono::milliseconds lock_timeout) {
   if (!preferred.empty() && preferred != h.store) {
     try {
       Store s = Store::open(preferred, {.create = false, .lock_timeout = lock_timeout});
@@ -396,20 +397,22 @@ std::string heap_store(const HeapFile& h, const std::string& snapshot, const std
 
 void restore_heaps(const HeapImage& original, const std::string& preferred, std::chrono::milliseconds lock_timeout) {
   HeapImage image = original;
-  for (auto& h : image.heaps) h.store = heap_store(h, image.snapshot, preferred, lock_timeout);
+  for (auto& h : image.heaps)
+    h.store = heap_store(h, image.snapshot, preferred, lock_timeout);
   // Check everything before any file changes.
   for (auto& h : image.heaps) {
     Store store = Store::open(h.store, {.create = false, .lock_timeout = lock_timeout});
     SnapshotInfo info = store.info(h.session, image.snapshot);
-    bool recorded = std::any_of(info.regions.begin(), info.regions.end(),
-                                [&](const RegionInfo& r) { return r.name == h.region && r.size == h.bytes; });
+    bool recorded =
+        std::any_of(info.regions.begin(), info.regions.end(), [&](const RegionInfo& r) { return r.name == h.region && r.size == h.bytes; });
     if (!recorded)
-      throw Error(Errc::corrupt, "heap snapshot " + h.session + "/" + image.snapshot + " in store " + h.store + " does not hold heap " +
-                                     h.path + " (" + std::to_string(h.bytes) + " bytes) that the process snapshot refers to");
+      throw Error(Errc::corrupt, "heap snapshot " + h.session + "/" + image.snapshot + " in store " + h.store + " does not hold heap " + h.path +
+                                     " (" + std::to_string(h.bytes) + " bytes) that the process snapshot refers to");
     struct stat st {};
     if (::stat(h.path.c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) != file_bytes(h))
       throw Error(Errc::invalid_argument, "heap file " + h.path + " is " + std::to_string(st.st_size) + " bytes now but was " +
-                                              std::to_string(file_bytes(h)) + " bytes at the dump: it was changed behind dvr's back; "
+                                              std::to_string(file_bytes(h)) +
+                                              " bytes at the dump: it was changed behind dvr's back; "
                                               "move it away (or delete it) and restore again — nothing was changed");
   }
   std::vector<std::pair<std::string, std::string>> groups;
@@ -431,7 +434,8 @@ void restore_heaps(const HeapImage& original, const std::string& preferred, std:
     }
     // Verifies every page before the first byte of these heaps changes.
     s.restore(image.snapshot);
-    for (auto& m : maps) m.sync("a restored heap file");
+    for (auto& m : maps)
+      m.sync("a restored heap file");
   }
 }
 

@@ -47,7 +47,6 @@ struct HeapImage {
   std::vector<HeapFile> heaps;
 };
 
-
 /// The store directory holding heap file `path` (STORE/heaps/SESSION/REGION
 /// with STORE/DVRSTORE present), or "" when it is not a DVR heap.
 std::string store_of_heap(const std::string& path);
@@ -71,8 +70,8 @@ struct HeapStats {
 /// frozen (CRIU has frozen it). pid 0: no process, compare by hash.
 /// `lock_timeout`: StoreOptions::lock_timeout of the heaps' stores (the CRIU
 /// plugin bounds it: the frozen process may hold a store's lock).
-HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const std::string& snapshot, bool replace,
-                         HeapStats* stats = nullptr, std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1));
+HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const std::string& snapshot, bool replace, HeapStats* stats = nullptr,
+                         std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1));
 
 /// Removes the heap snapshots an image refers to (missing ones are fine).
 void remove_heaps(const HeapImage& image);
@@ -94,7 +93,6 @@ std::string heap_store(const HeapFile& h, const std::string& snapshot, const std
 /// heap file exists with another size (changed behind dvr's back), corrupt /
 /// not_found for a damaged or missing snapshot.
 /// `lock_timeout` as for snapshot_heaps().
-void restore_heaps(const HeapImage& image, const std::string& preferred = "",
-                   std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1));
+void restore_heaps(const HeapImage& image, const std::string& preferred = "", std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1));
 
 }  // namespace dvr::detail::heaps

@@ -89,9 +89,12 @@ bool parse_pagemap(const char* data, std::size_t size, Pagemap& out) {
       Entry e;
       std::uint64_t flags = 0;
       bool ok = fields(p, p + len, [&](std::uint64_t f, std::uint64_t v) {
-        if (f == 1) e.vaddr = v;
-        else if (f == 2) e.pages = v;
-        else if (f == 4) flags = v;
+        if (f == 1)
+          e.vaddr = v;
+        else if (f == 2)
+          e.pages = v;
+        else if (f == 4)
+          flags = v;
       });
       if (!ok || e.vaddr % kPageSize || e.pages == 0 || e.pages > (1ull << 40) / kPageSize) return false;
       if (!out.entries.empty()) {

@@ -34,14 +34,16 @@ std::string read_proc(pid_t pid, const char* what) { return read_proc_path("/pro
 std::string command_line(pid_t pid) {
   std::string command = read_proc(pid, "cmdline");
   std::replace(command.begin(), command.end(), '\0', ' ');
-  while (!command.empty() && command.back() == ' ') command.pop_back();
+  while (!command.empty() && command.back() == ' ')
+    command.pop_back();
   if (command.empty()) command = read_proc(pid, "comm");
   return command;
 }
 
 std::string comm_of(pid_t pid) {
   std::string c = read_proc(pid, "comm");
-  while (!c.empty() && (c.back() == '\n' || c.back() == ' ')) c.pop_back();
+  while (!c.empty() && (c.back() == '\n' || c.back() == ' '))
+    c.pop_back();
   return c.substr(0, 64);
 }
 
@@ -59,7 +61,8 @@ std::vector<pid_t> process_tree(pid_t root) {
 }
 
 void signal_tree(const std::vector<pid_t>& tree, int sig) {
-  for (pid_t p : tree) ::kill(p, sig);
+  for (pid_t p : tree)
+    ::kill(p, sig);
 }
 
 bool in_own_pid_namespace(pid_t pid) {
@@ -70,7 +73,8 @@ bool in_own_pid_namespace(pid_t pid) {
       std::istringstream f(line.substr(6));
       std::vector<std::string> ids;
       std::string x;
-      while (f >> x) ids.push_back(x);
+      while (f >> x)
+        ids.push_back(x);
       return ids.size() > 1 && ids.back() == "1";
     }
   return false;

@@ -58,7 +58,8 @@ void check_host(const ProcInfo& p, const std::string& name, const char* verb) {
   std::vector<std::string> differ;
   for (auto& f : p.files) {
     struct stat st {};
-    if (::stat(f.path.c_str(), &st) != 0) differ.push_back(f.path + " is missing");
+    if (::stat(f.path.c_str(), &st) != 0)
+      differ.push_back(f.path + " is missing");
     else if (static_cast<std::uint64_t>(st.st_size) != f.size)
       differ.push_back(f.path + " is " + std::to_string(st.st_size) + " bytes here, " + std::to_string(f.size) + " where it was dumped");
     else if (st.st_mtim.tv_sec * 1000000000ll + st.st_mtim.tv_nsec != f.mtime_ns)
@@ -66,11 +67,13 @@ void check_host(const ProcInfo& p, const std::string& name, const char* verb) {
   }
   if (differ.empty()) return;
   std::string list;
-  for (std::size_t k = 0; k < differ.size() && k < 8; ++k) list += "\n  " + differ[k];
+  for (std::size_t k = 0; k < differ.size() && k < 8; ++k)
+    list += "\n  " + differ[k];
   if (differ.size() > 8) list += "\n  ... and " + std::to_string(differ.size() - 8) + " more";
-  throw Error(Errc::unsupported, "cannot " + std::string(verb) + " '" + name + "': CRIU needs the programs and libraries it "
-                                 "ran with, at the same paths, and here they differ:" + list +
-                                 "\ninstall the same versions (the same packages or build) at the same paths; nothing was changed");
+  throw Error(Errc::unsupported, "cannot " + std::string(verb) + " '" + name +
+                                     "': CRIU needs the programs and libraries it "
+                                     "ran with, at the same paths, and here they differ:" +
+                                     list + "\ninstall the same versions (the same packages or build) at the same paths; nothing was changed");
 }
 
 // What would clash with running processes: a clone needs a dump from a job in
@@ -82,18 +85,16 @@ void check_conflicts(const ProcInfo& p, const std::string& name, const RestoreOp
                                             ") was not dumped from a job in its own PID namespace, so a clone would need the "
                                             "original's PIDs; start jobs with `dvr run -- CMD` to clone them");
   if (!p.own_pid_namespace && ::kill(p.pid, 0) == 0)
-    throw Error(Errc::io, "cannot restore process snapshot '" + name + "': PID " + std::to_string(p.pid) +
-                              " is in use (" + comm_of(p.pid) +
-                                            "); stop that process first, or start jobs with `dvr run -- CMD` so that they "
-                                            "restore in a PID namespace of their own (nothing was changed)");
+    throw Error(Errc::io, "cannot restore process snapshot '" + name + "': PID " + std::to_string(p.pid) + " is in use (" + comm_of(p.pid) +
+                              "); stop that process first, or start jobs with `dvr run -- CMD` so that they "
+                              "restore in a PID namespace of their own (nothing was changed)");
   if (!options.clone)
     for (auto& h : p.heaps) {
       auto users = heaps::processes_mapping(h.path);
       if (!users.empty())
-        throw Error(Errc::io, "cannot restore process snapshot '" + name + "': its heap file " + h.path +
-                                                " is mapped by running process " + users.front() +
-                                                "; stop it first, or use `dvr proc clone " + name +
-                                                "` to run a copy beside it (nothing was changed)");
+        throw Error(Errc::io, "cannot restore process snapshot '" + name + "': its heap file " + h.path + " is mapped by running process " +
+                                  users.front() + "; stop it first, or use `dvr proc clone " + name +
+                                  "` to run a copy beside it (nothing was changed)");
     }
 }
 
@@ -138,7 +139,8 @@ void prepare_page_images(const Store& store, const std::string& name, const Work
     auto w = std::make_unique<procpages::Windows>();
     if (!procpages::parse_pagemap(static_cast<const char*>(r.data()), r.size(), pm) || !w->build(pm, fd.get(), g.size, true, &why))
       throw Error(Errc::corrupt, "process snapshot '" + name + "': " + g.pages + " cannot be rebuilt (" + why + ")");
-    for (auto& win : w->windows()) rb.window_at[procpages::window_region(pm.pages_id, win.start)] = win.base;
+    for (auto& win : w->windows())
+      rb.window_at[procpages::window_region(pm.pages_id, win.start)] = win.base;
     rb.windows.push_back(std::move(w));
   }
 }
@@ -252,27 +254,25 @@ struct Subreaper {
 // Runs `criu restore` of the images in `work`, detached, writing the restored
 // root's PID to `pidfile`. Throws when CRIU fails (nothing of it is left
 // running then).
-void run_criu_restore(const Store& store, const std::string& name, const ProcInfo& p, const RestoreOptions& options,
-                      const std::string& criu, const std::string& plugin, const WorkDir& work, const std::string& pidfile,
-                      const char* verb) {
-  std::vector<std::string> argv = {criu, "restore", "-D", work.path, "-o", "restore.log", "-v2", "--libdir", plugin,
-                                   "--restore-detached", "--pidfile", pidfile};
+void run_criu_restore(const Store& store, const std::string& name, const ProcInfo& p, const RestoreOptions& options, const std::string& criu,
+                      const std::string& plugin, const WorkDir& work, const std::string& pidfile, const char* verb) {
+  std::vector<std::string> argv = {criu,        "restore", "-D", work.path, "-o", "restore.log", "-v2", "--libdir", plugin, "--restore-detached",
+                                   "--pidfile", pidfile};
   std::string out;
   int rc = run_capture(argv, {"DVR_CRIU_STORE=" + store.path()}, &out, private_heap_dirs(p, options));
   if (rc == 0) return;
   auto [plugin_error, errors, log] = criu_failure(work, "restore.log", "restore-" + name + ".log");
   if (rc == 126) throw Error(Errc::io, "cannot " + std::string(verb) + ": could not set up a private mount namespace for its heaps");
   if (!plugin_error.empty()) throw Error(Errc::io, "cannot restore process snapshot '" + name + "': " + plugin_error);
-  throw Error(Errc::io, "CRIU could not restore process snapshot '" + name + "' (exit " + std::to_string(rc) + "):" +
-                            (errors.empty() ? "\n  " + out : errors) + criu_hint(errors) + "\nfull log: " + log +
+  throw Error(Errc::io, "CRIU could not restore process snapshot '" + name + "' (exit " + std::to_string(rc) +
+                            "):" + (errors.empty() ? "\n  " + out : errors) + criu_hint(errors) + "\nfull log: " + log +
                             "\n(nothing of it is left running; `dvr proc check` checks CRIU and the kernel)");
 }
 
 // What differs from the dumping host without stopping the restore.
 std::vector<std::string> host_notes(const ProcInfo& p, const std::string& criu) {
   std::vector<std::string> notes;
-  if (!p.kernel.empty() && p.kernel != kernel_release())
-    notes.push_back("dumped on kernel " + p.kernel + ", restored on " + kernel_release());
+  if (!p.kernel.empty() && p.kernel != kernel_release()) notes.push_back("dumped on kernel " + p.kernel + ", restored on " + kernel_release());
   if (!p.criu_version.empty() && p.criu_version != criu_version(criu))
     notes.push_back("dumped with CRIU " + p.criu_version + ", restored with " + criu_version(criu));
   return notes;

@@ -30,7 +30,8 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
     detail::throw_errno(e, "cannot create a pipe");
   }
   std::vector<char*> args;
-  for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (auto& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t middle = ::fork();
   if (middle < 0) {
@@ -92,7 +93,9 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
                     : stage == 4 ? "change to directory " + options.cwd
                     : stage == 5 ? "run '" + argv[0] + "'"
                                  : "start the job";
-    throw Error(err == ENOENT ? Errc::not_found : err == EPERM || err == EACCES ? Errc::permission : Errc::io,
+    throw Error(err == ENOENT                   ? Errc::not_found
+                : err == EPERM || err == EACCES ? Errc::permission
+                                                : Errc::io,
                 "dvr run: cannot " + w + ": " + std::strerror(static_cast<int>(err)));
   };
   if (n1 != sizeof first) throw Error(Errc::io, "dvr run: the job could not be started");

@@ -28,7 +28,7 @@ namespace {
 
 constexpr std::uint64_t kMagic = 0x414e455241525644ull;  // "DVRARENA"
 constexpr std::uint32_t kVersion = 1;
-using detail::kPageSize;  // the arena's unit of address, size and growth
+using detail::kPageSize;     // the arena's unit of address, size and growth
 constexpr int kClasses = 9;  // 16, 32, ..., 4096
 constexpr std::size_t kMaxSmall = 4096;
 
@@ -63,8 +63,9 @@ Arena::Arena(Session& session, std::string name, const ArenaOptions& o)
     : session_(session), name_(std::move(name)), address_(o.address), reserve_(o.reserve), grow_step_(o.grow_step) {
   if (address_ == 0 || address_ % kPageSize || reserve_ == 0 || reserve_ % kPageSize || o.initial < 2 * kPageSize || o.initial > reserve_ ||
       o.grow_step == 0 || o.grow_step % kPageSize || o.initial % kPageSize)
-    throw Error(Errc::invalid_argument, "arena '" + name_ + "': address, reserve, initial and grow_step must be whole pages, "
-                                        "initial at least two pages and at most reserve");
+    throw Error(Errc::invalid_argument, "arena '" + name_ +
+                                            "': address, reserve, initial and grow_step must be whole pages, "
+                                            "initial at least two pages and at most reserve");
   void* p = ::mmap(base(), reserve_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
   char where[64];
   std::snprintf(where, sizeof where, "[%#llx, %#llx)", static_cast<unsigned long long>(address_),
@@ -114,8 +115,7 @@ void* Arena::root() const { return reinterpret_cast<void*>(static_cast<const Hea
 void Arena::resize(std::size_t n) {
   auto* h = static_cast<Header*>(base());
   std::size_t cur = h->committed;
-  if (n > cur && ::mprotect(static_cast<char*>(base()) + cur, n - cur, PROT_READ | PROT_WRITE) != 0)
-    throw std::bad_alloc();
+  if (n > cur && ::mprotect(static_cast<char*>(base()) + cur, n - cur, PROT_READ | PROT_WRITE) != 0) throw std::bad_alloc();
   try {
     session_.untrack(name_);
     session_.track(name_, base(), n);

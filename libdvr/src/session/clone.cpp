@@ -51,13 +51,12 @@ Region& Clone::region(const std::string& name) {
 
 std::vector<Region*> Clone::regions() const {
   std::vector<Region*> out;
-  for (auto& r : state_->regions) out.push_back(r.get());
+  for (auto& r : state_->regions)
+    out.push_back(r.get());
   return out;
 }
 
-Clone Store::open_snapshot(const std::string& session, const std::string& snapshot) const {
-  return open_snapshot(session, snapshot, CloneOptions{});
-}
+Clone Store::open_snapshot(const std::string& session, const std::string& snapshot) const { return open_snapshot(session, snapshot, CloneOptions{}); }
 
 Clone Store::open_snapshot(const std::string& session, const std::string& snapshot, const CloneOptions& options) const {
   using namespace detail;
@@ -71,7 +70,8 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
 
   if (options.verify) {
     std::vector<std::size_t> all(m.chunks.size());
-    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+    for (std::size_t i = 0; i < all.size(); ++i)
+      all[i] = i;
     std::string why;
     if (first_damaged(*impl_->packs, m, all, &why) != SIZE_MAX)
       throw Error(Errc::corrupt, "cannot clone '" + ref + "': it is damaged (" + why + "); run `dvr verify`");
@@ -171,8 +171,6 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
 }
 
 Clone Session::clone(const std::string& snapshot) { return store().open_snapshot(name(), snapshot); }
-Clone Session::clone(const std::string& snapshot, const CloneOptions& options) {
-  return store().open_snapshot(name(), snapshot, options);
-}
+Clone Session::clone(const std::string& snapshot, const CloneOptions& options) { return store().open_snapshot(name(), snapshot, options); }
 
 }  // namespace dvr

@@ -34,9 +34,7 @@ Region::~Region() {
   if (sdk_owned_ && data_) ::munmap(data_, detail::round_up_page(size_));
 }
 
-const char* tracking_name(Tracking tracking) noexcept {
-  return tracking == Tracking::write_protect ? "write_protect" : "hash";
-}
+const char* tracking_name(Tracking tracking) noexcept { return tracking == Tracking::write_protect ? "write_protect" : "hash"; }
 
 namespace {
 
@@ -48,7 +46,7 @@ struct RegionTrack {
   // snapshot or restore covered the region: memory tracked (or allocated)
   // since then is compared by hashing until one does.
   bool synced = false;
-  std::string why;                       // why it is not tracked
+  std::string why;  // why it is not tracked
 };
 
 constexpr std::uintptr_t kPage = 4096;
@@ -144,11 +142,15 @@ void forget_note(const std::string& note) {
 void remember_note(const std::string& note) {
   static std::once_flag once;
   std::call_once(once, [] {
-    ::pthread_atfork(nullptr, [] {
-      std::lock_guard<std::mutex> g(g_notes_mu);
-      for (auto& n : g_notes) ::unlink(n.c_str());
-      g_notes.clear();
-    }, nullptr);
+    ::pthread_atfork(
+        nullptr,
+        [] {
+          std::lock_guard<std::mutex> g(g_notes_mu);
+          for (auto& n : g_notes)
+            ::unlink(n.c_str());
+          g_notes.clear();
+        },
+        nullptr);
   });
   std::lock_guard<std::mutex> g(g_notes_mu);
   g_notes.insert(note);
@@ -179,7 +181,7 @@ void Session::State::publish_notes() {
     note.snapshot = base->name;
     note.checksum = base->checksum;
     remember_note(detail::heaps::note_path(file));  // before it exists: a fork meanwhile removes it
-    detail::heaps::write_note(file, note);  // best effort: a missing note only costs hashing
+    detail::heaps::write_note(file, note);          // best effort: a missing note only costs hashing
   }
 }
 
@@ -226,8 +228,7 @@ const ManifestRegion* Session::State::base_region(const Region& r) const {
 
 bool Session::State::written_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
   auto it = tracks.find(&r);
-  if (!base_region(r) || it == tracks.end() || it->second.tracked.first == it->second.tracked.second || !it->second.synced)
-    return false;
+  if (!base_region(r) || it == tracks.end() || it->second.tracked.first == it->second.tracked.second || !it->second.synced) return false;
   std::vector<detail::AddrRange> pages;
   if (!tracker->written(it->second.tracked, pages)) {
     // The memory was unmapped and mapped again (or this is a forked child):
@@ -243,8 +244,10 @@ bool Session::State::written_since_base(const Region& r, std::vector<std::pair<s
   for (auto& [pb, pe] : pages) {
     std::uintptr_t lo = std::max(pb, b), hi = std::min(pe, e);
     if (lo >= hi) continue;
-    if (!out.empty() && out.back().second >= lo - b) out.back().second = std::max<std::uint64_t>(out.back().second, hi - b);
-    else out.emplace_back(lo - b, hi - b);
+    if (!out.empty() && out.back().second >= lo - b)
+      out.back().second = std::max<std::uint64_t>(out.back().second, hi - b);
+    else
+      out.emplace_back(lo - b, hi - b);
   }
   return true;
 }
@@ -272,8 +275,7 @@ void Session::State::rearm() {
   }
 }
 
-Session::Session(Store store, std::string name, const SessionOptions& options)
-    : state_(std::make_unique<State>(std::move(store))) {
+Session::Session(Store store, std::string name, const SessionOptions& options) : state_(std::make_unique<State>(std::move(store))) {
   state_->name = std::move(name);
   state_->options = options;
   detail::check_name("session", state_->name);
@@ -299,7 +301,8 @@ std::string Session::tracking_note() const {
 
 Session::~Session() {
   if (state_)
-    for (auto& [region, file] : state_->heap_files) state_->drop_note(*region);
+    for (auto& [region, file] : state_->heap_files)
+      state_->drop_note(*region);
 }
 
 Session::Session(Session&&) noexcept = default;
@@ -328,13 +331,13 @@ void Session::autosave(std::chrono::milliseconds every, std::size_t keep) {
   state_->autosave_every = every.count() > 0 ? every : std::chrono::milliseconds(0);
   state_->autosave_keep = keep;
   // Continue the numbering of earlier runs, so names never repeat.
-  for (auto& info : list()) state_->autosave_next = std::max(state_->autosave_next, autosave_number(info.name) + 1);
+  for (auto& info : list())
+    state_->autosave_next = std::max(state_->autosave_next, autosave_number(info.name) + 1);
   state_->last_snapshot = std::chrono::steady_clock::now();
 }
 
 std::optional<SnapshotInfo> Session::checkpoint_point() {
-  if (state_->autosave_every.count() == 0 || std::chrono::steady_clock::now() - state_->last_snapshot < state_->autosave_every)
-    return std::nullopt;
+  if (state_->autosave_every.count() == 0 || std::chrono::steady_clock::now() - state_->last_snapshot < state_->autosave_every) return std::nullopt;
   SnapshotInfo taken = snapshot(kAutosavePrefix + std::to_string(state_->autosave_next++), {.label = "autosave"});
   // Retention: the newest `keep` autosaves stay (by number; named ones are not
   // autosaves and are never touched).
@@ -355,7 +358,8 @@ std::optional<SnapshotInfo> Session::latest() const { return state_->store.lates
 
 std::vector<Region*> Session::regions() const {
   std::vector<Region*> out;
-  for (auto& r : state_->regions) out.push_back(r.get());
+  for (auto& r : state_->regions)
+    out.push_back(r.get());
   return out;
 }
 
@@ -365,12 +369,11 @@ Region& Session::region(const std::string& name) {
   throw Error(Errc::not_found, "session '" + state_->name + "' has no region '" + name + "'");
 }
 
-static void check_new_region(const std::vector<std::unique_ptr<Region>>& regions, const std::string& session,
-                             const std::string& name, const void* data, std::size_t size) {
+static void check_new_region(const std::vector<std::unique_ptr<Region>>& regions, const std::string& session, const std::string& name,
+                             const void* data, std::size_t size) {
   detail::check_name("region", name);
   for (auto& r : regions)
-    if (r->name() == name)
-      throw Error(Errc::already_exists, "session '" + session + "' already has a region '" + name + "'; untrack() it first");
+    if (r->name() == name) throw Error(Errc::already_exists, "session '" + session + "' already has a region '" + name + "'; untrack() it first");
   if (size == 0) throw Error(Errc::invalid_argument, "region '" + name + "' has size 0; regions must hold at least one byte");
   if (data == nullptr) return;
   auto b = reinterpret_cast<std::uintptr_t>(data), e = b + size;
@@ -378,8 +381,7 @@ static void check_new_region(const std::vector<std::unique_ptr<Region>>& regions
   for (auto& r : regions) {
     auto rb = reinterpret_cast<std::uintptr_t>(r->data()), re = rb + r->size();
     if (b < re && rb < e)
-      throw Error(Errc::invalid_argument, "region '" + name + "' overlaps region '" + r->name() +
-                                              "'; a byte may belong to one region only");
+      throw Error(Errc::invalid_argument, "region '" + name + "' overlaps region '" + r->name() + "'; a byte may belong to one region only");
   }
 }
 
@@ -394,8 +396,7 @@ Region& Session::track(const std::string& name, void* data, std::size_t size) {
 Region& Session::alloc(const std::string& name, std::size_t size) {
   check_new_region(state_->regions, state_->name, name, nullptr, size);
   void* p = ::mmap(nullptr, detail::round_up_page(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
-    throw Error(Errc::no_space, "cannot allocate " + std::to_string(size) + " bytes for region '" + name + "': out of memory");
+  if (p == MAP_FAILED) throw Error(Errc::no_space, "cannot allocate " + std::to_string(size) + " bytes for region '" + name + "': out of memory");
   state_->regions.push_back(std::make_unique<Region>(name, p, size, true));
   state_->start_tracking(*state_->regions.back());
   return *state_->regions.back();
@@ -420,8 +421,9 @@ Region& Session::alloc(const std::string& name, std::size_t size, const AllocOpt
   }
   if (st.st_size != 0 && static_cast<std::uint64_t>(st.st_size) != length) {
     ::close(fd);
-    throw Error(Errc::invalid_argument, "heap file " + file + " of region '" + name + "' holds " + std::to_string(st.st_size) +
-                                            " bytes, but " + std::to_string(length) + " were asked for; alloc() it with its size, "
+    throw Error(Errc::invalid_argument, "heap file " + file + " of region '" + name + "' holds " + std::to_string(st.st_size) + " bytes, but " +
+                                            std::to_string(length) +
+                                            " were asked for; alloc() it with its size, "
                                             "or delete the file to start an empty heap");
   }
   if (st.st_size == 0) {
@@ -467,7 +469,8 @@ void Session::base_on(const std::string& name) {
     m = store.load_manifest(state_->name, name);
   }
   // Nothing the tracker recorded is relative to this manifest: compare by hash.
-  for (auto& [region, t] : state_->tracks) t.synced = false;
+  for (auto& [region, t] : state_->tracks)
+    t.synced = false;
   state_->replace_base(std::move(*m));
   state_->head = name;
 }
@@ -499,10 +502,12 @@ std::vector<detail::RegionSource> Session::State::sources(bool* tracked_any) {
 }
 
 void Session::State::adopt(Manifest&& m) {
-  for (auto& [region, t] : tracks) t.synced = true;
+  for (auto& [region, t] : tracks)
+    t.synced = true;
   // The notes describe the marks about to be cleared: gone first, so that no
   // moment (nor a failure to write the new ones) leaves a stale one.
-  for (auto& [region, file] : heap_files) drop_note(*region);
+  for (auto& [region, file] : heap_files)
+    drop_note(*region);
   // Live memory now equals this snapshot: track writes relative to it.
   rearm();
   head = m.name;
@@ -514,8 +519,8 @@ void Session::State::adopt(Manifest&& m) {
 SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& options) {
   detail::check_name("snapshot", name);
   if (state_->regions.empty())
-    throw Error(Errc::invalid_argument, "session '" + state_->name + "' has no regions to snapshot as '" + name +
-                                            "'; track() or alloc() memory first");
+    throw Error(Errc::invalid_argument,
+                "session '" + state_->name + "' has no regions to snapshot as '" + name + "'; track() or alloc() memory first");
   // What changed since the base: asked of the tracker, or found by hashing,
   // before the store is locked.
   bool tracked = false;
@@ -554,7 +559,8 @@ void check_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& p
                                     "; live memory was not changed — restore another snapshot and run `dvr verify`");
   };
   try {
-    for (std::size_t i : touched) detail::map_chunk(packs, detail::view_of(m, i));
+    for (std::size_t i : touched)
+      detail::map_chunk(packs, detail::view_of(m, i));
   } catch (const Error& e) {
     throw Error(e.code(), "cannot restore '" + ref + "': " + e.what() + " (live memory was not changed)");
   }
@@ -573,7 +579,8 @@ void check_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& p
           // Scattered pages: start loading the next job's while this one is hashed.
           detail::PageLoc next = detail::view_of(m, jobs[k + 1].chunk).location(jobs[k + 1].p0);
           if (const char* ahead = next.pack ? packs.mapped(next.pack, next.offset, kPageSize) : nullptr)
-            for (std::uint64_t line = 0; line < 512; line += 64) __builtin_prefetch(ahead + line);
+            for (std::uint64_t line = 0; line < 512; line += 64)
+              __builtin_prefetch(ahead + line);
         }
         detail::ChunkView v = detail::view_of(m, jobs[k].chunk);
         for (std::uint32_t p = jobs[k].p0; p < jobs[k].p1; ++p) {
@@ -597,7 +604,6 @@ void check_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& p
                     "fail their checksum (" + packs.path_of(at.pack) + " offset " + std::to_string(at.offset) + ")");
     }
   }
-
 }
 
 // Copies a checked plan into live memory (non-temporal stores, every core).
@@ -611,16 +617,20 @@ void copy_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& pl
       if (!v.overlay_count) {
         // Pages stored together: one copy.
         char* to = plan.dst[j.chunk] + j.p0 * kPageSize;
-        if (v.ref->is_zero()) detail::zero_nt(to, end - j.p0 * kPageSize);
-        else detail::copy_nt(to, packs.mapped(v.ref->pack, v.ref->offset + j.p0 * kPageSize, end - j.p0 * kPageSize), end - j.p0 * kPageSize);
+        if (v.ref->is_zero())
+          detail::zero_nt(to, end - j.p0 * kPageSize);
+        else
+          detail::copy_nt(to, packs.mapped(v.ref->pack, v.ref->offset + j.p0 * kPageSize, end - j.p0 * kPageSize), end - j.p0 * kPageSize);
         continue;
       }
       for (std::uint32_t p = j.p0; p < j.p1; ++p) {
         detail::PageLoc at = v.location(p);
         std::uint32_t len = v.page_length(p);
         char* to = plan.dst[j.chunk] + p * kPageSize;
-        if (at.pack) detail::copy_nt(to, packs.mapped(at.pack, at.offset, len), len);
-        else detail::zero_nt(to, len);
+        if (at.pack)
+          detail::copy_nt(to, packs.mapped(at.pack, at.offset, len), len);
+        else
+          detail::zero_nt(to, len);
       }
     }
   });
@@ -676,8 +686,7 @@ RestorePlan Session::State::plan_restore(const Manifest& m, const std::string& r
         continue;
       }
       const ChunkRef &t = m.chunks[i], &b = base_m->chunks[br->first_chunk + j];
-      const bool same_kind =
-          m.paged == base_m->paged && t.length == b.length && base_m->trusted(br->first_chunk + j) && m.trusted(i);
+      const bool same_kind = m.paged == base_m->paged && t.length == b.length && base_m->trusted(br->first_chunk + j) && m.trusted(i);
       if (same_kind && t.hash == b.hash && !w->chunk[j]) continue;
       if (!same_kind || (!m.paged && !(t.hash == b.hash))) {
         add(0, n);
@@ -693,7 +702,8 @@ RestorePlan Session::State::plan_restore(const Manifest& m, const std::string& r
           continue;
         }
         std::uint32_t q = p + 1;
-        while (q < n && needed(q)) ++q;
+        while (q < n && needed(q))
+          ++q;
         add(p, q);
         p = q;
       }
@@ -704,7 +714,8 @@ RestorePlan Session::State::plan_restore(const Manifest& m, const std::string& r
     if (t.tracked.first != t.tracked.second && copy_bytes > mr.size / 8) plan.unprotect.push_back(t.tracked);
   }
 
-  for (auto& j : plan.jobs) plan.work += std::max<std::uint64_t>(detail::kPageWork, (j.p1 - j.p0) * kPageSize);
+  for (auto& j : plan.jobs)
+    plan.work += std::max<std::uint64_t>(detail::kPageWork, (j.p1 - j.p0) * kPageSize);
   return plan;
 }
 
@@ -727,9 +738,11 @@ void Session::restore(const std::string& name) {
   store.packs->refresh_mappings();
   check_restore(*store.packs, m, plan, ref);
   // From here on live memory changes; the tracker is re-armed at the end.
-  for (auto& r : plan.unprotect) state_->tracker->unprotect(r);
+  for (auto& r : plan.unprotect)
+    state_->tracker->unprotect(r);
   copy_restore(*store.packs, m, plan);
-  for (auto& [region, file] : state_->heap_files) state_->drop_note(*region);  // before the marks are cleared
+  for (auto& [region, file] : state_->heap_files)
+    state_->drop_note(*region);  // before the marks are cleared
   state_->rearm();
   for (auto& mr : m.regions)
     for (auto& r : state_->regions)

@@ -37,8 +37,10 @@ GcReport Store::gc() {
   require_real_dir(impl_->tmp_dir());
   for (auto& f : list_dir(impl_->tmp_dir())) {
     std::string file = impl_->tmp_dir() + "/" + f;
-    if (::unlink(file.c_str()) == 0) ++report.temp_files_removed;
-    else if (errno != ENOENT) throw_errno(errno, "gc cannot remove leftover " + file);
+    if (::unlink(file.c_str()) == 0)
+      ++report.temp_files_removed;
+    else if (errno != ENOENT)
+      throw_errno(errno, "gc cannot remove leftover " + file);
   }
 
   // Pins of clones whose process is gone: nobody holds their lock any more.
@@ -91,13 +93,17 @@ GcReport Store::gc() {
   }
   if (!damaged.empty()) {
     std::string names;
-    for (auto& d : damaged) names += (names.empty() ? "" : ", ") + d;
-    throw Error(Errc::corrupt, "gc refused: the manifest of " + names +
-                                   " cannot be read, so gc cannot tell which data it needs; inspect with `dvr verify`, then remove it with `dvr rm` and run gc again");
+    for (auto& d : damaged)
+      names += (names.empty() ? "" : ", ") + d;
+    throw Error(
+        Errc::corrupt,
+        "gc refused: the manifest of " + names +
+            " cannot be read, so gc cannot tell which data it needs; inspect with `dvr verify`, then remove it with `dvr rm` and run gc again");
   }
 
   auto pack_ids = impl_->packs->ids();
-  for (auto id : pack_ids) report.bytes_before += file_allocated(impl_->packs->path_of(id));
+  for (auto id : pack_ids)
+    report.bytes_before += file_allocated(impl_->packs->path_of(id));
 
   // Other processes' dedup indexes may point at the data about to be freed:
   // announce first, so that a crash after this point is still safe.
@@ -107,8 +113,10 @@ GcReport Store::gc() {
     std::string file = impl_->packs->path_of(id);
     auto it = live.find(id);
     if (it == live.end()) {
-      if (::unlink(file.c_str()) == 0) ++report.packs_removed;
-      else if (errno != ENOENT) throw_errno(errno, "gc cannot remove unused pack " + file);
+      if (::unlink(file.c_str()) == 0)
+        ++report.packs_removed;
+      else if (errno != ENOENT)
+        throw_errno(errno, "gc cannot remove unused pack " + file);
       ::unlink((file.substr(0, file.size() - 5) + ".hash").c_str());  // its page hashes
       continue;
     }
@@ -118,8 +126,7 @@ GcReport Store::gc() {
     std::uint64_t cursor = kPackHeaderSize;
     auto punch = [&](std::uint64_t from, std::uint64_t to) {
       if (to <= from) return;
-      if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
-                      static_cast<off_t>(to - from)) != 0 &&
+      if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from), static_cast<off_t>(to - from)) != 0 &&
           errno != EOPNOTSUPP)
         throw_errno(errno, "cannot free space in " + file);
     };
@@ -132,14 +139,13 @@ GcReport Store::gc() {
   // Pack files half-created by a crash, and page hash files whose pack is gone.
   for (auto& f : list_dir(impl_->path + "/packs")) {
     std::string file = impl_->path + "/packs/" + f;
-    bool orphan = f.size() > 5 && f.compare(f.size() - 5, 5, ".hash") == 0 &&
-                  !path_exists(file.substr(0, file.size() - 5) + ".pack");
-    if (((f.size() > 4 && f.compare(f.size() - 4, 4, ".new") == 0) || orphan) && ::unlink(file.c_str()) == 0)
-      ++report.temp_files_removed;
+    bool orphan = f.size() > 5 && f.compare(f.size() - 5, 5, ".hash") == 0 && !path_exists(file.substr(0, file.size() - 5) + ".pack");
+    if (((f.size() > 4 && f.compare(f.size() - 4, 4, ".new") == 0) || orphan) && ::unlink(file.c_str()) == 0) ++report.temp_files_removed;
   }
   fsync_dir(impl_->path + "/packs");
   impl_->packs->refresh_mappings();
-  for (auto id : impl_->packs->ids()) report.bytes_after += file_allocated(impl_->packs->path_of(id));
+  for (auto id : impl_->packs->ids())
+    report.bytes_after += file_allocated(impl_->packs->path_of(id));
   return report;
 }
 

@@ -65,7 +65,8 @@ std::vector<StoreImpl::Ref> StoreImpl::add_refs(const Manifest& m) {
     }
     // The first refs are the stored chunks, in order. A chunk with overlays is
     // not stored whole at its location: its hash must not lead dedup there.
-    while (chunk < m.chunks.size() && m.chunks[chunk].is_zero()) ++chunk;
+    while (chunk < m.chunks.size() && m.chunks[chunk].is_zero())
+      ++chunk;
     if (chunk >= m.chunks.size()) continue;  // an overlay page
     const ChunkRef& c = m.chunks[chunk++];
     if (!l.indexed && !m.has_overlays(chunk - 1)) {
@@ -112,13 +113,17 @@ void StoreImpl::refresh_index() {
     for (auto& name : snapshot_names(session)) {
       std::string file = manifest_path(session, name);
       FileKey key;
-      if (key_of(file, key)) present.emplace(file, key);
-      else unstatable.insert(file);  // listed but unreadable: its data must not count as free
+      if (key_of(file, key))
+        present.emplace(file, key);
+      else
+        unstatable.insert(file);  // listed but unreadable: its data must not count as free
     }
   for (auto& file : pin_files()) {
     FileKey key;
-    if (key_of(file, key)) present.emplace(file, key);
-    else unstatable.insert(file);
+    if (key_of(file, key))
+      present.emplace(file, key);
+    else
+      unstatable.insert(file);
   }
   for (auto it = indexed_.begin(); it != indexed_.end();) {
     auto p = present.find(it->first);
@@ -163,6 +168,5 @@ void StoreImpl::index_published(const std::string& file, const Manifest& m) {
   }
   indexed_[file] = {key, add_refs(m)};
 }
-
 
 }  // namespace dvr::detail

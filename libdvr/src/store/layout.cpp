@@ -33,8 +33,7 @@ Medium probe_medium(const std::string& probe_file) {
   Fd fd = open_or_throw(probe_file, O_RDWR);
   if (byte_persistent(fd.get(), probe_file)) return Medium::pmem;
   struct statfs fs {};
-  if (::fstatfs(fd.get(), &fs) == 0 &&
-      (static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC))
+  if (::fstatfs(fd.get(), &fs) == 0 && (static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC))
     return Medium::dram;
   return Medium::disk;
 }
@@ -117,8 +116,7 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     if (errno != ENOENT) throw_errno(errno, "cannot open store " + path);
-    if (!options.create)
-      throw Error(Errc::not_found, "no store at " + path + "; create one by taking a snapshot there, or pass the right --store");
+    if (!options.create) throw Error(Errc::not_found, "no store at " + path + "; create one by taking a snapshot there, or pass the right --store");
     make_dirs(path);
     if (::stat(path.c_str(), &st) != 0) throw_errno(errno, "cannot open store " + path);
   }
@@ -134,8 +132,7 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
                                               "); choose an empty or new directory for the store");
     if (!options.create && !path_exists(sb_path)) throw Error(Errc::not_found, "no store at " + path + " (empty directory)");
   }
-  if ((st.st_mode & 077) != 0 && ::chmod(path.c_str(), 0700) != 0)
-    throw_errno(errno, "cannot make store " + path + " private (mode 0700)");
+  if ((st.st_mode & 077) != 0 && ::chmod(path.c_str(), 0700) != 0) throw_errno(errno, "cannot make store " + path + " private (mode 0700)");
 
   // The lock file also guards creation, so two processes opening a new store
   // at once agree on one superblock. Opening an existing store takes no lock:
@@ -170,17 +167,16 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
   std::istringstream in(text.substr(0, text.find('\0')));
   std::string magic, key;
   std::getline(in, magic);
-  if (magic != kSuperblockMagic)
-    throw Error(Errc::invalid_argument, sb_path + " is not a Memory DVR superblock; " + path + " is not a store");
+  if (magic != kSuperblockMagic) throw Error(Errc::invalid_argument, sb_path + " is not a Memory DVR superblock; " + path + " is not a store");
   std::map<std::string, std::string> kv;
   std::string value;
-  while (in >> key >> value) kv[key] = value;
+  while (in >> key >> value)
+    kv[key] = value;
   format_version = static_cast<std::uint32_t>(std::strtoul(kv["format"].c_str(), nullptr, 10));
   if (format_version == 0) throw Error(Errc::corrupt, sb_path + " has no format version; the store's superblock is damaged");
   if (format_version > kStoreFormatVersion)
-    throw Error(Errc::unsupported, "store " + path + " has format version " + std::to_string(format_version) +
-                                       ", newer than this dvr supports (" + std::to_string(kStoreFormatVersion) +
-                                       "); upgrade Memory DVR to open it");
+    throw Error(Errc::unsupported, "store " + path + " has format version " + std::to_string(format_version) + ", newer than this dvr supports (" +
+                                       std::to_string(kStoreFormatVersion) + "); upgrade Memory DVR to open it");
   chunk_size = static_cast<std::uint32_t>(std::strtoul(kv["chunk_size"].c_str(), nullptr, 10));
   uuid = kv["uuid"];
   if (chunk_size < 4096 || (chunk_size & (chunk_size - 1)) != 0 || uuid.size() != 32)
@@ -222,6 +218,5 @@ std::string StoreImpl::read_epoch() const {
 }
 
 void StoreImpl::bump_epoch() { write_file_atomic(tmp_dir(), path + "/epoch", random_hex()); }
-
 
 }  // namespace dvr::detail

@@ -51,8 +51,7 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : fd_(-1) {
     while (::flock(fd_, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK && errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
       if (std::chrono::steady_clock::now() >= deadline)
-        throw Error(Errc::io, "store " + s.path + " stayed locked by another process for " +
-                                  std::to_string(s.lock_timeout.count()) +
+        throw Error(Errc::io, "store " + s.path + " stayed locked by another process for " + std::to_string(s.lock_timeout.count()) +
                                   " ms (lock_timeout): another process is inside a snapshot, restore or gc there, or "
                                   "frozen inside one (a process being dumped); nothing was changed: try again once it "
                                   "is done, or give a longer lock_timeout");
@@ -66,6 +65,5 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : fd_(-1) {
 }
 
 StoreImpl::Lock::~Lock() { ::flock(fd_, LOCK_UN); }
-
 
 }  // namespace dvr::detail

@@ -33,14 +33,17 @@ void StoreImpl::hydrate(Manifest& m) const {
     const std::uint32_t n = v.page_count();
     bool have = true;
     if (v.ref->is_zero()) {
-      for (std::uint32_t p = 0; p < n; ++p) out[p] = zero_page_hash(v.page_length(p));
+      for (std::uint32_t p = 0; p < n; ++p)
+        out[p] = zero_page_hash(v.page_length(p));
     } else {
       have = packs->stored_hashes(v.ref->pack, v.ref->offset, n, out);
     }
     for (std::size_t k = 0; k < v.overlay_count; ++k) {
       const Overlay& o = v.overlays[k];
-      if (!o.pack) out[o.page] = zero_page_hash(v.page_length(o.page));
-      else if (have) have = packs->stored_hashes(o.pack, o.offset, 1, out + o.page);
+      if (!o.pack)
+        out[o.page] = zero_page_hash(v.page_length(o.page));
+      else if (have)
+        have = packs->stored_hashes(o.pack, o.offset, 1, out + o.page);
     }
     if (have && tree_hash(out, n) == v.ref->hash) continue;
     // No page hash file, or one that disagrees with the manifest: hash the
@@ -49,8 +52,7 @@ void StoreImpl::hydrate(Manifest& m) const {
     try {
       for (std::uint32_t p = 0; p < n; ++p) {
         PageLoc at = v.location(p);
-        out[p] = at.pack ? page_hash(packs->read(at.pack, at.offset, v.page_length(p)), v.page_length(p))
-                         : zero_page_hash(v.page_length(p));
+        out[p] = at.pack ? page_hash(packs->read(at.pack, at.offset, v.page_length(p)), v.page_length(p)) : zero_page_hash(v.page_length(p));
       }
     } catch (const Error&) {
       // Unreadable: left for the reader's checks to report.
@@ -70,16 +72,14 @@ Manifest StoreImpl::load_manifest(const std::string& session, const std::string&
   } catch (const Error& e) {
     if (e.code() != Errc::not_found) throw;
     if (!path_exists(session_dir(session)))
-      throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "': there is no session '" + session + "' in store " +
-                                       path + "; `dvr ls` lists the sessions");
-    throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "' in store " + path +
-                                     "; `dvr ls " + session + "` lists its snapshots");
+      throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "': there is no session '" + session + "' in store " + path +
+                                       "; `dvr ls` lists the sessions");
+    throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "' in store " + path + "; `dvr ls " + session + "` lists its snapshots");
   }
   Manifest m = decode_manifest(bytes, ref(session, name) + " (" + file + ")");
   if (m.session != session || m.name != name || m.chunk_size != chunk_size)
-    throw Error(Errc::corrupt, "manifest " + file + " records snapshot '" + ref(m.session, m.name) +
-                                   "' with chunk size " + std::to_string(m.chunk_size) +
-                                   "; it was moved or belongs to another store — remove it with `dvr rm`");
+    throw Error(Errc::corrupt, "manifest " + file + " records snapshot '" + ref(m.session, m.name) + "' with chunk size " +
+                                   std::to_string(m.chunk_size) + "; it was moved or belongs to another store — remove it with `dvr rm`");
   if (raw) *raw = std::move(bytes);
   if (with_page_hashes) hydrate(m);
   return m;
@@ -116,12 +116,13 @@ SnapshotInfo info_from_manifest(const Manifest& m) {
   i.logical_bytes = m.logical_bytes();
   i.stored_bytes = m.stored_bytes;
   i.chunks = m.chunks.size();
-  for (std::size_t k = 0; k < m.chunks.size(); ++k) i.zero_chunks += m.zero_chunk(k) ? 1 : 0;
-  for (auto& r : m.regions) i.regions.push_back({r.name, r.size, r.sdk_owned});
+  for (std::size_t k = 0; k < m.chunks.size(); ++k)
+    i.zero_chunks += m.zero_chunk(k) ? 1 : 0;
+  for (auto& r : m.regions)
+    i.regions.push_back({r.name, r.size, r.sdk_owned});
   i.tracking = (m.flags & kManifestTrackedWrites) ? "write_protect" : "hash";
   i.chunks_read = m.chunks_read;
   return i;
 }
-
 
 }  // namespace dvr::detail

@@ -38,13 +38,10 @@ bool StoreImpl::range_free(std::uint32_t pack, std::uint64_t offset, std::uint64
 
 StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Placement> hint) {
   auto ids = packs->ids();
-  auto usable = [&](std::uint32_t id) {
-    return unreadable_.empty() || id == quarantine_pack_;
-  };
+  auto usable = [&](std::uint32_t id) { return unreadable_.empty() || id == quarantine_pack_; };
   // Next fit: right after the previous block of the same snapshot, so that a
   // snapshot's data stays contiguous and no search is needed.
-  if (hint && usable(hint->pack) && std::find(ids.begin(), ids.end(), hint->pack) != ids.end() &&
-      range_free(hint->pack, hint->offset, length)) {
+  if (hint && usable(hint->pack) && std::find(ids.begin(), ids.end(), hint->pack) != ids.end() && range_free(hint->pack, hint->offset, length)) {
     std::uint64_t size = packs->size_of(hint->pack);
     if (hint->offset + length <= size) return *hint;
     if (hint->pack == ids.back() && hint->offset + length <= kMaxPackSize) {
@@ -97,7 +94,8 @@ StoreImpl::AllocationScope::~AllocationScope() {
   // A snapshot that failed (a full disk, say) gives its space back at once,
   // rather than leaving the file system full until the next gc.
   if (!committed_)
-    for (auto& f : store_.in_flight_) store_.packs->punch(f.pack, f.offset, f.length);
+    for (auto& f : store_.in_flight_)
+      store_.packs->punch(f.pack, f.offset, f.length);
   store_.in_flight_.clear();
   store_.packs->end_writes();
 }
@@ -132,6 +130,5 @@ std::size_t first_damaged(Packs& packs, const Manifest& m, const std::vector<std
   });
   return first.load();
 }
-
 
 }  // namespace dvr::detail

@@ -27,23 +27,34 @@ const char* version() noexcept { return DVR_VERSION; }  // project(VERSION) in C
 
 const char* errc_name(Errc code) noexcept {
   switch (code) {
-    case Errc::not_found: return "not_found";
-    case Errc::already_exists: return "already_exists";
-    case Errc::corrupt: return "corrupt";
-    case Errc::no_space: return "no_space";
-    case Errc::invalid_argument: return "invalid_argument";
-    case Errc::io: return "io";
-    case Errc::unsupported: return "unsupported";
-    case Errc::permission: return "permission";
+    case Errc::not_found:
+      return "not_found";
+    case Errc::already_exists:
+      return "already_exists";
+    case Errc::corrupt:
+      return "corrupt";
+    case Errc::no_space:
+      return "no_space";
+    case Errc::invalid_argument:
+      return "invalid_argument";
+    case Errc::io:
+      return "io";
+    case Errc::unsupported:
+      return "unsupported";
+    case Errc::permission:
+      return "permission";
   }
   return "unknown";
 }
 
 const char* medium_name(Medium medium) noexcept {
   switch (medium) {
-    case Medium::pmem: return "pmem";
-    case Medium::dram: return "dram";
-    case Medium::disk: return "disk";
+    case Medium::pmem:
+      return "pmem";
+    case Medium::dram:
+      return "dram";
+    case Medium::disk:
+      return "disk";
   }
   return "unknown";
 }
@@ -57,9 +68,7 @@ std::vector<std::string> VerifyReport::damaged_snapshots() const {
 
 using detail::StoreImpl;
 
-Store Store::open(const std::string& path, const StoreOptions& options) {
-  return Store(std::make_shared<StoreImpl>(path, options));
-}
+Store Store::open(const std::string& path, const StoreOptions& options) { return Store(std::make_shared<StoreImpl>(path, options)); }
 
 std::string Store::default_path() {
   if (const char* env = std::getenv("DVR_STORE"); env && *env) return env;
@@ -114,9 +123,8 @@ std::vector<SnapshotInfo> Store::list(const std::string& session) const {
       out.push_back(std::move(bad));
     }
   }
-  std::sort(out.begin(), out.end(), [](const SnapshotInfo& a, const SnapshotInfo& b) {
-    return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.name < b.name;
-  });
+  std::sort(out.begin(), out.end(),
+            [](const SnapshotInfo& a, const SnapshotInfo& b) { return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.name < b.name; });
   return out;
 }
 
@@ -142,8 +150,8 @@ void Store::remove(const std::string& session, const std::string& snapshot) {
   if (detail::path_exists(impl_->session_dir(session))) detail::require_real_dir(impl_->session_dir(session));
   if (::unlink(file.c_str()) != 0) {
     if (errno == ENOENT)
-      throw Error(Errc::not_found, "no snapshot '" + StoreImpl::ref(session, snapshot) + "' in store " + impl_->path +
-                                       "; `dvr ls` lists what exists");
+      throw Error(Errc::not_found,
+                  "no snapshot '" + StoreImpl::ref(session, snapshot) + "' in store " + impl_->path + "; `dvr ls` lists what exists");
     detail::throw_errno(errno, "cannot remove " + file);
   }
   detail::fsync_dir(impl_->session_dir(session));
@@ -159,7 +167,8 @@ StoreStats Store::stats() const {
   auto snaps = list();
   s.sessions = sessions().size();
   s.snapshots = snaps.size();
-  for (auto& i : snaps) s.logical_bytes += i.logical_bytes;
+  for (auto& i : snaps)
+    s.logical_bytes += i.logical_bytes;
   for (auto id : impl_->packs->ids()) {
     s.pack_bytes += detail::file_allocated(impl_->packs->path_of(id));
     ++s.pack_files;

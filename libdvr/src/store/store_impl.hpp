@@ -51,9 +51,7 @@ class StoreImpl {
 
   std::string sessions_dir() const { return path + "/sessions"; }
   std::string session_dir(const std::string& s) const { return sessions_dir() + "/" + s; }
-  std::string manifest_path(const std::string& s, const std::string& n) const {
-    return session_dir(s) + "/" + n + kManifestSuffix;
-  }
+  std::string manifest_path(const std::string& s, const std::string& n) const { return session_dir(s) + "/" + n + kManifestSuffix; }
   std::string tmp_dir() const { return path + "/tmp"; }
   std::string pins_dir() const { return path + "/pins"; }
   /// Manifest copies held by live clones (pins/*.snap): their data is in use.
@@ -65,8 +63,7 @@ class StoreImpl {
   /// Reads and checks a manifest, and (unless told not to) fills in its page
   /// hashes. Throws not_found or corrupt. `raw`, when given, receives the
   /// file's bytes.
-  Manifest load_manifest(const std::string& session, const std::string& name, std::string* raw = nullptr,
-                         bool with_page_hashes = true) const;
+  Manifest load_manifest(const std::string& session, const std::string& name, std::string* raw = nullptr, bool with_page_hashes = true) const;
   /// Fills m.page_hashes from the page hash files; where those are missing or
   /// disagree with a chunk's hash, from the stored pages themselves.
   void hydrate(Manifest& m) const;
@@ -191,14 +188,14 @@ class StoreImpl {
   static bool key_of(const std::string& file, FileKey& key);
 
   mutable Fd lock_fd_;
-  mutable Fd writers_fd_;  // writers.lock, opened on first use
-  mutable pid_t owner_pid_ = 0;   // process that opened lock_fd_
-  mutable bool forked_ = false;  // used from a forked child: re-read everything
-  std::unordered_map<Hash128, ChunkRef, Hash128Hasher> index_;     // hash -> a live location
-  FlatMap<Live> uses_;  // location_key(pack, offset) -> use
+  mutable Fd writers_fd_;                                                  // writers.lock, opened on first use
+  mutable pid_t owner_pid_ = 0;                                            // process that opened lock_fd_
+  mutable bool forked_ = false;                                            // used from a forked child: re-read everything
+  std::unordered_map<Hash128, ChunkRef, Hash128Hasher> index_;             // hash -> a live location
+  FlatMap<Live> uses_;                                                     // location_key(pack, offset) -> use
   std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint64_t> live_;  // (pack, offset) -> length in use, in order
-  std::map<std::string, Indexed> indexed_;                         // manifest path -> its chunks
-  std::set<std::string> unreadable_;                               // manifests that failed to decode
+  std::map<std::string, Indexed> indexed_;                                 // manifest path -> its chunks
+  std::set<std::string> unreadable_;                                       // manifests that failed to decode
   // While a manifest is unreadable its data cannot be told from free space;
   // new data then goes only to a pack created after it was seen.
   std::uint32_t quarantine_pack_ = 0;

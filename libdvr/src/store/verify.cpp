@@ -126,12 +126,13 @@ VerifyReport Store::verify(const Progress& progress) const {
         auto it = locs.find(key_of_chunk(view_of(m, r.first_chunk + i)));
         if (it == locs.end() || it->second.error.empty()) continue;
         damage = damage || it->second.damage;
-        items.push_back("region '" + r.name + "' bytes [" + std::to_string(i * m.chunk_size) + ", " +
-                        std::to_string(i * m.chunk_size + c.length) + "): " + it->second.error);
+        items.push_back("region '" + r.name + "' bytes [" + std::to_string(i * m.chunk_size) + ", " + std::to_string(i * m.chunk_size + c.length) +
+                        "): " + it->second.error);
       }
     if (items.empty()) continue;
     std::string what = std::to_string(items.size()) + (damage ? " damaged chunk(s): " : " unreadable chunk(s): ") + items[0];
-    for (std::size_t i = 1; i < std::min<std::size_t>(items.size(), 3); ++i) what += "; " + items[i];
+    for (std::size_t i = 1; i < std::min<std::size_t>(items.size(), 3); ++i)
+      what += "; " + items[i];
     if (items.size() > 3) what += "; ...";
     what += damage ? " — this snapshot cannot be restored; remove it with `dvr rm " + session + "/" + name + "`"
                    : " — check the permissions and health of the store's files, then verify again";
@@ -156,7 +157,8 @@ std::vector<RegionDiff> Store::diff(const std::string& session_a, const std::str
   };
   auto pages = [](std::uint64_t bytes) { return (bytes + kPageSize - 1) / kPageSize; };
   std::vector<std::string> names;
-  for (auto& r : a.regions) names.push_back(r.name);
+  for (auto& r : a.regions)
+    names.push_back(r.name);
   for (auto& r : b.regions)
     if (!find(a, r.name)) names.push_back(r.name);
   for (auto& n : names) {
@@ -193,7 +195,8 @@ std::vector<RegionDiff> Store::diff(const std::string& session_a, const std::str
         std::uint64_t n2 = std::min<std::uint64_t>(kPageSize, len - off), differ = 0;
         if (by_page && a.hashes_of(x->first_chunk + i)[off / kPageSize] == b.hashes_of(y->first_chunk + i)[off / kPageSize]) continue;
         if (std::memcmp(pa + off, pb + off, n2) == 0) continue;
-        for (std::uint64_t k = 0; k < n2; ++k) differ += pa[off + k] != pb[off + k];
+        for (std::uint64_t k = 0; k < n2; ++k)
+          differ += pa[off + k] != pb[off + k];
         d.bytes_differ += differ;
         ++d.pages_differ;
       }
@@ -218,7 +221,8 @@ std::optional<SnapshotInfo> Store::latest(const std::string& session, std::vecto
       if (it->damaged) throw Error(Errc::corrupt, it->damage);
       Manifest m = impl_->load_manifest(session, it->name);
       std::vector<std::size_t> all(m.chunks.size());
-      for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+      for (std::size_t i = 0; i < all.size(); ++i)
+        all[i] = i;
       std::string why;
       if (first_damaged(*impl_->packs, m, all, &why) != SIZE_MAX)
         throw Error(Errc::corrupt, "snapshot '" + ref + "' is damaged: " + why + "; run `dvr verify`");

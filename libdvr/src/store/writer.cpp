@@ -22,13 +22,9 @@ constexpr std::uint64_t kMinBlock = 1u << 20, kMaxBlock = 64u << 20;
 constexpr std::uint64_t kMinReserveStep = 256u << 10, kMaxReserveStep = 8u << 20;
 constexpr std::uint64_t kMaxRun = 256u << 10;
 
-
-
-
 }  // namespace
 
-bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::uint32_t* pages, std::size_t count,
-                       std::uint32_t chunk_pages) {
+bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::uint32_t* pages, std::size_t count, std::uint32_t chunk_pages) {
   std::size_t apart = base.first_overlay[base_chunk + 1] - base.first_overlay[base_chunk];
   for (std::size_t x = 0; x < count; ++x) {
     bool already = false;
@@ -54,16 +50,17 @@ ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, c
   for (std::size_t p = 0; p < pages; ++p) {
     if (!differs[p]) continue;
     std::uint64_t lo = p * kPageSize, hi = std::min<std::uint64_t>(lo + kPageSize, size);
-    if (!out.empty() && out.back().second == lo) out.back().second = hi;
-    else out.emplace_back(lo, hi);
+    if (!out.empty() && out.back().second == lo)
+      out.back().second = hi;
+    else
+      out.emplace_back(lo, hi);
   }
   return out;
 }
 
 // ---- WriteBatch ---------------------------------------------------------------
 
-WriteBatch::WriteBatch(StoreImpl& store)
-    : store_(store), guard_(store.mu), lock_(store, true, StoreImpl::Lock::Kind::writers), space_(store) {
+WriteBatch::WriteBatch(StoreImpl& store) : store_(store), guard_(store.mu), lock_(store, true, StoreImpl::Lock::Kind::writers), space_(store) {
   store_.packs->refresh_mappings();
   store_.refresh_index();
   store_.packs->map_all();
@@ -72,7 +69,8 @@ WriteBatch::WriteBatch(StoreImpl& store)
 WriteBatch::~WriteBatch() = default;
 
 std::vector<SnapshotInfo> WriteBatch::publish(const std::vector<SnapshotWriter*>& writers, std::exception_ptr* after_commit_out) {
-  for (SnapshotWriter* w : writers) w->assemble();
+  for (SnapshotWriter* w : writers)
+    w->assemble();
   std::vector<const Manifest*> done;
   std::exception_ptr after_commit;
   for (SnapshotWriter* w : writers) {
@@ -119,8 +117,7 @@ std::vector<SnapshotInfo> WriteBatch::publish(const std::vector<SnapshotWriter*>
 
 // ---- SnapshotWriter -----------------------------------------------------------
 
-SnapshotWriter::SnapshotWriter(WriteBatch& batch, const std::string& session, const std::string& name, const WriterOptions& options,
-                               Manifest* reuse)
+SnapshotWriter::SnapshotWriter(WriteBatch& batch, const std::string& session, const std::string& name, const WriterOptions& options, Manifest* reuse)
     : batch_(batch) {
   check_name("session", session);
   check_name("snapshot", name);
@@ -379,14 +376,16 @@ void SnapshotWriter::Lane::apply_patch(std::size_t chunk, const std::vector<std:
       o.offset = at.offset;
     }
     std::uint32_t pos = 0;
-    while (pos < n_ov && ov[pos].page < p) ++pos;
+    while (pos < n_ov && ov[pos].page < p)
+      ++pos;
     if (pos == n_ov || ov[pos].page != p) {
       std::copy_backward(ov + pos, ov + n_ov, ov + n_ov + 1);
       ++n_ov;
     }
     ov[pos] = o;
   }
-  for (std::uint32_t x = 0; x < n_ov; ++x) ov[x].chunk = chunk;
+  for (std::uint32_t x = 0; x < n_ov; ++x)
+    ov[x].chunk = chunk;
   w_.ov_count_[chunk] = n_ov;
 }
 
@@ -424,7 +423,8 @@ ChunkPlan plan_chunks(const Manifest& m, const std::vector<RegionSource>& region
   const std::uint32_t pages_per_chunk = pages_in(m.chunk_size);
   for (std::size_t ri = 0; ri < regions.size(); ++ri) {
     const ManifestRegion& mr = m.regions[ri];
-    for (std::uint64_t j = 0; j < mr.chunk_count; ++j) cp.src[mr.first_chunk + j] = regions[ri].data + j * m.chunk_size;
+    for (std::uint64_t j = 0; j < mr.chunk_count; ++j)
+      cp.src[mr.first_chunk + j] = regions[ri].data + j * m.chunk_size;
     const ManifestRegion* br = nullptr;
     for (std::size_t k = 0; base && k < base->regions.size() && !br; ++k)
       if (base->regions[k].name == mr.name && base->regions[k].size == mr.size) br = &base->regions[k];
@@ -442,8 +442,10 @@ ChunkPlan plan_chunks(const Manifest& m, const std::vector<RegionSource>& region
       for (std::uint32_t p = 0; p < m.pages_of(i); ++p)
         if (written.page[j * pages_per_chunk + p]) cp.pages.push_back(p);
       const std::size_t first = cp.page_from[i];
-      if (store_pages_apart(*base, bi, cp.pages.data() + first, cp.pages.size() - first, m.pages_of(i))) cp.plan[i] = Plan::patch;
-      else cp.pages.resize(first);
+      if (store_pages_apart(*base, bi, cp.pages.data() + first, cp.pages.size() - first, m.pages_of(i)))
+        cp.plan[i] = Plan::patch;
+      else
+        cp.pages.resize(first);
       cp.page_from[i + 1] = static_cast<std::uint32_t>(cp.pages.size());
     }
   }
@@ -453,7 +455,8 @@ ChunkPlan plan_chunks(const Manifest& m, const std::vector<RegionSource>& region
 }  // namespace
 
 void write_snapshot(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked) {
-  for (auto& r : regions) w.add_region(r.name, r.size, r.sdk_owned);
+  for (auto& r : regions)
+    w.add_region(r.name, r.size, r.sdk_owned);
   w.seal();
   if (!w.use_base(base)) base = nullptr;
   const Manifest& m = w.manifest();
@@ -488,7 +491,8 @@ void write_snapshot(SnapshotWriter& w, const std::vector<RegionSource>& regions,
         // this one is hashed, instead of stalling on each in turn.
         const std::size_t next = todo[k + 1];
         for (std::uint32_t x = cp.page_from[next]; x < cp.page_from[next + 1]; ++x)
-          for (std::uint64_t line = 0; line < 512; line += 64) __builtin_prefetch(cp.src[next] + cp.pages[x] * kPageSize + line);
+          for (std::uint64_t line = 0; line < 512; line += 64)
+            __builtin_prefetch(cp.src[next] + cp.pages[x] * kPageSize + line);
       }
       if (cp.plan[i] == Plan::patch) {
         const char* data = cp.src[i];

@@ -56,8 +56,7 @@ inline constexpr std::uint64_t kPageWork = 16u << 10;
 /// as the pages stored apart afterwards (the base's overlays of that chunk
 /// plus the changed pages not among them) are at most a quarter of its pages.
 /// Past that the chunk is stored whole. `pages` lists the changed pages.
-bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::uint32_t* pages, std::size_t count,
-                       std::uint32_t chunk_pages);
+bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::uint32_t* pages, std::size_t count, std::uint32_t chunk_pages);
 
 /// The pages of `data` (`size` bytes, region `region` of `base`) whose page
 /// hashes differ from the base's, as ranges; reads all of `data`, on every
@@ -113,8 +112,7 @@ class SnapshotWriter {
   /// parent instead of becoming its own child. `reuse`, when given, lends its
   /// memory to the manifest's tables (a session's previous base: megabytes
   /// that fresh memory would fault in page by page).
-  SnapshotWriter(WriteBatch& batch, const std::string& session, const std::string& name, const WriterOptions& options,
-                 Manifest* reuse = nullptr);
+  SnapshotWriter(WriteBatch& batch, const std::string& session, const std::string& name, const WriterOptions& options, Manifest* reuse = nullptr);
   SnapshotWriter(const SnapshotWriter&) = delete;
   SnapshotWriter& operator=(const SnapshotWriter&) = delete;
 
@@ -249,8 +247,7 @@ void write_snapshot(SnapshotWriter& writer, const std::vector<RegionSource>& reg
 // ---- template -----------------------------------------------------------------
 
 template <class PageAt>
-void SnapshotWriter::Lane::put_patch(std::size_t chunk, const std::uint32_t* pages, std::size_t count, PageAt page_at,
-                                     const char* chunk_data) {
+void SnapshotWriter::Lane::put_patch(std::size_t chunk, const std::uint32_t* pages, std::size_t count, PageAt page_at, const char* chunk_data) {
   left_ -= std::min<std::uint64_t>(left_, count * kPageSize);
   changed_.clear();
   changed_at_.clear();

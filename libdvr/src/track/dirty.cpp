@@ -52,8 +52,7 @@ std::unique_ptr<WriteTracker> WriteTracker::open(std::string* why) {
   if (::ioctl(uffd, UFFDIO_API, &api) != 0) {
     int err = errno;
     ::close(uffd);
-    return fail(std::string("userfaultfd lacks asynchronous write-protection (") + std::strerror(err) +
-                "); it needs Linux 6.7 or newer");
+    return fail(std::string("userfaultfd lacks asynchronous write-protection (") + std::strerror(err) + "); it needs Linux 6.7 or newer");
   }
   int pagemap = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
   if (pagemap < 0) {
@@ -89,9 +88,7 @@ std::unique_ptr<WriteTracker> WriteTracker::open(std::string* why) {
   return t;
 }
 
-WriteTracker::~WriteTracker() {
-  ::close(uffd_);
-}
+WriteTracker::~WriteTracker() { ::close(uffd_); }
 
 bool WriteTracker::add(AddrRange range, std::string* why) {
   uffdio_register reg{};
@@ -148,8 +145,10 @@ bool scan_pagemap(int pagemap, AddrRange range, bool protect, std::vector<AddrRa
     long n = ::ioctl(pagemap, kPagemapScan, &arg);
     if (n < 0) return false;
     for (long i = 0; report && i < n; ++i) {
-      if (!out->empty() && out->back().second == vec[i].start) out->back().second = vec[i].end;
-      else out->emplace_back(vec[i].start, vec[i].end);
+      if (!out->empty() && out->back().second == vec[i].start)
+        out->back().second = vec[i].end;
+      else
+        out->emplace_back(vec[i].start, vec[i].end);
     }
     if (arg.walk_end <= start) return false;  // no progress: give up rather than loop
     start = arg.walk_end;

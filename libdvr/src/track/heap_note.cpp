@@ -80,10 +80,14 @@ bool read_note(const std::string& heap_file, TrackNote& n) {
   while (std::getline(in, line)) {
     std::istringstream f(line);
     f >> key;
-    if (key == "process" && (f >> n.start_time >> n.pid_ns)) seen |= 1;
-    else if (key == "tracked" && (f >> n.start >> n.end)) seen |= 2;
-    else if (key == "region" && (f >> n.data >> n.size)) seen |= 4;
-    else if (key == "checksum" && (f >> n.checksum)) seen |= 8;
+    if (key == "process" && (f >> n.start_time >> n.pid_ns))
+      seen |= 1;
+    else if (key == "tracked" && (f >> n.start >> n.end))
+      seen |= 2;
+    else if (key == "region" && (f >> n.data >> n.size))
+      seen |= 4;
+    else if (key == "checksum" && (f >> n.checksum))
+      seen |= 8;
     else if (key == "snapshot" && line.size() > 9) {
       n.snapshot = line.substr(9);
       seen |= 16;

@@ -16,13 +16,13 @@ namespace dvr::detail::heaps {
 
 /// What a session that tracks a persistent region's writes leaves beside it.
 struct TrackNote {
-  std::uint64_t start_time = 0;  // of the process (/proc/PID/stat field 22)
-  std::uint64_t pid_ns = 0;      // inode of its PID namespace
+  std::uint64_t start_time = 0;       // of the process (/proc/PID/stat field 22)
+  std::uint64_t pid_ns = 0;           // inode of its PID namespace
   std::uintptr_t start = 0, end = 0;  // write-tracked whole pages
-  std::uintptr_t data = 0;       // where the region is mapped
+  std::uintptr_t data = 0;            // where the region is mapped
   std::uint64_t size = 0;
-  std::string snapshot;          // the session's base snapshot
-  std::uint64_t checksum = 0;    // of that snapshot's manifest
+  std::string snapshot;        // the session's base snapshot
+  std::uint64_t checksum = 0;  // of that snapshot's manifest
 };
 std::string note_path(const std::string& heap_file);
 /// Writes the note for this process (best effort).

@@ -66,8 +66,8 @@ Stats send_negotiated(const Store& store, const std::string& ref, int in, int ou
     for (auto& s : snaps) {
       if (s.damaged || s.name == it.name || n >= 32) continue;
       if (!options.base.empty()) {  // only the base asked for
-        std::string want = split_ref(ref).first == proc::kImageSession && it.session != proc::kImageSession ? proc::kHeapPrefix + options.base
-                                                                                                            : options.base;
+        std::string want =
+            split_ref(ref).first == proc::kImageSession && it.session != proc::kImageSession ? proc::kHeapPrefix + options.base : options.base;
         if (s.name != want) continue;
       }
       try {
@@ -113,8 +113,7 @@ Stats send_negotiated(const Store& store, const std::string& ref, int in, int ou
 
 Stats receive_negotiated(Store& store, int in, int out) {
   char magic[8];
-  if (!read_fd(in, magic, 8, true))
-    throw Error(Errc::io, "the sending side ended before the transfer started (its message is above)");
+  if (!read_fd(in, magic, 8, true)) throw Error(Errc::io, "the sending side ended before the transfer started (its message is above)");
   if (std::memcmp(magic, kNegotiateMagic, 8) != 0)
     throw Error(Errc::corrupt, "the sender does not speak the Memory DVR negotiation (is it `dvr send --negotiate`?)");
   std::istringstream hello(recv_text(in));
@@ -157,8 +156,7 @@ Stats receive_negotiated(Store& store, int in, int out) {
   }
   close_item();
   send_text(out, answer);
-  if (answer.find("exists\n") != std::string::npos)
-    throw Error(Errc::already_exists, "refused the transfer: " + answer);
+  if (answer.find("exists\n") != std::string::npos) throw Error(Errc::already_exists, "refused the transfer: " + answer);
   if (answer.find("error ") != std::string::npos) throw Error(Errc::invalid_argument, "refused the transfer: " + answer);
   try {
     RecordReader rd{in};
@@ -175,4 +173,3 @@ Stats receive_negotiated(Store& store, int in, int out) {
 }
 
 }  // namespace dvr::transfer
-

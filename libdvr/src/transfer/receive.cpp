@@ -96,7 +96,8 @@ void put_data(Incoming& in, const Incoming::Region& r, std::uint64_t j, const ch
     return;
   }
   if (in.chunk_size > store_chunk) {  // cut into the store's chunks
-    for (std::uint64_t off = 0; off < len; off += store_chunk) in.lane->put_whole(r.first + (at + off) / store_chunk, data + off);
+    for (std::uint64_t off = 0; off < len; off += store_chunk)
+      in.lane->put_whole(r.first + (at + off) / store_chunk, data + off);
     return;
   }
   // Smaller: the pieces of one store chunk arrive one after the other.
@@ -228,7 +229,8 @@ void receive_pages(Incoming& in, RecordContext& cx, detail::Reader& p) {
     // Stored as the base's chunk with these pages apart: only the pages
     // are read, and the chunk's hash comes from the page hashes.
     in.writer->plan_patch(i, bi, n);
-    in.lane->put_patch(i, list.data(), list.size(), [&](std::uint32_t x) { return page_at[x]; }, nullptr);
+    in.lane->put_patch(
+        i, list.data(), list.size(), [&](std::uint32_t x) { return page_at[x]; }, nullptr);
     if (in.writer->manifest().chunks[i].hash != h)
       bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' fails its XXH3-128 checksum");
   } else {
@@ -310,7 +312,8 @@ void end_item(Incoming& in, detail::Reader& p) {
   for (auto& r : in.regions) {
     shape.regions.push_back({r.name, r.size, false, 0, 0});
     if (r.hashes.size() != r.chunks) bad_stream("chunk " + std::to_string(r.hashes.size()) + " of region '" + r.name + "' is missing");
-    for (auto& h : r.hashes) shape.chunks.push_back({h, 0, 0, 0});
+    for (auto& h : r.hashes)
+      shape.chunks.push_back({h, 0, 0, 0});
     total += r.chunks;
   }
   if (count != total || fingerprint(shape) != fp) bad_stream("the snapshot's content does not match its fingerprint");
@@ -318,8 +321,9 @@ void end_item(Incoming& in, detail::Reader& p) {
   in.lane->finish();
   // What is stored must be what was sent (same chunking: compare).
   if (in.chunk_size == in.writer->chunk_size() && in.paged && fingerprint(in.writer->manifest()) != fp)
-    throw Error(Errc::io, "snapshot '" + in.session + "/" + in.name + "' would be stored with other content than sent; "
-                          "send it again — nothing was stored");
+    throw Error(Errc::io, "snapshot '" + in.session + "/" + in.name +
+                              "' would be stored with other content than sent; "
+                              "send it again — nothing was stored");
 }
 
 // Reads one snapshot's records after its kSnapshot record; checks everything.
@@ -409,7 +413,7 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
     in.b = si.load_manifest(in.session, in.base);
     if (fingerprint(*in.b) != bfp)
       throw Error(Errc::not_found, "snapshot '" + in.session + "/" + in.base + "' in store " + si.path +
-                                              " differs from the sender's base of that name; send without --base — nothing was stored");
+                                       " differs from the sender's base of that name; send without --base — nothing was stored");
   }
   in.writer = std::make_unique<detail::SnapshotWriter>(batch, in.session, in.name, detail::WriterOptions{.label = in.label, .parent = in.base});
   for (auto& r : in.regions) {
@@ -429,15 +433,14 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
   auto t0 = std::chrono::steady_clock::now();
   char head[16];
   rd.raw(head, 8);
-  if (std::memcmp(head, kMagic, 8) != 0)
-    throw Error(Errc::corrupt, "this is not a Memory DVR stream (bad magic); nothing was stored");
+  if (std::memcmp(head, kMagic, 8) != 0) throw Error(Errc::corrupt, "this is not a Memory DVR stream (bad magic); nothing was stored");
   rd.raw(head + 8, 8);
   std::uint32_t v;
   std::memcpy(&v, head + 8, 4);
   if (v != kVersion)
-    throw Error(v > kVersion ? Errc::unsupported : Errc::corrupt,
-                "the stream has format version " + std::to_string(v) + "; this dvr reads version " + std::to_string(kVersion) +
-                    (v > kVersion ? " (upgrade dvr on this side)" : "") + "; nothing was stored");
+    throw Error(v > kVersion ? Errc::unsupported : Errc::corrupt, "the stream has format version " + std::to_string(v) + "; this dvr reads version " +
+                                                                      std::to_string(kVersion) + (v > kVersion ? " (upgrade dvr on this side)" : "") +
+                                                                      "; nothing was stored");
   Stats st;
   detail::WriteBatch batch(detail::impl_of(store));
   std::vector<std::unique_ptr<Incoming>> items;
@@ -465,14 +468,16 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
   // Everything checked: publish, heaps first, the process images last; all
   // or nothing.
   std::vector<detail::SnapshotWriter*> writers;
-  for (auto& in : items) writers.push_back(in->writer.get());
+  for (auto& in : items)
+    writers.push_back(in->writer.get());
   for (const SnapshotInfo& info : batch.publish(writers)) {
     st.stored_bytes += info.stored_bytes;
     st.refs.push_back(info.session + "/" + info.name);
   }
   for (auto& in : items) {
     st.logical_bytes += in->logical;
-    for (auto& r : in->regions) st.chunks += r.chunks;
+    for (auto& r : in->regions)
+      st.chunks += r.chunks;
   }
   st.base = items.back()->base;
   st.wire_bytes = rd.bytes;

@@ -198,7 +198,8 @@ Stats send_with(const Store& store, const std::string& ref, int fd, const Option
   std::vector<Item> items = items_of(store, ref);
   Stats st;
   Progressor prog{opt.progress};
-  for (auto& it : items) prog.total += load(it.store, it.session, it.name).logical_bytes();
+  for (auto& it : items)
+    prog.total += load(it.store, it.session, it.name).logical_bytes();
   RecordWriter w{fd};
   char head[16];
   std::memcpy(head, kMagic, 8);
@@ -206,7 +207,8 @@ Stats send_with(const Store& store, const std::string& ref, int fd, const Option
   std::memcpy(head + 8, &v, 4);
   std::memcpy(head + 12, &flags, 4);
   w.raw(head, 16);
-  for (std::size_t k = 0; k < items.size(); ++k) send_item(items[k], bases[k], w, opt, st, prog);
+  for (std::size_t k = 0; k < items.size(); ++k)
+    send_item(items[k], bases[k], w, opt, st, prog);
   detail::Writer end;
   end.u32(static_cast<std::uint32_t>(items.size()));
   w.record(kStreamEnd, end.out);

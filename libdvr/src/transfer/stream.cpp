@@ -49,8 +49,6 @@ bool read_fd(int fd, char* p, std::size_t n, bool eof_ok) {
   return true;
 }
 
-
-
 void RecordWriter::record(Kind kind, const std::string& payload) {
   std::string r;
   r.reserve(payload.size() + 16);
@@ -98,8 +96,10 @@ std::vector<Item> items_of(const Store& store, const std::string& ref) {
       if (std::any_of(out.begin(), out.end(), [&](const Item& i) { return i.session == h.session; })) continue;
       // The heap snapshot is in this store when it came here by a transfer,
       // else in the heap's own store.
-      if (has_snapshot(store, h.session, snap)) out.push_back({store, h.session, snap});
-      else out.push_back({Store::open(h.store, {.create = false}), h.session, snap});
+      if (has_snapshot(store, h.session, snap))
+        out.push_back({store, h.session, snap});
+      else
+        out.push_back({Store::open(h.store, {.create = false}), h.session, snap});
     }
   }
   if (!has_snapshot(store, session, name) && session != proc::kImageSession) store.info(session, name);  // not_found
@@ -115,7 +115,8 @@ Hash128 fingerprint(const Manifest& m) {
     b.str(r.name);
     b.u64(r.size);
   }
-  for (auto& c : m.chunks) b.hash(c.hash);
+  for (auto& c : m.chunks)
+    b.hash(c.hash);
   return detail::hash128(b.out.data(), b.out.size());
 }
 

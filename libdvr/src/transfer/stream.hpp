@@ -35,7 +35,6 @@ enum Kind : std::uint32_t {
 };
 enum Codec : std::uint8_t { kRaw = 0, kZstd = 1 };
 
-
 /// Throws corrupt: "the stream is damaged: WHY; nothing was stored (send it again)".
 [[noreturn]] void bad_stream(const std::string& why);
 
@@ -79,7 +78,6 @@ struct Item {
   std::string session, name;
   std::string ref() const { return session + "/" + name; }
 };
-
 
 bool has_snapshot(const Store& s, const std::string& session, const std::string& name);
 /// The snapshots REF stands for, heaps before the process images, so that a
