@@ -13,6 +13,7 @@
 #include "format/chunks.hpp"
 #include "base/mapping.hpp"
 #include "base/memops.hpp"
+#include "store/reader.hpp"
 #include "store/store_impl.hpp"
 
 namespace dvr {
@@ -61,12 +62,10 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
 Clone Store::open_snapshot(const std::string& session, const std::string& snapshot, const CloneOptions& options) const {
   using namespace detail;
   const std::string ref = StoreImpl::ref(session, snapshot);
-  std::lock_guard<std::mutex> guard(impl_->mu);
-  // The shared lock keeps writers and gc away until the pin is in place.
-  StoreImpl::Lock lock(*impl_, false);
+  // The shared lock keeps removal and gc away until the pin is in place.
+  SnapshotReader reader(*impl_);
   std::string bytes;
-  impl_->packs->refresh_mappings();  // before page hashes are read from the packs
-  Manifest m = impl_->load_manifest(session, snapshot, &bytes);
+  Manifest m = reader.load(session, snapshot, &bytes);
 
   if (options.verify) {
     std::vector<std::size_t> all(m.chunks.size());

@@ -21,6 +21,7 @@
 #include "base/memops.hpp"
 #include "track/heap_note.hpp"
 #include "store/store_impl.hpp"
+#include "store/reader.hpp"
 #include "store/writer.hpp"
 
 namespace dvr {
@@ -460,13 +461,10 @@ std::string Session::heap_path(const std::string& region) const {
 }
 
 void Session::base_on(const std::string& name) {
-  StoreImpl& store = detail::impl_of(state_->store);
   std::optional<Manifest> m;
   {
-    std::lock_guard<std::mutex> guard(store.mu);
-    StoreImpl::Lock lock(store, false);
-    store.packs->refresh_mappings();
-    m = store.load_manifest(state_->name, name);
+    detail::SnapshotReader reader(detail::impl_of(state_->store));
+    m = reader.load(state_->name, name);
   }
   // Nothing the tracker recorded is relative to this manifest: compare by hash.
   for (auto& [region, t] : state_->tracks)
@@ -721,26 +719,19 @@ RestorePlan Session::State::plan_restore(const Manifest& m, const std::string& r
 
 void Session::restore(const std::string& name) {
   using detail::kPageSize;
-  StoreImpl& store = detail::impl_of(state_->store);
   const std::string ref = StoreImpl::ref(state_->name, name);
-  // Under the shared lock nobody can reuse the space of this snapshot's data
-  // while it is read.
-  std::lock_guard<std::mutex> guard(store.mu);
-  StoreImpl::Lock lock(store, false);
-  const Manifest* base = state_->base ? &*state_->base : nullptr;
+  // Nobody can reuse the space of this snapshot's data while it is read.
+  detail::SnapshotReader reader(detail::impl_of(state_->store));
   // Rolling back to the base (the usual case: one snapshot, many trials)
   // needs no reading and decoding of its manifest when it is unchanged.
   std::optional<Manifest> loaded;
-  store.packs->refresh_mappings();  // before page hashes are read from the packs
-  if (!base || base->name != name || !store.manifest_unchanged(*base)) loaded = store.load_manifest(state_->name, name);
-  const Manifest& m = loaded ? *loaded : *base;
+  const Manifest& m = reader.current(state_->base ? &*state_->base : nullptr, state_->name, name, loaded);
   RestorePlan plan = state_->plan_restore(m, ref);
-  store.packs->refresh_mappings();
-  check_restore(*store.packs, m, plan, ref);
+  check_restore(reader.packs(), m, plan, ref);
   // From here on live memory changes; the tracker is re-armed at the end.
   for (auto& r : plan.unprotect)
     state_->tracker->unprotect(r);
-  copy_restore(*store.packs, m, plan);
+  copy_restore(reader.packs(), m, plan);
   for (auto& [region, file] : state_->heap_files)
     state_->drop_note(*region);  // before the marks are cleared
   state_->rearm();

@@ -16,6 +16,7 @@
 #include "transfer/stream.hpp"
 #include "dvr/proc.hpp"
 #include "format/chunks.hpp"
+#include "store/reader.hpp"
 
 namespace dvr::transfer {
 
@@ -67,13 +68,10 @@ struct Progressor {
 
 // Sends one snapshot, against `base` of the same session if given.
 void send_item(const Item& it, const std::string& base, RecordWriter& w, const Options& opt, Stats& st, Progressor& prog) {
-  StoreImpl& si = detail::impl_of(it.store);
-  std::lock_guard<std::mutex> guard(si.mu);
-  StoreImpl::Lock lock(si, false);  // the data cannot be reused while it is read
-  si.packs->refresh_mappings();
-  Manifest m = si.load_manifest(it.session, it.name);
+  detail::SnapshotReader reader(detail::impl_of(it.store));  // the data cannot be reused while it is read
+  Manifest m = reader.load(it.session, it.name);
   std::optional<Manifest> b;
-  if (!base.empty()) b = si.load_manifest(it.session, base);
+  if (!base.empty()) b = reader.load(it.session, base);
   const bool pageable = b && b->paged && m.paged && b->chunk_size == m.chunk_size;
 
   detail::Writer h;
@@ -150,10 +148,10 @@ void send_item(const Item& it, const std::string& base, RecordWriter& w, const O
         ++st.chunks_skipped;
         continue;
       }
-      detail::read_chunk(*si.packs, detail::view_of(m, i), data.data(), "snapshot '" + it.ref() + "'");
+      reader.read(m, i, data.data(), "snapshot '" + it.ref() + "'");
       if ((read_bytes += c.length) >= kDropEvery) {
         // The snapshot's pages need not stay mapped in this process.
-        si.packs->drop_resident();
+        reader.packs().drop_resident();
         read_bytes = 0;
       }
       if (pageable && br && b->chunks[br->first_chunk + j].length == c.length && b->trusted(br->first_chunk + j)) {

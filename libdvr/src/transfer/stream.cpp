@@ -7,6 +7,7 @@
 
 #include "base/os.hpp"
 #include "store/store_impl.hpp"
+#include "store/reader.hpp"
 #include "transfer/stream.hpp"
 
 #include "dvr/proc.hpp"
@@ -122,10 +123,7 @@ Hash128 fingerprint(const Manifest& m) {
 
 Manifest load(const Store& s, const std::string& session, const std::string& name) {
   StoreImpl& si = detail::impl_of(s);
-  std::lock_guard<std::mutex> guard(si.mu);
-  StoreImpl::Lock lock(si, false);
-  si.packs->refresh_mappings();
-  return si.load_manifest(session, name);
+  return detail::SnapshotReader(si).load(session, name);
 }
 
 }  // namespace dvr::transfer::internal
