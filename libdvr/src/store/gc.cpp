@@ -25,6 +25,47 @@ namespace dvr {
 
 using detail::StoreImpl;
 
+namespace {
+
+// Leftovers of interrupted commits (tmp/) and pins of clones whose process is
+// gone; returns how many files were removed. Call with both locks held.
+std::uint64_t remove_leftovers(StoreImpl& store) {
+  using namespace detail;
+  std::uint64_t removed = 0;
+  // Leftovers of interrupted commits: nobody else can be writing (we hold the lock).
+  require_real_dir(store.tmp_dir());
+  for (auto& f : list_dir(store.tmp_dir())) {
+    std::string file = store.tmp_dir() + "/" + f;
+    if (::unlink(file.c_str()) == 0)
+      ++removed;
+    else if (errno != ENOENT)
+      throw_errno(errno, "gc cannot remove leftover " + file);
+  }
+
+  // Pins of clones whose process is gone: nobody holds their lock any more.
+  for (auto& pin : store.pin_files()) {
+    // Live while its lock file is locked (by the clone's process).
+    std::string pin_lock = pin.substr(0, pin.size() - std::strlen(kManifestSuffix)) + ".lock";
+    int fd = ::open(pin_lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    bool dead = fd < 0 ? errno == ENOENT : ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (dead && ::unlink(pin.c_str()) == 0) ++removed;
+    if (dead) ::unlink(pin_lock.c_str());
+    if (fd >= 0) ::close(fd);
+  }
+  // Lock files whose pin never appeared (a clone killed while opening).
+  for (auto& f : list_dir(store.pins_dir())) {
+    if (f.size() <= 5 || f.compare(f.size() - 5, 5, ".lock") != 0) continue;
+    std::string pin_lock = store.pins_dir() + "/" + f;
+    if (path_exists(pin_lock.substr(0, pin_lock.size() - 5) + kManifestSuffix)) continue;
+    int fd = ::open(pin_lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(pin_lock.c_str()) == 0) ++removed;
+    if (fd >= 0) ::close(fd);
+  }
+  return removed;
+}
+
+}  // namespace
+
 GcReport Store::gc() {
   using namespace detail;
   std::lock_guard<std::mutex> guard(impl_->mu);
@@ -33,35 +74,7 @@ GcReport Store::gc() {
   StoreImpl::Lock lock(*impl_, true);
   GcReport report;
 
-  // Leftovers of interrupted commits: nobody else can be writing (we hold the lock).
-  require_real_dir(impl_->tmp_dir());
-  for (auto& f : list_dir(impl_->tmp_dir())) {
-    std::string file = impl_->tmp_dir() + "/" + f;
-    if (::unlink(file.c_str()) == 0)
-      ++report.temp_files_removed;
-    else if (errno != ENOENT)
-      throw_errno(errno, "gc cannot remove leftover " + file);
-  }
-
-  // Pins of clones whose process is gone: nobody holds their lock any more.
-  for (auto& pin : impl_->pin_files()) {
-    // Live while its lock file is locked (by the clone's process).
-    std::string pin_lock = pin.substr(0, pin.size() - std::strlen(kManifestSuffix)) + ".lock";
-    int fd = ::open(pin_lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    bool dead = fd < 0 ? errno == ENOENT : ::flock(fd, LOCK_EX | LOCK_NB) == 0;
-    if (dead && ::unlink(pin.c_str()) == 0) ++report.temp_files_removed;
-    if (dead) ::unlink(pin_lock.c_str());
-    if (fd >= 0) ::close(fd);
-  }
-  // Lock files whose pin never appeared (a clone killed while opening).
-  for (auto& f : list_dir(impl_->pins_dir())) {
-    if (f.size() <= 5 || f.compare(f.size() - 5, 5, ".lock") != 0) continue;
-    std::string pin_lock = impl_->pins_dir() + "/" + f;
-    if (path_exists(pin_lock.substr(0, pin_lock.size() - 5) + kManifestSuffix)) continue;
-    int fd = ::open(pin_lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(pin_lock.c_str()) == 0) ++report.temp_files_removed;
-    if (fd >= 0) ::close(fd);
-  }
+  report.temp_files_removed = remove_leftovers(*impl_);
 
   // What is live: every byte range some manifest (or live clone) references.
   // pack -> (offset -> end), one entry per distinct location however many
