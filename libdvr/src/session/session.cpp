@@ -50,7 +50,7 @@ struct RegionTrack {
   std::string why;  // why it is not tracked
 };
 
-constexpr std::uintptr_t kPage = 4096;
+constexpr std::uintptr_t kPage = detail::kPageSize;  // (as an address)
 
 }  // namespace
 
