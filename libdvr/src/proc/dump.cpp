@@ -12,8 +12,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/mapping.hpp"
@@ -23,6 +28,7 @@
 #include "proc/catalog.hpp"
 #include "proc/criu_runner.hpp"
 #include "proc/metadata.hpp"
+#include "proc/page_stream.hpp"
 #include "proc/proc_heaps.hpp"
 #include "proc/proc_pages.hpp"
 #include "proc/processes.hpp"
@@ -72,17 +78,46 @@ void drop_plugin_heaps(const WorkDir& work) {
   }
 }
 
+// Whether `version` ("4.2.1") is at least major.minor.
+bool version_at_least(const std::string& version, int major, int minor) {
+  int a = 0, b = 0;
+  std::sscanf(version.c_str(), "%d.%d", &a, &b);
+  return a > major || (a == major && b >= minor);
+}
+
 // Runs `criu dump`, which leaves the tree stopped (or running), not killed,
-// so that it goes on if storing its images fails. When CRIU fails, the tree
-// is resumed, the plugin's heap snapshots are removed, and this throws.
-void run_criu_dump(const std::string& criu, const std::string& plugin, pid_t pid, const std::string& name, const DumpOptions& options,
-                   const WorkDir& work, const std::vector<pid_t>& tree) {
+// so that it goes on if storing its images fails. With `stream`, CRIU sends
+// the pages to it (--page-server) instead of writing page images, and this
+// thread serves it while CRIU runs on another. When CRIU fails, the stream is
+// dropped, the tree is resumed, the plugin's heap snapshots are removed, and
+// this throws. Returns what failed serving the stream while CRIU succeeded
+// (null: nothing), for the caller to handle as a failure to store.
+std::exception_ptr run_criu_dump(const std::string& criu, const std::string& plugin, pid_t pid, const std::string& name, const DumpOptions& options,
+                                 const WorkDir& work, const std::vector<pid_t>& tree, std::optional<PageStream>& stream) {
   std::vector<std::string> argv = {criu,  "dump",     "-t",   std::to_string(pid),
                                    "-D",  work.path,  "-o",   "dump.log",
                                    "-v2", "--libdir", plugin, options.leave_running ? "--leave-running" : "--leave-stopped"};
   std::string out;
-  int rc = run_capture(argv, {"DVR_CRIU_NAME=" + name}, &out);
-  if (rc == 0) return;
+  int rc = 0;
+  std::exception_ptr served;
+  if (stream) {
+    const int sk = stream->criu_socket();
+    argv.insert(argv.end(), {"--page-server", "--ps-socket", std::to_string(sk)});
+    std::thread runner([&] {
+      rc = run_capture(argv, {"DVR_CRIU_NAME=" + name}, &out, [sk] { return ::fcntl(sk, F_SETFD, 0) == 0; });
+      stream->close_criu_socket();  // CRIU is gone: serve() sees the end of the stream
+    });
+    try {
+      stream->serve();
+    } catch (...) {
+      served = std::current_exception();
+    }
+    runner.join();
+  } else {
+    rc = run_capture(argv, {"DVR_CRIU_NAME=" + name}, &out);
+  }
+  if (rc == 0) return served;
+  stream.reset();  // gives the store back before the heap snapshots are removed
   auto [plugin_error, errors, log] = criu_failure(work, "dump.log", "dump-" + name + ".log");
   drop_plugin_heaps(work);
   if (!options.leave_running) signal_tree(tree, SIGCONT);  // CRIU resumes it on failure; make sure
@@ -95,11 +130,14 @@ void run_criu_dump(const std::string& criu, const std::string& plugin, pid_t pid
 // The image files of a dump, tracked as the regions of snapshot proc/NAME;
 // what they are tracked from (mappings of the files, windows) lives as long.
 struct Images {
+  struct File {
+    std::string region;
+    const void* data;
+    std::uint64_t size;
+  };
   std::vector<Mapping> maps;
-  Session session;
+  std::vector<File> files;  // image files stored whole, mapped
   std::vector<std::unique_ptr<procpages::Windows>> windows;
-
-  explicit Images(Store& store) : session(store, kImageSession, SessionOptions{.tracking = Tracking::hash}) {}
 
   void* map_file(const std::string& path, std::uint64_t n, int fd) {
     maps.push_back(Mapping::file(fd, n, PROT_READ, MAP_PRIVATE, "CRIU image " + path));
@@ -109,8 +147,9 @@ struct Images {
 
 // Page images go in as windows of the address space (proc_pages.hpp), so
 // that what did not change is at the same place as in the previous dump.
-// Those it cannot lay out are left to track_image_files().
-void track_page_images(Images& img, const WorkDir& work, Meta& meta) {
+// Those it cannot lay out are left to track_image_files(). (A dump through a
+// PageStream has no page images: it lays them out itself.)
+void track_page_images(Images& img, Session& session, const WorkDir& work, Meta& meta) {
   for (auto& f : detail::list_dir(work.path)) {
     if (f.rfind("pagemap-", 0) != 0) continue;
     std::string p = work.path + "/" + f;
@@ -125,7 +164,7 @@ void track_page_images(Images& img, const WorkDir& work, Meta& meta) {
     auto w = std::make_unique<procpages::Windows>();
     if (size == 0 || !w->build(pm, pfd.get(), size, false, nullptr)) continue;  // stored as it is
     for (auto& win : w->windows())
-      img.session.track(procpages::window_region(pm.pages_id, win.start), win.base, procpages::kWindow);
+      session.track(procpages::window_region(pm.pages_id, win.start), win.base, procpages::kWindow);
     img.windows.push_back(std::move(w));
     meta.paged_images.push_back({pages, f, size});
     meta.info.image_bytes += size;
@@ -152,7 +191,7 @@ void track_image_files(Images& img, const WorkDir& work, Meta& meta) {
       for (auto& h : hi.heaps)
         info.heaps.push_back({h.path, h.bytes, h.store, h.session});
     }
-    img.session.track(f, data, n);
+    img.files.push_back({f, data, n});
   }
   for (auto& f : detail::list_dir(work.path)) {
     if (f == "dump.log") continue;
@@ -179,14 +218,34 @@ std::string newest_dump_of(const Store& store, const std::string& name, const st
 // the metadata learns on the way and what the snapshot took.
 void store_images(Store& store, const std::string& name, const WorkDir& work, Meta& meta) {
   ProcInfo& info = meta.info;
-  Images img(store);
-  track_page_images(img, work, meta);
+  Images img;
+  Session session(store, kImageSession, SessionOptions{.tracking = Tracking::hash});
+  track_page_images(img, session, work, meta);
   track_image_files(img, work, meta);
-  info.parent = newest_dump_of(store, name, info.command);
+  for (auto& f : img.files)
+    session.track(f.region, const_cast<void*>(f.data), f.size);
   std::string text = encode_meta(meta);
-  img.session.track(kMetaRegion, text.data(), text.size());
-  if (!info.parent.empty()) img.session.base_on(info.parent);
-  SnapshotInfo si = img.session.snapshot(name, {.label = label_for(info.pid, info.command)});
+  session.track(kMetaRegion, text.data(), text.size());
+  if (!info.parent.empty()) session.base_on(info.parent);
+  SnapshotInfo si = session.snapshot(name, {.label = label_for(info.pid, info.command)});
+  info.time_ns = si.time_ns;
+  info.stored_bytes = si.stored_bytes + heap_bytes(store, info);
+}
+
+// The same after a dump whose pages went to `stream`: the other image files
+// and the metadata join the windows stream wrote, and it publishes them.
+void store_streamed_images(Store& store, PageStream& stream, const WorkDir& work, Meta& meta) {
+  ProcInfo& info = meta.info;
+  meta.paged_images = stream.paged_images();
+  info.image_bytes += stream.page_bytes();
+  Images img;
+  track_image_files(img, work, meta);
+  std::vector<detail::RegionSource> files;
+  for (auto& f : img.files)
+    files.push_back({f.region, static_cast<const char*>(f.data), f.size, false, std::nullopt});
+  std::string text = encode_meta(meta);
+  files.push_back({kMetaRegion, text.data(), text.size(), false, std::nullopt});
+  SnapshotInfo si = stream.finish(files);
   info.time_ns = si.time_ns;
   info.stored_bytes = si.stored_bytes + heap_bytes(store, info);
 }
@@ -204,10 +263,22 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
   WorkDir work(store.path(), "dump-" + name);
   const std::vector<pid_t> tree = process_tree(pid);
   meta.info.files = mapped_files(tree);
-  run_criu_dump(criu, plugin, pid, name, options, work, tree);
+  meta.info.parent = newest_dump_of(store, name, meta.info.command);
+  // CRIU 4.2 sends the pages straight to the store; older ones write page
+  // images first ($DVR_PROC_PAGE_IMAGES=1 asks for that too, to compare).
+  std::optional<PageStream> stream;
+  const char* files_env = std::getenv("DVR_PROC_PAGE_IMAGES");
+  if (version_at_least(version, 4, 2) && !(files_env && *files_env == '1'))
+    stream.emplace(store, name, meta.info.parent, label_for(meta.info.pid, meta.info.command));
+  std::exception_ptr served = run_criu_dump(criu, plugin, pid, name, options, work, tree, stream);
   try {
-    store_images(store, name, work, meta);
+    if (served) std::rethrow_exception(served);
+    if (stream)
+      store_streamed_images(store, *stream, work, meta);
+    else
+      store_images(store, name, work, meta);
   } catch (const Error& e) {
+    stream.reset();  // gives the store back before the heap snapshots are removed
     drop_plugin_heaps(work);
     if (options.leave_running) throw;
     signal_tree(tree, SIGCONT);

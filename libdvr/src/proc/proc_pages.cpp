@@ -14,7 +14,7 @@ namespace dvr::detail::procpages {
 
 namespace {
 
-constexpr std::uint32_t kPePresent = 1u << 2;  // PE_PRESENT in CRIU's pagemap.proto
+constexpr std::uint32_t kImgCommonMagic = 0x54564319, kPagemapMagic = 0x56084025;  // CRIU's criu/include/magic.h
 
 bool varint(const unsigned char*& p, const unsigned char* end, std::uint64_t& v) {
   v = 0;
@@ -87,15 +87,22 @@ bool parse_pagemap(const char* data, std::size_t size, Pagemap& out) {
       head = false;
     } else {
       Entry e;
-      std::uint64_t flags = 0;
+      std::uint64_t flags = 0, compat_pages = 0;
+      bool has_pages = false;
       bool ok = fields(p, p + len, [&](std::uint64_t f, std::uint64_t v) {
-        if (f == 1)
+        if (f == 1) {
           e.vaddr = v;
-        else if (f == 2)
-          e.pages = v;
-        else if (f == 4)
+        } else if (f == 2) {
+          compat_pages = v;  // compat_nr_pages (uint32), all CRIU < 4.2 writes
+        } else if (f == 4) {
           flags = v;
+        } else if (f == 5) {
+          e.pages = v;  // nr_pages (uint64), CRIU >= 4.2
+          has_pages = true;
+        }
       });
+      if (!has_pages) e.pages = compat_pages;
+      e.flags = static_cast<std::uint32_t>(flags);
       if (!ok || e.vaddr % kPageSize || e.pages == 0 || e.pages > (1ull << 40) / kPageSize) return false;
       if (!out.entries.empty()) {
         const Entry& last = out.entries.back();
@@ -147,6 +154,47 @@ bool Windows::build(const Pagemap& pm, int pages_fd, std::uint64_t file_size, bo
     }
   }
   return true;
+}
+
+namespace {
+
+void put_varint(std::string& out, std::uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+void put_message(std::string& out, const std::string& msg) {
+  const auto len = static_cast<std::uint32_t>(msg.size());
+  out.append(reinterpret_cast<const char*>(&len), 4);
+  out += msg;
+}
+
+}  // namespace
+
+std::string encode_pagemap(const Pagemap& pm) {
+  std::string out;
+  const std::uint32_t magic[2] = {kImgCommonMagic, kPagemapMagic};
+  out.append(reinterpret_cast<const char*>(magic), sizeof magic);
+  std::string msg;
+  put_varint(msg, 1 << 3);  // pages_id = 1
+  put_varint(msg, pm.pages_id);
+  put_message(out, msg);
+  for (auto& e : pm.entries) {
+    msg.clear();
+    put_varint(msg, 1 << 3);  // vaddr = 1
+    put_varint(msg, e.vaddr);
+    put_varint(msg, 2 << 3);  // compat_nr_pages = 2 (required): 0 when it does not fit, as CRIU 4.2 writes it
+    put_varint(msg, e.pages <= 0xffffffffu ? e.pages : 0);
+    put_varint(msg, 4 << 3);  // flags = 4
+    put_varint(msg, e.flags);
+    put_varint(msg, 5 << 3);  // nr_pages = 5
+    put_varint(msg, e.pages);
+    put_message(out, msg);
+  }
+  return out;
 }
 
 std::string window_region(std::uint32_t pages_id, std::uint64_t start) {

@@ -22,10 +22,14 @@ namespace dvr::detail::procpages {
 
 inline constexpr std::uint64_t kWindow = 4ull << 20;
 
+inline constexpr std::uint32_t kPePresent = 1u << 2;  // PE_PRESENT in CRIU's pagemap.proto: the pages are in the pages image
+inline constexpr std::uint32_t kPeParent = 1u << 0;   // PE_PARENT: the pages are in the parent dump's images
+
 struct Entry {
   std::uint64_t vaddr = 0;
   std::uint64_t pages = 0;
   bool present = false;  // its pages are in the pages image
+  std::uint32_t flags = 0;  // CRIU's PE_* flags
 };
 
 struct Pagemap {
@@ -35,9 +39,15 @@ struct Pagemap {
 };
 
 /// Decodes pagemap-PID.img (CRIU's image: two magics, then length-prefixed
-/// protobuf PagemapHead and PagemapEntry messages). false when the bytes are
+/// protobuf PagemapHead and PagemapEntry messages; nr_pages is field 5 from
+/// CRIU 4.2 on, compat_nr_pages (field 2) before). false when the bytes are
 /// not such an image, or entries overlap or are out of order.
 bool parse_pagemap(const char* data, std::size_t size, Pagemap& out);
+
+/// pagemap-ID.img as CRIU writes it (magics, PagemapHead, one PagemapEntry
+/// per entry with both page counts): what a dump received as a page stream
+/// stores, so that restore finds the image CRIU would have written.
+std::string encode_pagemap(const Pagemap& pm);
 
 /// Windows of one page image: anonymous reservations of kWindow bytes with
 /// the file's pages mapped in at their virtual offsets (MAP_FIXED), read-only

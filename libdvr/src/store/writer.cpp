@@ -152,14 +152,27 @@ SnapshotWriter::SnapshotWriter(WriteBatch& batch, const std::string& session, co
 }
 
 void SnapshotWriter::add_region(const std::string& name, std::uint64_t size, bool sdk_owned) {
-  if (sealed_) throw Error(Errc::io, "internal error: region '" + name + "' added after its snapshot's table was sealed");
   const std::uint64_t count = (size + m_.chunk_size - 1) / m_.chunk_size;
-  m_.regions.push_back({name, size, sdk_owned, m_.chunks.size(), count});
+  const std::size_t first = m_.chunks.size();
+  m_.regions.push_back({name, size, sdk_owned, first, count});
   for (std::uint64_t i = 0; i < count; ++i) {
     ChunkRef c;
     c.length = static_cast<std::uint32_t>(std::min<std::uint64_t>(m_.chunk_size, size - i * m_.chunk_size));
     m_.chunks.push_back(c);
   }
+  if (!sealed_) return;
+  // Appended to a sealed table (a producer that learns its regions as the
+  // data comes): the chunk tables grow; nothing of the chunks before moves.
+  const std::size_t n = m_.chunks.size();
+  m_.first_page.resize(n + 1);
+  m_.first_overlay.resize(n + 1, 0);
+  for (std::size_t i = first; i < n; ++i)
+    m_.first_page[i + 1] = m_.first_page[i] + pages_in(m_.chunks[i].length);
+  m_.page_hashes.resize(m_.first_page.back());
+  from_.resize(n, From::none);
+  base_chunk_.resize(n, 0);
+  ov_from_.resize(n, 0);
+  ov_count_.resize(n, 0);
 }
 
 void SnapshotWriter::seal() {
@@ -413,7 +426,8 @@ struct ChunkPlan {
   std::uint32_t patch_count(std::size_t i) const { return page_from[i + 1] - page_from[i]; }
 };
 
-ChunkPlan plan_chunks(const Manifest& m, const std::vector<RegionSource>& regions, const Manifest* base) {
+// Plans the chunks of `regions`, which are m.regions[first_region...].
+ChunkPlan plan_chunks(const Manifest& m, std::size_t first_region, const std::vector<RegionSource>& regions, const Manifest* base) {
   ChunkPlan cp;
   const std::size_t n = m.chunks.size();
   cp.plan.assign(n, Plan::whole);
@@ -422,7 +436,7 @@ ChunkPlan plan_chunks(const Manifest& m, const std::vector<RegionSource>& region
   cp.src.resize(n);
   const std::uint32_t pages_per_chunk = pages_in(m.chunk_size);
   for (std::size_t ri = 0; ri < regions.size(); ++ri) {
-    const ManifestRegion& mr = m.regions[ri];
+    const ManifestRegion& mr = m.regions[first_region + ri];
     for (std::uint64_t j = 0; j < mr.chunk_count; ++j)
       cp.src[mr.first_chunk + j] = regions[ri].data + j * m.chunk_size;
     const ManifestRegion* br = nullptr;
@@ -455,19 +469,25 @@ ChunkPlan plan_chunks(const Manifest& m, const std::vector<RegionSource>& region
 }  // namespace
 
 void write_snapshot(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked) {
-  for (auto& r : regions)
-    w.add_region(r.name, r.size, r.sdk_owned);
   w.seal();
   if (!w.use_base(base)) base = nullptr;
+  w.set_provenance(tracked, write_regions(w, regions, base));
+}
+
+std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base) {
+  const std::size_t first_region = w.manifest().regions.size(), first_chunk = w.manifest().chunks.size();
+  for (auto& r : regions)
+    w.add_region(r.name, r.size, r.sdk_owned);
+  if (base != w.base()) base = nullptr;
   const Manifest& m = w.manifest();
-  const ChunkPlan cp = plan_chunks(m, regions, base);
+  const ChunkPlan cp = plan_chunks(m, first_region, regions, base);
 
   // Chunks with no page written since the base are taken from its manifest;
   // the others are read on every core.
   std::vector<std::size_t> todo;
   std::vector<std::uint64_t> slot{0};  // slot[k]: bytes todo[0..k) could need at most
   std::uint64_t total = 0;
-  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
+  for (std::size_t i = first_chunk; i < m.chunks.size(); ++i) {
     if (cp.plan[i] == Plan::inherit) {
       w.inherit(i, cp.base_chunk[i]);
       continue;
@@ -504,7 +524,7 @@ void write_snapshot(SnapshotWriter& w, const std::vector<RegionSource>& regions,
     }
     lane.finish();
   });
-  w.set_provenance(tracked, todo.size());
+  return todo.size();
 }
 
 }  // namespace dvr::detail

@@ -116,7 +116,9 @@ class SnapshotWriter {
   SnapshotWriter(const SnapshotWriter&) = delete;
   SnapshotWriter& operator=(const SnapshotWriter&) = delete;
 
-  /// Appends a region to the table (before seal()).
+  /// Appends a region to the table. After seal() too (for producers that
+  /// learn their regions as the data comes), but then only while no Lane of
+  /// this writer is storing: the chunk tables grow.
   void add_region(const std::string& name, std::uint64_t size, bool sdk_owned);
   /// Ends the region table: chunk slots exist from here on.
   void seal();
@@ -243,6 +245,13 @@ struct RegionSource {
 /// whole. `tracked` says that `written` came from write tracking (recorded in
 /// the manifest). The snapshot is not published: call batch.publish().
 void write_snapshot(SnapshotWriter& writer, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked);
+
+/// The same for regions appended to the table of a writer already sealed
+/// (write_snapshot is seal(), use_base(), then this): `base` is used only
+/// when it is the writer's base(). Returns the chunks read; no provenance is
+/// set. Lets a producer write a snapshot a few regions at a time, holding
+/// only those in memory (a CRIU page stream).
+std::uint64_t write_regions(SnapshotWriter& writer, const std::vector<RegionSource>& regions, const Manifest* base);
 
 // ---- template -----------------------------------------------------------------
 

@@ -1,0 +1,281 @@
+// A dump's pages received from CRIU straight into the store (page_stream.hpp).
+#include "proc/page_stream.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "base/hash.hpp"
+#include "dvr/proc.hpp"
+#include "store/store_impl.hpp"
+
+namespace dvr::proc::impl {
+
+namespace {
+
+using detail::kPageSize;
+namespace procpages = detail::procpages;
+
+constexpr std::uint32_t kOpen = 3, kOpen2 = 4, kParent = 5, kAddF = 6, kAdd = 1, kHole = 2, kClose = 0x1023, kForceClose = 0x1024;
+constexpr std::uint32_t kTypePid = 1, kTypeShmem = 2;
+// Bounds on what one message may claim (a malformed stream is refused, not allocated for).
+constexpr std::uint64_t kMaxAddress = 1ull << 57;
+
+}  // namespace
+
+struct PageStream::Header {
+  std::uint32_t cmd;
+  std::uint64_t nr_pages;
+  std::uint64_t vaddr;
+  std::uint64_t dst_id;
+};
+
+PageStream::PageStream(Store& store, std::string name, std::string parent, std::string label)
+    : store_(detail::impl_of(store)), name_(std::move(name)), parent_(std::move(parent)), label_(std::move(label)) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) detail::throw_errno(errno, "cannot create a socket pair for CRIU's pages");
+  ours_ = detail::Fd(sv[0]);
+  criu_ = detail::Fd(sv[1]);
+  // Large socket buffers: CRIU splices up to a pipe's worth at a time.
+  int size = 4 << 20;
+  ::setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+  ::setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+}
+
+PageStream::~PageStream() = default;
+
+void PageStream::read_exact(void* to, std::size_t n) {
+  auto* p = static_cast<char*>(to);
+  while (n > 0) {
+    ssize_t got = ::recv(ours_.get(), p, n, MSG_WAITALL);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) detail::throw_errno(errno, "cannot read CRIU's page stream");
+    if (got == 0) throw Error(Errc::io, "CRIU's page stream ended in the middle of a message (did CRIU fail? see its log)");
+    p += got;
+    n -= static_cast<std::size_t>(got);
+  }
+}
+
+void PageStream::write_exact(const void* from, std::size_t n) {
+  auto* p = static_cast<const char*>(from);
+  while (n > 0) {
+    ssize_t put = ::send(ours_.get(), p, n, MSG_NOSIGNAL);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) detail::throw_errno(errno, "cannot answer CRIU's page stream");
+    p += put;
+    n -= static_cast<std::size_t>(put);
+  }
+}
+
+void PageStream::drop(std::uint64_t bytes) {
+  static thread_local char sink[1 << 16];
+  while (bytes > 0) {
+    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, sizeof sink));
+    read_exact(sink, n);
+    bytes -= n;
+  }
+}
+
+void PageStream::begin() {
+  if (batch_) return;
+  // Only now: CRIU's plugin has snapshotted the DVR heaps (they may live in
+  // this store) before the first page is sent.
+  batch_.emplace(store_);
+  writer_.emplace(*batch_, kImageSession, name_, detail::WriterOptions{.label = label_, .parent = parent_});
+  writer_->seal();
+  if (!parent_.empty()) {
+    try {
+      base_ = store_.load_manifest(kImageSession, parent_);
+      if (!writer_->use_base(&*base_)) base_.reset();
+    } catch (const Error&) {
+      base_.reset();  // damaged or gone: everything is stored anew
+    }
+  }
+  buffers_.reserve(kBatchWindows);
+}
+
+void PageStream::open_pagemap(std::uint64_t dst_id) {
+  close_pagemap();
+  const std::uint32_t type = static_cast<std::uint32_t>(dst_id & 0xff);
+  const std::uint64_t id = dst_id >> 8;
+  if (type == kTypePid)
+    image_name_ = "pagemap-" + std::to_string(id) + ".img";
+  else if (type == kTypeShmem)
+    image_name_ = "pagemap-shmem-" + std::to_string(id) + ".img";
+  else
+    throw Error(Errc::corrupt, "CRIU's page stream opened a pagemap of unknown type " + std::to_string(type));
+  pm_ = procpages::Pagemap{};
+  pm_.pages_id = next_pages_id_++;
+  open_ = true;
+}
+
+void PageStream::close_pagemap() {
+  if (!open_) return;
+  flush();
+  open_ = false;
+  const std::uint64_t bytes = pm_.present_bytes();
+  pagemaps_.push_back(procpages::encode_pagemap(pm_));
+  images_.push_back({"pages-" + std::to_string(pm_.pages_id) + ".img", image_name_, bytes});
+}
+
+PageStream::Window& PageStream::window_for(std::uint64_t start) {
+  if (!pending_.empty() && pending_.back().start == start) return pending_.back();
+  if (!pending_.empty()) {
+    Window& last = pending_.back();
+    std::memset(last.data + last.filled, 0, procpages::kWindow - last.filled);
+    last.filled = procpages::kWindow;
+  }
+  if (pending_.size() == kBatchWindows) flush();
+  if (buffers_.size() == pending_.size()) buffers_.push_back(detail::Mapping::anonymous(procpages::kWindow, "for a window of CRIU's pages"));
+  pending_.push_back({start, 0, static_cast<char*>(buffers_[pending_.size()].data())});
+  return pending_.back();
+}
+
+void PageStream::receive_pages(std::uint64_t vaddr, std::uint64_t bytes) {
+  while (bytes > 0) {
+    const std::uint64_t start = vaddr / procpages::kWindow * procpages::kWindow, in = vaddr - start;
+    const std::uint64_t len = std::min(bytes, procpages::kWindow - in);
+    Window& w = window_for(start);
+    if (in < w.filled) throw Error(Errc::corrupt, "CRIU's page stream sent a page twice or out of order");
+    std::memset(w.data + w.filled, 0, in - w.filled);  // absent pages read as zero
+    read_exact(w.data + in, len);
+    left_ -= len;
+    w.filled = in + len;
+    page_bytes_ += len;
+    vaddr += len;
+    bytes -= len;
+  }
+}
+
+void PageStream::add(std::uint64_t vaddr, std::uint64_t pages, std::uint32_t flags) {
+  if (!open_) throw Error(Errc::corrupt, "CRIU's page stream sent pages before opening a pagemap");
+  if (vaddr % kPageSize || pages == 0 || pages > kMaxAddress / kPageSize || vaddr > kMaxAddress - pages * kPageSize)
+    throw Error(Errc::corrupt, "CRIU's page stream sent a malformed pagemap entry");
+  if (!pm_.entries.empty() && vaddr < pm_.entries.back().vaddr + pm_.entries.back().pages * kPageSize)
+    throw Error(Errc::corrupt, "CRIU's page stream sent pagemap entries out of order");
+  if (flags & procpages::kPeParent)
+    throw Error(Errc::unsupported, "CRIU's page stream sent pages kept in a parent dump, which dvr never offers");
+  procpages::Entry e;
+  e.vaddr = vaddr;
+  e.pages = pages;
+  e.flags = flags;
+  e.present = (flags & procpages::kPePresent) != 0;
+  pm_.entries.push_back(e);
+}
+
+void PageStream::flush() {
+  if (pending_.empty()) return;
+  Window& last = pending_.back();
+  std::memset(last.data + last.filled, 0, procpages::kWindow - last.filled);
+  last.filled = procpages::kWindow;
+  std::vector<detail::RegionSource> sources;
+  sources.reserve(pending_.size());
+  for (auto& w : pending_) {
+    detail::RegionSource r;
+    r.name = procpages::window_region(pm_.pages_id, w.start);
+    r.data = w.data;
+    r.size = procpages::kWindow;
+    if (base_)
+      for (auto& br : base_->regions)
+        if (br.name == r.name && br.size == r.size) {
+          r.written = detail::pages_differing(*base_, br, r.data, r.size);
+          break;
+        }
+    sources.push_back(std::move(r));
+  }
+  chunks_read_ += detail::write_regions(*writer_, sources, base_ ? &*base_ : nullptr);
+  pending_.clear();
+}
+
+void PageStream::serve() {
+  static_assert(sizeof(Header) == 32, "CRIU's struct page_server_iov on 64-bit Linux");
+  Header h{};
+  for (;;) {
+    ssize_t got = ::recv(ours_.get(), &h, sizeof h, MSG_WAITALL);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) detail::throw_errno(errno, "cannot read CRIU's page stream");
+    if (got == 0) return;  // CRIU is gone (complete() tells whether it said so)
+    if (static_cast<std::size_t>(got) != sizeof h) throw Error(Errc::io, "CRIU's page stream ended in the middle of a message");
+    const std::uint32_t cmd = h.cmd & 0xffff, flags = h.cmd >> 16;
+    const bool has_pages = (cmd == kAddF && (flags & procpages::kPePresent)) || cmd == kAdd;
+    if (has_pages && h.nr_pages > kMaxAddress / kPageSize) throw Error(Errc::io, "CRIU's page stream is malformed (a message claims " + std::to_string(h.nr_pages) + " pages)");
+    switch (cmd) {
+      case kOpen:
+      case kOpen2:
+        if (!error_) try {
+            begin();
+            open_pagemap(h.dst_id);
+          } catch (...) {
+            error_ = std::current_exception();
+          }
+        if (cmd == kOpen2) {
+          const char has_parent = 0;
+          write_exact(&has_parent, 1);
+        }
+        break;
+      case kParent: {
+        const int has_parent = 0;
+        write_exact(&has_parent, sizeof has_parent);
+        break;
+      }
+      case kAddF:
+      case kAdd:
+      case kHole:
+        left_ = has_pages ? h.nr_pages * kPageSize : 0;
+        if (!error_) try {
+            add(h.vaddr, h.nr_pages, cmd == kAddF ? flags : cmd == kAdd ? procpages::kPePresent : procpages::kPeParent);
+            if (has_pages) receive_pages(h.vaddr, left_);
+          } catch (...) {
+            error_ = std::current_exception();
+          }
+        drop(left_);  // what was not received (after an error: the rest of the stream is read and dropped)
+        break;
+      case kClose:
+      case kForceClose: {
+        if (!error_) try {
+            close_pagemap();
+          } catch (...) {
+            error_ = std::current_exception();
+          }
+        const std::int32_t status = 0;
+        write_exact(&status, sizeof status);
+        closed_ = true;
+        return;
+      }
+      default:
+        // Nothing more can be understood of the stream: end it (CRIU fails).
+        error_ = std::make_exception_ptr(Error(Errc::unsupported, "CRIU's page stream sent command " + std::to_string(cmd) + ", which dvr does not know"));
+        ours_ = detail::Fd();
+        return;
+    }
+  }
+}
+
+SnapshotInfo PageStream::finish(const std::vector<detail::RegionSource>& files) {
+  if (error_) std::rethrow_exception(error_);
+  if (!closed_) throw Error(Errc::io, "CRIU's page stream ended before CRIU said it was complete");
+  begin();
+  std::vector<detail::RegionSource> rest = files;
+  for (std::size_t k = 0; k < images_.size(); ++k) {
+    detail::RegionSource r;
+    r.name = images_[k].pagemap;
+    r.data = pagemaps_[k].data();
+    r.size = pagemaps_[k].size();
+    rest.push_back(std::move(r));
+  }
+  chunks_read_ += detail::write_regions(*writer_, rest, base_ ? &*base_ : nullptr);
+  writer_->set_provenance(false, chunks_read_);
+  SnapshotInfo si = batch_->publish({&*writer_}).front();
+  // The store is given back at once: the caller reads it next.
+  writer_.reset();
+  base_.reset();
+  batch_.reset();
+  buffers_.clear();
+  return si;
+}
+
+}  // namespace dvr::proc::impl
