@@ -87,6 +87,7 @@ void PageStream::begin() {
   batch_.emplace(store_);
   writer_.emplace(*batch_, kImageSession, name_, detail::WriterOptions{.label = label_, .parent = parent_});
   writer_->seal();
+  writer_->release_written(true);  // what is stored need not stay mapped here
   if (!parent_.empty()) {
     try {
       base_ = store_.load_manifest(kImageSession, parent_);
@@ -189,6 +190,7 @@ void PageStream::flush() {
   }
   chunks_read_ += detail::write_regions(*writer_, sources, base_ ? &*base_ : nullptr);
   pending_.clear();
+  store_.packs->drop_resident();  // stored chunks compared with these need not stay mapped either
 }
 
 void PageStream::serve() {

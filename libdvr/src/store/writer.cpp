@@ -285,7 +285,7 @@ void SnapshotWriter::Lane::close_block() {
   // snapshot fills without faulting its pages in again (gc punches it).
   block_.writer->finish();  // on this thread: drains its own non-temporal stores
   // A stream writes each block once: its pages need not stay mapped here.
-  if (!stable_) block_.writer->release();
+  if (!stable_ || w_.release_written_) block_.writer->release();
   block_.writer.reset();
 }
 

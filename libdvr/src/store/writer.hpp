@@ -145,6 +145,11 @@ class SnapshotWriter {
   /// nothing).
   void plan_patch(std::size_t chunk, std::size_t base_chunk, std::uint32_t changed);
 
+  /// New data written is unmapped from this process as each block of pack
+  /// space is complete (always so for lanes of transient sources): for
+  /// producers that write more than should stay resident (a CRIU page stream).
+  void release_written(bool on) { release_written_ = on; }
+
   /// How the snapshot was taken (SnapshotInfo::tracking, chunks_read).
   void set_provenance(bool tracked_writes, std::uint64_t chunks_read);
 
@@ -218,6 +223,7 @@ class SnapshotWriter {
   Manifest m_;
   const Manifest* base_ = nullptr;
   bool sealed_ = false;
+  bool release_written_ = false;
   // Per chunk: where it came from, and for patched chunks their overlay slots.
   enum class From : std::uint8_t { none, whole, zero, inherit, patch };
   std::vector<From> from_;
