@@ -253,6 +253,22 @@ simulate() {
   check_plan "$what" "$sim" "${flags[@]}"
 }
 
+# summary: PLAN in short: how many packages from which suite, and every up- or
+# downgrade of an installed one by name
+summary() {
+  local e n=0 where=() moved=()
+  declare -A per=()
+  for e in $(sed 's/, \(up\|down\) from /,\1-from-/g' <<<"$PLAN"); do
+    n=$((n + 1))
+    local s=${e#*(}; s=${s%)}
+    per[${s%%,*}]=$(( ${per[${s%%,*}]:-0} + 1 ))
+    if [[ $s == *,* ]]; then s=${s#*,}; moved+=("${e%%(*} (${s/-from-/ from })"); fi
+  done
+  [ $n -gt 0 ] || { echo "nothing to install"; return; }
+  for e in "${!per[@]}"; do where+=("${per[$e]} from $e"); done
+  echo "$n packages ($(IFS=,; echo "${where[*]}" | sed 's/,/, /g'))${moved:+; $(printf '%s; ' "${moved[@]}" | sed 's/; $//')}"
+}
+
 # ---- the packaging of CRIU (Debian's binary packages criu, libcompel1, libcriu2,
 # libcriu-dev; no python3-pycriu, libcompel-dev, criu-ns or crit) -----------------
 write_debian_dir() {  # DIR UPSTREAM_VERSION
@@ -477,7 +493,7 @@ if [ $dry_run -eq 1 ]; then
   [ -n "$(ls /var/lib/apt/lists/ 2>/dev/null | grep -v -e '^lock$' -e '^partial$' -e '^auxfiles$')" ] ||
     echo "  (no apt lists yet: a real run starts with apt-get update; what follows may be incomplete)"
   # plan ARGS-of-simulate: the checked plan, or why apt or the check refuses it
-  plan() { simulate "$@" 2>&1 && printf '%s' "${PLAN:-nothing}"; }
+  plan() { simulate "$@" 2>&1 && summary; }
   if [ ${#missing[@]} -gt 0 ]; then
     echo "  would install from $REL: ${missing[*]}"
     if p=$(plan "${missing[*]}" -- "${SYS_APT[@]}" install "${missing[@]}"); then
@@ -512,7 +528,7 @@ if [ $dry_run -eq 1 ]; then
       echo "    (deb-src only, in the apt configuration $SRC_DIR) as ${v:-VERSION}-$CRIU_LOCAL_REVISION, profiles nocheck nodoc,"
       echo "    cache the .debs in $CACHE/criu-${v:-VERSION}-$CRIU_LOCAL_REVISION/ and install ${CRIU_PACKAGES[*]} from there"
       write_debian_dir "$tmp/criu" "${v:-$CRIU_MIN}"
-      if p=$(build_dep_plan "$tmp/criu" 2>&1 && printf '%s' "${PLAN:-all installed already}"); then
+      if p=$(build_dep_plan "$tmp/criu" 2>&1 && summary); then
         echo "    build dependencies from $REL: $p"
       else
         echo "    build dependencies: a real run would stop here:"; sed 's/^/    /' <<<"$p"
@@ -555,7 +571,7 @@ if [ ${#next_missing[@]} -gt 0 ]; then
     # PKG/trixie: the package itself from trixie, its dependencies from this release
     # where it has them (-t trixie would take them from trixie too).
     simulate "${next_missing[*]}" next -- "${FULL_APT[@]}" install "${next_missing[@]/%//$NEXT}"
-    say "installing from $NEXT (Architecture: all): $PLAN"
+    say "installing from $NEXT (Architecture: all): ${next_missing[*]}: $(summary)"
     run "installing ${next_missing[*]}" "${FULL_APT[@]}" -y install "${next_missing[@]/%//$NEXT}"
   else
     simulate "${next_missing[*]}" -- "${SYS_APT[@]}" install "${next_missing[@]}"
@@ -629,7 +645,7 @@ SRC
   # build dependencies, from this release only (see build_dep_plan)
   build_dep_plan "$srcdir"
   if [ -n "$PLAN" ]; then
-    say "installing CRIU's build dependencies from $REL: $PLAN"
+    say "installing CRIU's build dependencies from $REL: $(summary)"
     run "installing CRIU's build dependencies" "${SYS_APT[@]}" -y --allow-downgrades build-dep -P nocheck,nodoc "$srcdir"
     # so that apt-get autoremove can take them away again
     local new=("${NEW_PKGS[@]}")
@@ -639,8 +655,8 @@ SRC
 
   local n minutes
   n=$(nproc)
-  minutes=$(( (2 + n - 1) / n ))   # about 2 core-minutes (53 s on 2 cores)
-  say "building CRIU $upv from Debian's source package ($CRIU_SOURCE_SUITE) as $ver, about $minutes minute(s) on $n core(s); log: $LOG"
+  minutes=$(( (3 + n - 1) / n ))   # 2 to 3 core-minutes (53 to 88 s on 2 cores)
+  say "building CRIU $upv from Debian's source package ($CRIU_SOURCE_SUITE) as $ver, about $minutes min on $n cores; log: $LOG"
   chown -R nobody:nogroup "$work"
   echo "== $(date +%T) building CRIU $ver in $srcdir as nobody" >>"$LOG"
   if ! (cd "$srcdir" && setpriv --reuid=nobody --regid=nogroup --clear-groups \
