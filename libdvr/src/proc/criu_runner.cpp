@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -123,6 +124,13 @@ int run_capture(const std::vector<std::string>& argv, const std::vector<std::str
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+bool streams_pages(const std::string& version) {
+  int major = 0, minor = 0;
+  std::sscanf(version.c_str(), "%d.%d", &major, &minor);
+  const char* files = std::getenv("DVR_PROC_PAGE_IMAGES");
+  return (major > 4 || (major == 4 && minor >= 2)) && !(files && std::string(files) == "1");
 }
 
 std::string criu_version(const std::string& criu) {

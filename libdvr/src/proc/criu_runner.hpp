@@ -32,6 +32,12 @@ std::string criu_version(const std::string& criu);
 int run_capture(const std::vector<std::string>& argv, const std::vector<std::string>& env_extra, std::string* output,
                 const std::function<bool()>& in_child = {});
 
+/// Whether CRIU `version` ("4.2.1") passes pages to dvr directly: its page
+/// server at dump and its image streamer at restore (CRIU >= 4.2), unless
+/// $DVR_PROC_PAGE_IMAGES=1 asks for page image files (to compare, or as a
+/// way around a CRIU problem). Otherwise images go through files.
+bool streams_pages(const std::string& version);
+
 /// Throws permission unless root; `verb` says what was asked ("dump a process").
 void require_root(const char* verb);
 /// The criu binary and its version; throws unsupported for none or one older than 4.x.

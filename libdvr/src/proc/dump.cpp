@@ -78,13 +78,6 @@ void drop_plugin_heaps(const WorkDir& work) {
   }
 }
 
-// Whether `version` ("4.2.1") is at least major.minor.
-bool version_at_least(const std::string& version, int major, int minor) {
-  int a = 0, b = 0;
-  std::sscanf(version.c_str(), "%d.%d", &a, &b);
-  return a > major || (a == major && b >= minor);
-}
-
 // Runs `criu dump`, which leaves the tree stopped (or running), not killed,
 // so that it goes on if storing its images fails. With `stream`, CRIU sends
 // the pages to it (--page-server) instead of writing page images, and this
@@ -265,10 +258,9 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
   meta.info.files = mapped_files(tree);
   meta.info.parent = newest_dump_of(store, name, meta.info.command);
   // CRIU 4.2 sends the pages straight to the store; older ones write page
-  // images first ($DVR_PROC_PAGE_IMAGES=1 asks for that too, to compare).
+  // images first.
   std::optional<PageStream> stream;
-  const char* files_env = std::getenv("DVR_PROC_PAGE_IMAGES");
-  if (version_at_least(version, 4, 2) && !(files_env && *files_env == '1'))
+  if (streams_pages(version))
     stream.emplace(store, name, meta.info.parent, label_for(meta.info.pid, meta.info.command));
   std::exception_ptr served = run_criu_dump(criu, plugin, pid, name, options, work, tree, stream);
   try {

@@ -2,8 +2,9 @@
 // docs/criu.md). The phases, in order:
 //   1. check_host, check_conflicts: refuse what CRIU could not do here
 //      (programs changed, PIDs or heaps in use), before anything changes;
-//   2. rebuild_images: the image files back in a work directory, every page
-//      checked against its checksum before it is copied;
+//   2. ImageServer: the image files back in a work directory, but for page
+//      images, which CRIU (>= 4.2, --stream) reads straight from the store's
+//      pack files, every page checked against its checksum as it is served;
 //   3. HeapBackup: the heaps' present content kept, in case CRIU fails after
 //      the plugin rewrote them;
 //   4. run_criu_restore: CRIU (and the plugin, which restores the heaps);
@@ -36,6 +37,7 @@
 #include "dvr/proc.hpp"
 #include "dvr/session.hpp"
 #include "proc/criu_runner.hpp"
+#include "proc/image_server.hpp"
 #include "proc/metadata.hpp"
 #include "proc/proc_heaps.hpp"
 #include "proc/proc_pages.hpp"
@@ -108,85 +110,6 @@ Fd open_pidfile(const std::string& path) {
   return fd;
 }
 
-// The image files being rebuilt, and what the restore writes them through;
-// the regions of a session of proc that restores snapshot proc/NAME.
-struct Rebuild {
-  std::vector<Mapping> maps;  // image files stored whole
-  std::string meta;           // dvr-proc.meta as restored (checked)
-  Session session;
-  std::vector<std::unique_ptr<procpages::Windows>> windows;  // page images
-  std::map<std::string, void*> window_at;                    // window region -> where it is mapped
-
-  explicit Rebuild(Store& store) : session(store, kImageSession, SessionOptions{.tracking = Tracking::hash}) {}
-};
-
-// Page images stored as windows: recreate each file, and map its pages into
-// windows where the restore writes them (proc_pages.hpp). The layout comes
-// from the stored pagemap, read here unchecked; the restore checks every
-// byte, these included, before CRIU runs.
-void prepare_page_images(const Store& store, const std::string& name, const WorkDir& work, Rebuild& rb) {
-  Clone peek = store.open_snapshot(kImageSession, name, {.verify = false});
-  Region& m = peek.region(kMetaRegion);
-  const Meta meta = decode_meta(std::string_view(static_cast<const char*>(m.data()), m.size()), name);
-  for (auto& g : meta.paged_images) {
-    detail::check_name("image", g.pages);
-    procpages::Pagemap pm;
-    Region& r = peek.region(g.pagemap);
-    std::string why = "its pagemap cannot be read";
-    std::string path = work.path + "/" + g.pages;
-    Fd fd = detail::open_or_throw(path, O_RDWR | O_CREAT | O_EXCL);
-    if (::ftruncate(fd.get(), static_cast<off_t>(g.size)) != 0) detail::throw_errno(errno, "cannot size " + path);
-    auto w = std::make_unique<procpages::Windows>();
-    if (!procpages::parse_pagemap(static_cast<const char*>(r.data()), r.size(), pm) || !w->build(pm, fd.get(), g.size, true, &why))
-      throw Error(Errc::corrupt, "process snapshot '" + name + "': " + g.pages + " cannot be rebuilt (" + why + ")");
-    for (auto& win : w->windows())
-      rb.window_at[procpages::window_region(pm.pages_id, win.start)] = win.base;
-    rb.windows.push_back(std::move(w));
-  }
-}
-
-// Every stored region is tracked where it goes: a page window, the
-// metadata's buffer, or a new image file of its size.
-void track_regions(const Store& store, const std::string& name, const WorkDir& work, Rebuild& rb) {
-  for (auto& r : store.info(kImageSession, name).regions) {
-    if (auto it = rb.window_at.find(r.name); it != rb.window_at.end()) {
-      if (r.size != procpages::kWindow) throw Error(Errc::corrupt, "process snapshot '" + name + "': region " + r.name + " has a wrong size");
-      rb.session.track(r.name, it->second, r.size);
-      rb.window_at.erase(it);
-      continue;
-    }
-    if (r.name.rfind("mem-", 0) == 0)
-      throw Error(Errc::corrupt, "process snapshot '" + name + "': region " + r.name + " lies outside every stored pagemap");
-    if (r.name == kMetaRegion) {
-      rb.meta.resize(r.size);
-      rb.session.track(r.name, rb.meta.data(), r.size);
-      continue;
-    }
-    std::string path = work.path + "/" + r.name;
-    Fd fd = detail::open_or_throw(path, O_RDWR | O_CREAT | O_EXCL);
-    if (::ftruncate(fd.get(), static_cast<off_t>(r.size)) != 0) detail::throw_errno(errno, "cannot size " + path);
-    // Populated in one go: a GiB of page images faulted in page by page
-    // would cost more than copying it.
-    rb.maps.push_back(Mapping::file(fd.get(), r.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, path));
-    rb.session.track(r.name, rb.maps.back().data(), r.size);
-  }
-  if (!rb.window_at.empty())
-    throw Error(Errc::corrupt, "process snapshot '" + name + "' lacks page window " + rb.window_at.begin()->first + " its pagemap needs");
-}
-
-// Images back into files, in one pass that checks every page against its
-// checksum before it is copied; then the empty images the metadata lists.
-void rebuild_images(Store& store, const std::string& name, const WorkDir& work) {
-  Rebuild rb(store);
-  prepare_page_images(store, name, work, rb);
-  track_regions(store, name, work, rb);
-  rb.session.restore(name);
-  for (auto& e : decode_meta(rb.meta, name).empty_images) {
-    detail::check_name("image", e);
-    detail::open_or_throw(work.path + "/" + e, O_WRONLY | O_CREAT | O_EXCL);
-  }
-}
-
 // The heaps are checked by the plugin, every page before any file changes.
 // Their present content is kept first, to be put back if CRIU fails after
 // the plugin has rewritten them (what the job wrote since is not lost).
@@ -252,15 +175,29 @@ struct Subreaper {
 };
 
 // Runs `criu restore` of the images in `work`, detached, writing the restored
-// root's PID to `pidfile`. Throws when CRIU fails (nothing of it is left
-// running then).
+// root's PID to `pidfile`; with `stream`, CRIU reads them from `images`
+// (--stream) instead of files. Throws when CRIU fails (nothing of it is left
+// running then), with the damage `images` met if that is why.
 void run_criu_restore(const Store& store, const std::string& name, const ProcInfo& p, const RestoreOptions& options, const std::string& criu,
-                      const std::string& plugin, const WorkDir& work, const std::string& pidfile, const char* verb) {
+                      const std::string& plugin, const WorkDir& work, const std::string& pidfile, const char* verb, ImageServer& images,
+                      bool stream) {
   std::vector<std::string> argv = {criu,        "restore", "-D", work.path, "-o", "restore.log", "-v2", "--libdir", plugin, "--restore-detached",
                                    "--pidfile", pidfile};
+  if (stream) {
+    argv.push_back("--stream");
+    images.start();
+  }
   std::string out;
   int rc = run_capture(argv, {"DVR_CRIU_STORE=" + store.path()}, &out, private_heap_dirs(p, options));
+  std::exception_ptr served = images.stop();
   if (rc == 0) return;
+  if (served) {
+    try {
+      std::rethrow_exception(served);
+    } catch (const Error& e) {
+      throw Error(e.code(), "cannot " + std::string(verb) + ": " + e.what() + " (CRIU stopped; nothing of it is left running)");
+    }
+  }
   auto [plugin_error, errors, log] = criu_failure(work, "restore.log", "restore-" + name + ".log");
   if (rc == 126) throw Error(Errc::io, "cannot " + std::string(verb) + ": could not set up a private mount namespace for its heaps");
   if (!plugin_error.empty()) throw Error(Errc::io, "cannot restore process snapshot '" + name + "': " + plugin_error);
@@ -325,12 +262,22 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
 
   clean_stale_work(store.path());
   std::optional<WorkDir> work(std::in_place, store.path(), "restore-" + name);
-  rebuild_images(store, name, *work);
+  // CRIU >= 4.2 reads page images straight from the store; older ones read
+  // files written here first.
+  const bool stream = streams_pages(criu_version(criu));
+  std::optional<ImageServer> images(std::in_place, store, name, work->path);
+  if (!stream) images->write_page_images();
   HeapBackup backup(p, options.clone);
   const bool wait = !options.detach && !options.clone;
   Subreaper subreaper(wait);
   const std::string pidfile = work->path + "/restored.pid";
-  run_criu_restore(store, name, p, options, criu, plugin, *work, pidfile, verb);
+  try {
+    run_criu_restore(store, name, p, options, criu, plugin, *work, pidfile, verb, *images, stream);
+  } catch (...) {
+    images.reset();  // the store's lock, before the heaps' backup is removed
+    throw;
+  }
+  images.reset();
   backup.keep_restored();
 
   RestoreResult r;

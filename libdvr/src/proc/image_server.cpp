@@ -1,0 +1,372 @@
+// Serving a process snapshot's images to CRIU (image_server.hpp).
+#include "proc/image_server.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "dvr/proc.hpp"
+#include "format/chunks.hpp"
+#include "proc/proc_heaps.hpp"
+#include "store/reader.hpp"
+#include "store/store_impl.hpp"
+
+namespace dvr::proc::impl {
+
+namespace {
+
+using detail::kPageSize;
+namespace procpages = detail::procpages;
+
+constexpr const char* kSocketName = "streamer-serve.sock";
+constexpr std::size_t kZeroRun = 256u << 10;
+alignas(4096) char g_zeros[kZeroRun];  // never written: served for pages that are all zero
+constexpr std::size_t kMaxRun = 8u << 20;
+
+// Merges the pieces a region is read in into runs of consecutive bytes (and
+// runs of zeros), so that a sink makes one call per run.
+template <class Sink>
+class Runs {
+ public:
+  explicit Runs(Sink& sink) : sink_(sink) {}
+  void add(const char* p, std::size_t n, bool zero) {
+    if (len_ && zero == zero_ && (zero ? len_ + n <= kZeroRun : at_ + len_ == p && len_ + n <= kMaxRun)) {
+      len_ += n;
+      return;
+    }
+    flush();
+    at_ = zero ? g_zeros : p;
+    len_ = n;
+    zero_ = zero;
+  }
+  void flush() {
+    if (len_) sink_(at_, len_);
+    len_ = 0;
+  }
+
+ private:
+  Sink& sink_;
+  const char* at_ = nullptr;
+  std::size_t len_ = 0;
+  bool zero_ = false;
+};
+
+void put_u32(std::string& out, std::uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); }
+
+bool read_all(int fd, void* to, std::size_t n) {
+  auto* p = static_cast<char*>(to);
+  while (n) {
+    ssize_t k = ::recv(fd, p, n, MSG_WAITALL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+  return true;
+}
+
+bool send_all(int fd, const std::string& s) {
+  std::size_t off = 0;
+  while (off < s.size()) {
+    ssize_t k = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    off += static_cast<std::size_t>(k);
+  }
+  return true;
+}
+
+// Receives one file descriptor (SCM_RIGHTS, with a byte of data); -1 on failure.
+int recv_fd(int sk) {
+  char byte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t k;
+  do {
+    k = ::recvmsg(sk, &msg, MSG_CMSG_CLOEXEC);
+  } while (k < 0 && errno == EINTR);
+  if (k <= 0) return -1;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int))) return -1;
+  int fd;
+  std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  return fd;
+}
+
+// The filename of an ImgStreamerRequestEntry (field 1, a string); "" if malformed.
+std::string request_filename(const std::string& msg) {
+  if (msg.size() < 2 || msg[0] != 0x0a) return "";
+  std::size_t at = 1;
+  std::uint64_t len = 0;
+  for (int shift = 0; at < msg.size() && shift < 35; shift += 7) {
+    auto b = static_cast<unsigned char>(msg[at++]);
+    len |= std::uint64_t{b & 0x7fu} << shift;
+    if (!(b & 0x80)) break;
+  }
+  if (len == 0 || len > 255 || at + len != msg.size()) return "";
+  return msg.substr(at, len);
+}
+
+// Writes all of [p, p+n) into a pipe by reference: the pages are the pack
+// files', which nothing changes while the server holds its lock.
+void vmsplice_all(int pipe_fd, const char* p, std::size_t n) {
+  while (n) {
+    iovec iov{const_cast<char*>(p), n};
+    ssize_t k = ::vmsplice(pipe_fd, &iov, 1, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) detail::throw_errno(errno, "cannot pass pages to CRIU");
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+}
+
+}  // namespace
+
+ImageServer::ImageServer(Store& store, const std::string& name, const std::string& dir) : name_(name), dir_(dir) {
+  reader_ = std::make_unique<detail::SnapshotReader>(detail::impl_of(store));
+  manifest_ = reader_->load(kImageSession, name);
+  reader_->packs().map_all();  // from here on the packs are read on any thread
+  for (std::size_t k = 0; k < manifest_.regions.size(); ++k)
+    region_at_[manifest_.regions[k].name] = k;
+  if (!region_at_.count(kMetaRegion)) throw Error(Errc::corrupt, "process snapshot '" + name + "' has no metadata (" + kMetaRegion + ")");
+  std::string text;
+  {
+    std::size_t checked = SIZE_MAX;
+    const auto& mr = manifest_.regions[region_at_[kMetaRegion]];
+    auto sink = [&](const char* p, std::size_t n) { text.append(p, n); };
+    Runs<decltype(sink)> runs(sink);
+    for_each_piece(kMetaRegion, 0, mr.size, checked, [&](const char* p, std::size_t n, bool zero) { runs.add(p, n, zero); });
+    runs.flush();
+  }
+  meta_ = decode_meta(text, name);
+
+  for (auto& g : meta_.paged_images) {
+    detail::check_name("image", g.pages);
+    auto it = region_at_.find(g.pagemap);
+    if (it == region_at_.end()) throw Error(Errc::corrupt, "process snapshot '" + name + "' lacks " + g.pagemap + ", which lays out " + g.pages);
+    std::string pm_text;
+    auto sink = [&](const char* p, std::size_t n) { pm_text.append(p, n); };
+    Runs<decltype(sink)> runs(sink);
+    std::size_t checked = SIZE_MAX;
+    for_each_piece(g.pagemap, 0, manifest_.regions[it->second].size, checked, [&](const char* p, std::size_t n, bool zero) { runs.add(p, n, zero); });
+    runs.flush();
+    PagedFile f;
+    f.image = g;
+    if (!procpages::parse_pagemap(pm_text.data(), pm_text.size(), f.pagemap) || f.pagemap.present_bytes() != g.size)
+      throw Error(Errc::corrupt, "process snapshot '" + name + "': " + g.pages + " cannot be rebuilt (its pagemap " + g.pagemap +
+                                     " does not account for its " + std::to_string(g.size) + " bytes)");
+    for (auto& e : f.pagemap.entries) {
+      if (!e.present) continue;
+      for (std::uint64_t a = e.vaddr / procpages::kWindow * procpages::kWindow; a < e.vaddr + e.pages * kPageSize; a += procpages::kWindow) {
+        auto w = region_at_.find(procpages::window_region(f.pagemap.pages_id, a));
+        if (w == region_at_.end() || manifest_.regions[w->second].size != procpages::kWindow)
+          throw Error(Errc::corrupt, "process snapshot '" + name + "' lacks page window " + procpages::window_region(f.pagemap.pages_id, a) +
+                                         " (or it has a wrong size), which " + g.pages + " needs");
+      }
+    }
+    paged_[g.pages] = std::move(f);
+  }
+  // Every other region is an image file of its own.
+  for (auto& r : manifest_.regions) {
+    if (r.name == kMetaRegion || r.name.rfind("mem-", 0) == 0) continue;
+    detail::check_name("image", r.name);
+    write_region_file(r.name, dir_ + "/" + r.name);
+  }
+  for (auto& e : meta_.empty_images) {
+    detail::check_name("image", e);
+    detail::open_or_throw(dir_ + "/" + e, O_WRONLY | O_CREAT | O_EXCL);
+  }
+}
+
+ImageServer::~ImageServer() { (void)stop(); }
+
+template <class Emit>
+void ImageServer::for_each_piece(const std::string& region, std::uint64_t offset, std::uint64_t len, std::size_t& checked, Emit&& emit) {
+  const detail::ManifestRegion& r = manifest_.regions.at(region_at_.at(region));
+  if (offset > r.size || len > r.size - offset) throw Error(Errc::corrupt, "process snapshot '" + name_ + "': region " + region + " is too short");
+  detail::Packs& packs = reader_->packs();
+  const std::uint32_t cs = manifest_.chunk_size;
+  while (len) {
+    const std::size_t ci = r.first_chunk + offset / cs;
+    const detail::ChunkView v = detail::view_of(manifest_, ci);
+    if (checked != ci) {
+      if (std::string why = detail::check_chunk(packs, v); !why.empty())
+        throw Error(Errc::corrupt, "process snapshot '" + name_ + "', region " + region + " is damaged: " + why + "; run `dvr verify`");
+      checked = ci;
+    }
+    std::uint64_t in = offset % cs;
+    while (len && in < v.ref->length) {
+      const auto p = static_cast<std::uint32_t>(in / kPageSize);
+      const std::uint64_t in_page = in % kPageSize;
+      const std::uint64_t n = std::min<std::uint64_t>(len, v.page_length(p) - in_page);
+      const detail::PageLoc at = v.location(p);
+      if (at.pack == 0)
+        emit(static_cast<const char*>(nullptr), n, true);
+      else
+        emit(packs.mapped(at.pack, at.offset + in_page, n), n, false);
+      in += n;
+      offset += n;
+      len -= n;
+    }
+  }
+}
+
+template <class Emit>
+void ImageServer::for_each_page_image_piece(const PagedFile& f, Emit&& emit) {
+  std::size_t checked = SIZE_MAX;  // the chunk last checked: each is checked once, however many pieces come from it
+  for (auto& e : f.pagemap.entries) {
+    if (!e.present) continue;
+    std::uint64_t a = e.vaddr, left = e.pages * kPageSize;
+    while (left) {
+      const std::uint64_t start = a / procpages::kWindow * procpages::kWindow, in = a - start;
+      const std::uint64_t n = std::min(left, procpages::kWindow - in);
+      for_each_piece(procpages::window_region(f.pagemap.pages_id, start), in, n, checked, emit);
+      a += n;
+      left -= n;
+    }
+  }
+}
+
+void ImageServer::write_region_file(const std::string& region, const std::string& path) {
+  detail::Fd fd = detail::open_or_throw(path, O_WRONLY | O_CREAT | O_EXCL);
+  auto sink = [&](const char* p, std::size_t n) { detail::write_all(fd.get(), p, n, path); };
+  Runs<decltype(sink)> runs(sink);
+  const auto& r = manifest_.regions[region_at_.at(region)];
+  std::size_t checked = SIZE_MAX;
+  for_each_piece(region, 0, r.size, checked, [&](const char* p, std::size_t n, bool zero) { runs.add(p, n, zero); });
+  runs.flush();
+}
+
+void ImageServer::write_page_images() {
+  for (auto& [file, f] : paged_) {
+    const std::string path = dir_ + "/" + file;
+    detail::Fd fd = detail::open_or_throw(path, O_WRONLY | O_CREAT | O_EXCL);
+    auto sink = [&](const char* p, std::size_t n) { detail::write_all(fd.get(), p, n, path); };
+    Runs<decltype(sink)> runs(sink);
+    for_each_page_image_piece(f, [&](const char* p, std::size_t n, bool zero) { runs.add(p, n, zero); });
+    runs.flush();
+  }
+}
+
+std::string ImageServer::start() {
+  const std::string path = dir_ + "/" + kSocketName;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path)
+    throw Error(Errc::invalid_argument, "the store's path is too long for CRIU's image socket " + path + "; use a store with a shorter path");
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  listener_ = detail::Fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!listener_) detail::throw_errno(errno, "cannot create CRIU's image socket");
+  if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(listener_.get(), 1) != 0)
+    detail::throw_errno(errno, "cannot listen on CRIU's image socket " + path);
+  ::chmod(path.c_str(), 0600);
+  acceptor_ = std::thread([this] { accept_loop(); });
+  return path;
+}
+
+void ImageServer::accept_loop() {
+  sigset_t pipe_signal;
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);  // a CRIU gone makes writes fail, not kill us
+  int sk;
+  do {
+    sk = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+  } while (sk < 0 && errno == EINTR);
+  if (sk < 0) return;  // stopped before CRIU connected
+  connection_ = sk;
+  for (;;) {
+    std::uint32_t len = 0;
+    if (!read_all(sk, &len, 4) || len == 0 || len > 4096) break;
+    std::string msg(len, '\0');
+    if (!read_all(sk, msg.data(), len)) break;
+    std::string file = request_filename(msg);
+    bool exists = !file.empty() && file.find('/') == std::string::npos && file != "." && file != ".." &&
+                  (paged_.count(file) || (file != kSocketName && detail::path_exists(dir_ + "/" + file)));
+    std::string reply;
+    put_u32(reply, 2);
+    reply += std::string("\x08", 1) + (exists ? '\x01' : '\x00');
+    if (!send_all(sk, reply)) break;
+    if (!exists) continue;
+    int pipe_fd = recv_fd(sk);
+    if (pipe_fd < 0) break;
+    std::lock_guard<std::mutex> g(mu_);
+    servers_.emplace_back([this, file, pipe_fd] {
+      sigset_t s;
+      sigemptyset(&s);
+      sigaddset(&s, SIGPIPE);
+      pthread_sigmask(SIG_BLOCK, &s, nullptr);
+      serve_file(file, pipe_fd);
+      ::close(pipe_fd);
+    });
+  }
+}
+
+void ImageServer::serve_file(const std::string& file, int pipe_fd) {
+  try {
+    ::fcntl(pipe_fd, F_SETPIPE_SZ, 1 << 20);  // fewer, larger transfers (the system may allow less)
+    if (auto it = paged_.find(file); it != paged_.end()) {
+      std::uint64_t since_drop = 0;
+      auto sink = [&](const char* p, std::size_t n) {
+        vmsplice_all(pipe_fd, p, n);
+        if ((since_drop += n) >= (64u << 20)) {
+          // What CRIU has been handed need not stay mapped here (the pipe
+          // holds its pages): resident memory stays bounded.
+          reader_->packs().drop_resident();
+          since_drop = 0;
+        }
+      };
+      Runs<decltype(sink)> runs(sink);
+      for_each_page_image_piece(it->second, [&](const char* p, std::size_t n, bool zero) { runs.add(p, n, zero); });
+      runs.flush();
+      return;
+    }
+    const std::string path = dir_ + "/" + file;
+    detail::Fd fd = detail::open_or_throw(path, O_RDONLY);
+    for (;;) {
+      ssize_t k = ::splice(fd.get(), nullptr, pipe_fd, nullptr, 1 << 20, 0);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) detail::throw_errno(errno, "cannot pass " + path + " to CRIU");
+      if (k == 0) break;
+    }
+  } catch (const Error& e) {
+    // A damaged page is what to report; a pipe CRIU closed is only its consequence.
+    std::lock_guard<std::mutex> g(mu_);
+    if (!error_ || e.code() == Errc::corrupt) error_ = std::current_exception();
+  }
+}
+
+std::exception_ptr ImageServer::stop() {
+  if (listener_) ::shutdown(listener_.get(), SHUT_RDWR);
+  if (int sk = connection_.exchange(-1); sk >= 0) {
+    ::shutdown(sk, SHUT_RDWR);
+    if (acceptor_.joinable()) acceptor_.join();
+    ::close(sk);
+  }
+  if (acceptor_.joinable()) acceptor_.join();
+  std::vector<std::thread> servers;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    servers.swap(servers_);
+  }
+  for (auto& t : servers)
+    t.join();
+  listener_ = detail::Fd();
+  std::lock_guard<std::mutex> g(mu_);
+  return error_;
+}
+
+}  // namespace dvr::proc::impl
