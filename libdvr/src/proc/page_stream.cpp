@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 #include "base/hash.hpp"
 #include "dvr/proc.hpp"
@@ -46,7 +48,7 @@ PageStream::PageStream(Store& store, std::string name, std::string parent, std::
   ::setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
 }
 
-PageStream::~PageStream() = default;
+PageStream::~PageStream() { stop_writer(); }
 
 void PageStream::read_exact(void* to, std::size_t n) {
   auto* p = static_cast<char*>(to);
@@ -96,7 +98,59 @@ void PageStream::begin() {
       base_.reset();  // damaged or gone: everything is stored anew
     }
   }
-  buffers_.reserve(kBatchWindows);
+  buffers_.reserve(2 * kBatchWindows);
+  writer_thread_ = std::thread([this] { write_batches(); });
+}
+
+// The writer's thread: stores each batch handed over while the next one is
+// received (two batches of windows in memory at most).
+void PageStream::write_batches() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || !queued_.empty(); });
+    if (queued_.empty()) return;
+    std::vector<detail::RegionSource> sources = std::move(queued_);
+    queued_.clear();
+    writing_ = true;
+    const bool failed = static_cast<bool>(write_error_);
+    lk.unlock();
+    if (!failed) try {
+        for (auto& r : sources) {
+          if (!base_) break;
+          for (auto& br : base_->regions)
+            if (br.name == r.name && br.size == r.size) {
+              r.written = detail::pages_differing(*base_, br, r.data, r.size);
+              break;
+            }
+        }
+        chunks_read_ += detail::write_regions(*writer_, sources, base_ ? &*base_ : nullptr);
+        store_.packs->drop_resident();  // stored chunks compared with these need not stay mapped either
+      } catch (...) {
+        std::lock_guard<std::mutex> g(mu_);
+        write_error_ = std::current_exception();
+      }
+    lk.lock();
+    for (auto& r : sources)
+      free_.push_back(const_cast<char*>(r.data));
+    writing_ = false;
+    cv_.notify_all();
+  }
+}
+
+void PageStream::wait_written() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return queued_.empty() && !writing_; });
+  if (write_error_) std::rethrow_exception(write_error_);
+}
+
+void PageStream::stop_writer() {
+  if (!writer_thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  writer_thread_.join();
 }
 
 void PageStream::open_pagemap(std::uint64_t dst_id) {
@@ -131,8 +185,20 @@ PageStream::Window& PageStream::window_for(std::uint64_t start) {
     last.filled = procpages::kWindow;
   }
   if (pending_.size() == kBatchWindows) flush();
-  if (buffers_.size() == pending_.size()) buffers_.push_back(detail::Mapping::anonymous(procpages::kWindow, "for a window of CRIU's pages"));
-  pending_.push_back({start, 0, static_cast<char*>(buffers_[pending_.size()].data())});
+  char* data = nullptr;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (free_.empty() && buffers_.size() == 2 * kBatchWindows) cv_.wait(lk, [&] { return !free_.empty(); });
+    if (!free_.empty()) {
+      data = free_.back();
+      free_.pop_back();
+    }
+  }
+  if (!data) {
+    buffers_.push_back(detail::Mapping::anonymous(procpages::kWindow, "for a window of CRIU's pages"));
+    data = static_cast<char*>(buffers_.back().data());
+  }
+  pending_.push_back({start, 0, data});
   return pending_.back();
 }
 
@@ -180,17 +246,18 @@ void PageStream::flush() {
     r.name = procpages::window_region(pm_.pages_id, w.start);
     r.data = w.data;
     r.size = procpages::kWindow;
-    if (base_)
-      for (auto& br : base_->regions)
-        if (br.name == r.name && br.size == r.size) {
-          r.written = detail::pages_differing(*base_, br, r.data, r.size);
-          break;
-        }
     sources.push_back(std::move(r));
   }
-  chunks_read_ += detail::write_regions(*writer_, sources, base_ ? &*base_ : nullptr);
   pending_.clear();
-  store_.packs->drop_resident();  // stored chunks compared with these need not stay mapped either
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return queued_.empty(); });  // the writer took the previous batch
+  if (write_error_) {
+    for (auto& r : sources)
+      free_.push_back(const_cast<char*>(r.data));
+    std::rethrow_exception(write_error_);
+  }
+  queued_ = std::move(sources);
+  cv_.notify_all();
 }
 
 void PageStream::serve() {
@@ -261,6 +328,8 @@ SnapshotInfo PageStream::finish(const std::vector<detail::RegionSource>& files) 
   if (error_) std::rethrow_exception(error_);
   if (!closed_) throw Error(Errc::io, "CRIU's page stream ended before CRIU said it was complete");
   begin();
+  wait_written();
+  stop_writer();
   std::vector<detail::RegionSource> rest = files;
   for (std::size_t k = 0; k < images_.size(); ++k) {
     detail::RegionSource r;

@@ -10,7 +10,7 @@
 // stores is what track_page_images() stores from image files: the windows, and
 // each pagemap as the image CRIU would have written (encode_pagemap), so that
 // restore does not tell the two apart. Memory use is bounded by the batch
-// (kBatchWindows windows), whatever the size of the job.
+// (two batches of kBatchWindows windows), whatever the size of the job.
 //
 // The protocol (CRIU's criu/page-xfer.c): a 32-byte header {u32 cmd (flags in
 // the high 16 bits), u64 nr_pages, u64 vaddr, u64 dst_id (id << 8 | type)}
@@ -19,7 +19,10 @@
 // FORCE_CLOSE (answered with an int32 status, 0). Anything else is an error.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
+#include <thread>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -37,7 +40,8 @@ namespace dvr::proc::impl {
 
 class PageStream {
  public:
-  /// Windows held in memory before they are written (64 MiB).
+  /// Windows in one batch (64 MiB): one batch is written on a thread of its
+  /// own while the next is received.
   static constexpr std::size_t kBatchWindows = 16;
 
   /// Snapshot proc/`name` of `store` with `label`, compared with
@@ -89,7 +93,10 @@ class PageStream {
   void add(std::uint64_t vaddr, std::uint64_t pages, std::uint32_t flags);
   void receive_pages(std::uint64_t vaddr, std::uint64_t bytes);
   Window& window_for(std::uint64_t start);
-  void flush();  // writes the pending windows
+  void flush();  // hands the pending windows to the writer's thread
+  void write_batches();  // the writer's thread
+  void wait_written();   // until every batch handed over is stored; rethrows what storing met
+  void stop_writer();
   void read_exact(void* to, std::size_t n);
   void write_exact(const void* from, std::size_t n);
   void drop(std::uint64_t bytes);
@@ -100,7 +107,15 @@ class PageStream {
   std::optional<detail::WriteBatch> batch_;
   std::optional<detail::SnapshotWriter> writer_;
   std::optional<detail::Manifest> base_;
-  std::vector<detail::Mapping> buffers_;  // kBatchWindows windows, reused
+  std::vector<detail::Mapping> buffers_;  // 2 * kBatchWindows windows at most, reused
+  // The writer's thread and what it shares with the receiving one (mu_).
+  std::thread writer_thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<detail::RegionSource> queued_;  // the batch handed over, not yet taken
+  std::vector<char*> free_;                  // window buffers to fill
+  bool writing_ = false, stop_ = false;
+  std::exception_ptr write_error_;
   std::vector<Window> pending_;
   bool open_ = false, closed_ = false;
   std::string image_name_;  // of the pagemap open
