@@ -11,6 +11,9 @@
 #include <cstring>
 #include <functional>
 #include <thread>
+#include <filesystem>
+#include <fcntl.h>
+#include <sys/stat.h>
 
 #include "dvr/proc.hpp"
 #include "proc/page_stream.hpp"
@@ -200,4 +203,154 @@ TEST_CASE("page stream: malformed streams are refused, read to their end, and pu
       CHECK(store.list(kImageSession).empty());
     }
   }
+}
+
+// ---- ImageServer: the images served back to `criu restore --stream` -----------
+
+#include <sys/un.h>
+
+#include "proc/image_server.hpp"
+
+namespace {
+
+using dvr::proc::impl::ImageServer;
+
+// CRIU's side of the image streamer protocol: asks for `file`, returns its
+// bytes ("" with *exists = false when the server says it has none).
+std::string stream_file(int sk, const std::string& file, bool* exists) {
+  std::string msg = "\x0a" + std::string(1, static_cast<char>(file.size())) + file;
+  std::uint32_t len = static_cast<std::uint32_t>(msg.size());
+  REQUIRE(::send(sk, &len, 4, 0) == 4);
+  REQUIRE(::send(sk, msg.data(), msg.size(), 0) == static_cast<ssize_t>(msg.size()));
+  std::uint32_t rlen = 0;
+  REQUIRE(::recv(sk, &rlen, 4, MSG_WAITALL) == 4);
+  std::string reply(rlen, '\0');
+  REQUIRE(::recv(sk, reply.data(), rlen, MSG_WAITALL) == static_cast<ssize_t>(rlen));
+  *exists = reply == std::string("\x08\x01", 2);
+  if (!*exists) return "";
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &p[1], sizeof(int));
+  REQUIRE(::sendmsg(sk, &m, 0) == 1);
+  ::close(p[1]);
+  std::string out;
+  char buf[1 << 16];
+  for (ssize_t k; (k = ::read(p[0], buf, sizeof buf)) > 0;)
+    out.append(buf, static_cast<std::size_t>(k));
+  ::close(p[0]);
+  return out;
+}
+
+int connect_to(const std::string& path) {
+  int sk = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  REQUIRE(::connect(sk, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return sk;
+}
+
+// proc/job: two pagemap entries in two windows, a core image and the metadata.
+std::vector<unsigned char> store_job(Store& store, std::uint64_t a, std::uint64_t b) {
+  auto pa = dvrtest::random_bytes(3 * kPage, 11), pb = dvrtest::random_bytes(5 * kPage, 12);
+  PageStream ps(store, "job", "", "process 1: job");
+  serve(ps, [&](FakeCriu& c) {
+    c.open(1);
+    c.pages(a, pa);
+    c.pages(b, pb);
+    c.close();
+  });
+  dvr::proc::impl::Meta meta;
+  meta.info.pid = 1;
+  meta.paged_images = ps.paged_images();
+  std::string text = dvr::proc::impl::encode_meta(meta), core = "core image";
+  ps.finish({{"core-1.img", core.data(), core.size(), false, std::nullopt},
+             {dvr::proc::impl::kMetaRegion, text.data(), text.size(), false, std::nullopt}});
+  pa.insert(pa.end(), pb.begin(), pb.end());
+  return pa;  // pages-1.img as CRIU wrote it
+}
+
+}  // namespace
+
+TEST_CASE("image server: CRIU gets the page image assembled from the windows, the small images from the directory", "[proc][page-stream]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  const auto pages = store_job(store, 0x7f0000001000, 0x7f0000800000 - kPage);
+  const std::string work = dir / "work";
+  ::mkdir(work.c_str(), 0700);
+  {
+    ImageServer images(store, "job", work);
+    CHECK(dvrtest::read_file(work + "/core-1.img") == "core image");
+    CHECK_FALSE(std::filesystem::exists(work + "/pages-1.img"));  // never written out
+    int sk = connect_to(images.start());
+    bool exists = false;
+    std::string got = stream_file(sk, "pages-1.img", &exists);
+    CHECK(exists);
+    REQUIRE(got.size() == pages.size());
+    CHECK(dvrtest::diff(got.data(), pages.data(), pages.size()) == "");
+    CHECK(stream_file(sk, "core-1.img", &exists) == "core image");
+    CHECK(exists);
+    procpages::Pagemap pm;
+    std::string pmi = stream_file(sk, "pagemap-1.img", &exists);
+    CHECK(procpages::parse_pagemap(pmi.data(), pmi.size(), pm));
+    for (const char* name : {"nosuch.img", "../store/superblock", "streamer-serve.sock", "."}) {
+      stream_file(sk, name, &exists);
+      CHECK_FALSE(exists);
+    }
+    ::close(sk);
+    CHECK_FALSE(images.stop());
+  }
+  // Without streaming, the page image is written as the file CRIU wrote.
+  const std::string files = dir / "files";
+  ::mkdir(files.c_str(), 0700);
+  ImageServer images(store, "job", files);
+  images.write_page_images();
+  std::string file = dvrtest::read_file(files + "/pages-1.img");
+  REQUIRE(file.size() == pages.size());
+  CHECK(dvrtest::diff(file.data(), pages.data(), pages.size()) == "");
+}
+
+TEST_CASE("image server: a damaged page is reported, and CRIU gets less than the image", "[proc][page-stream]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  const auto pages = store_job(store, 0x7f0000001000, 0x7f0000800000 - kPage);
+  // Flip a byte of the first window's data in its pack file.
+  std::string pack;
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir.store()))
+    if (e.path().extension() == ".pack") pack = e.path();
+  REQUIRE(!pack.empty());
+  {
+    std::string bytes = dvrtest::read_file(pack);
+    auto at = bytes.find(std::string(reinterpret_cast<const char*>(pages.data()), 64));
+    REQUIRE(at != std::string::npos);
+    int fd = ::open(pack.c_str(), O_WRONLY);
+    char x = static_cast<char>(bytes[at + 100] ^ 0x40);
+    REQUIRE(::pwrite(fd, &x, 1, static_cast<off_t>(at + 100)) == 1);
+    ::close(fd);
+  }
+  const std::string work = dir / "work";
+  ::mkdir(work.c_str(), 0700);
+  ImageServer images(store, "job", work);
+  int sk = connect_to(images.start());
+  bool exists = false;
+  std::string got = stream_file(sk, "pages-1.img", &exists);
+  CHECK(got.size() < pages.size());
+  ::close(sk);
+  std::exception_ptr e = images.stop();
+  REQUIRE(e);
+  auto c = dvrtest::catch_error([&] { std::rethrow_exception(e); });
+  CHECK(c.code == Errc::corrupt);
+  CHECK_THAT(c.what, Catch::Contains("job"));
 }

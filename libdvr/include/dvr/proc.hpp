@@ -70,9 +70,30 @@ struct RestoreOptions {
   /// waits until the restored process exits and returns its exit status.
   bool detach = false;
   /// Restore beside a running original: a fresh PID namespace (the dump must
-  /// come from a job in its own PID namespace, see run()) and a private copy
-  /// of every DVR heap, so the clone and the original do not share memory.
+  /// come from a job in its own PID namespace, see run()), a private copy
+  /// of every DVR heap, so the clone and the original do not share memory,
+  /// and a mount namespace of its own in which each directory holding the
+  /// job's Unix sockets is covered by a tmpfs with the directory's other
+  /// entries bound back: the clone binds its own sockets there and never
+  /// unlinks or takes over the original's (docs/criu.md).
   bool clone = false;
+  /// A clone's network: "" = the host's, as the original's (a TCP port the
+  /// original listens on is then taken: CRIU fails with "Address already in
+  /// use"); "new" = a network namespace of its own, with lo up and a veth
+  /// pair to the host (the clone's end eth0 at `ip`, the host's dvrXXXXXXXX
+  /// at `host_ip`), which goes when the clone exits; otherwise an existing
+  /// namespace: a name of `ip netns` (/run/netns/NAME) or a path
+  /// (/proc/PID/ns/net), left as it is. CRIU runs inside it, so a socket the
+  /// job listened on at 0.0.0.0:PORT listens there, reachable from the host
+  /// at ip's address; one at 127.0.0.1 only from inside (nsenter -t PID -n).
+  std::string net;
+  /// With net "new": the clone's IPv4 address, ADDR/PREFIX (e.g.
+  /// "10.213.0.2/24", prefix 1 to 30); "" = a /30 of 10.213.0.0/16 that no
+  /// interface or route of the host uses (the clone .2, the host .1).
+  std::string ip;
+  /// With ip: the host end's address (ADDR, in ip's network); "" = the
+  /// network's first host address other than ip's.
+  std::string host_ip;
   std::string pidfile;     // write the restored root's PID there
   std::string plugin_dir;  // "" = plugin_dir()
 };
@@ -84,6 +105,10 @@ struct RestoreResult {
   /// What differs from the dumping host without stopping the restore (another
   /// kernel or CRIU version), one line each.
   std::vector<std::string> notes;
+  /// A clone with RestoreOptions::net: "new" or the existing namespace's
+  /// path; for "new" also the clone's address (ADDR/PREFIX), the host end's
+  /// and the host end's interface. "" otherwise.
+  std::string net, ip, host_ip, host_if;
 };
 
 /// What `dvr proc check` reports.

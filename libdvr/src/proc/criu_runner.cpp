@@ -197,6 +197,9 @@ std::string criu_hint(const std::string& errors) {
   if (errors.find("Can't get 1:16 opt") != std::string::npos || errors.find("Can't get 1:34 opt") != std::string::npos)
     return "\nCRIU 4.1 cannot dump TCP or UDP sockets on Linux 6.16 and newer (SO_PASSCRED is refused on them; fixed in "
            "CRIU 4.2): close the job's network sockets before dumping, or serve over a Unix socket";
+  if (errors.find("Can't bind inet socket") != std::string::npos && errors.find("Address already in use") != std::string::npos)
+    return "\nthe job's TCP or UDP port is taken on this host (by the running original, for a clone): stop what listens there, "
+           "or run the clone in a network namespace of its own (`dvr proc clone NAME --net new`)";
   if (errors.find("ghost file") != std::string::npos)
     return "\na file the job maps (its program or a library) was replaced or deleted since it started; restart the job "
            "from the files as they are now";

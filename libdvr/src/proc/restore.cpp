@@ -7,7 +7,8 @@
 //      pack files, every page checked against its checksum as it is served;
 //   3. HeapBackup: the heaps' present content kept, in case CRIU fails after
 //      the plugin rewrote them;
-//   4. run_criu_restore: CRIU (and the plugin, which restores the heaps);
+//   4. run_criu_restore: CRIU (and the plugin, which restores the heaps),
+//      for a clone in its own mount view and network (CloneView, netns.hpp);
 //   5. the PID file, the notes, and waiting for the job unless detached.
 #include <fcntl.h>
 #include <sched.h>
@@ -39,6 +40,7 @@
 #include "proc/criu_runner.hpp"
 #include "proc/image_server.hpp"
 #include "proc/metadata.hpp"
+#include "proc/netns.hpp"
 #include "proc/proc_heaps.hpp"
 #include "proc/proc_pages.hpp"
 #include "proc/processes.hpp"
@@ -143,26 +145,6 @@ class HeapBackup {
   bool put_back_ = true;
 };
 
-// For a clone with heaps: what CRIU's child does before exec — a mount
-// namespace of its own, with an empty tmpfs over each heap directory. The
-// plugin puts the heaps' dump-time content there, and the clone maps those
-// copies instead of the original's files. Empty otherwise.
-std::function<bool()> private_heap_dirs(const ProcInfo& p, const RestoreOptions& options) {
-  if (!options.clone || p.heaps.empty()) return {};
-  std::vector<std::string> dirs;
-  for (auto& h : p.heaps) {
-    std::string d = dir_of(h.path);
-    if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
-  }
-  return [dirs] {
-    if (::unshare(CLONE_NEWNS) != 0) return false;
-    if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return false;
-    for (auto& d : dirs)
-      if (::mount("dvr-clone-heap", d.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700") != 0) return false;
-    return true;
-  };
-}
-
 // Restored processes become our children when we wait for them.
 struct Subreaper {
   bool on;
@@ -180,7 +162,9 @@ struct Subreaper {
 // running then), with the damage `images` met if that is why.
 void run_criu_restore(const Store& store, const std::string& name, const ProcInfo& p, const RestoreOptions& options, const std::string& criu,
                       const std::string& plugin, const WorkDir& work, const std::string& pidfile, const char* verb, ImageServer& images,
-                      bool stream) {
+                      bool stream, CloneView& view) {
+  // A clone's network first: nothing else is started when it cannot be made.
+  const std::function<bool()> in_child = view.in_child();
   std::vector<std::string> argv = {criu,        "restore", "-D", work.path, "-o", "restore.log", "-v2", "--libdir", plugin, "--restore-detached",
                                    "--pidfile", pidfile};
   if (stream) {
@@ -188,7 +172,7 @@ void run_criu_restore(const Store& store, const std::string& name, const ProcInf
     images.start();
   }
   std::string out;
-  int rc = run_capture(argv, {"DVR_CRIU_STORE=" + store.path()}, &out, private_heap_dirs(p, options));
+  int rc = run_capture(argv, {"DVR_CRIU_STORE=" + store.path()}, &out, in_child);
   std::exception_ptr served = images.stop();
   if (rc == 0) return;
   if (served) {
@@ -199,7 +183,9 @@ void run_criu_restore(const Store& store, const std::string& name, const ProcInf
     }
   }
   auto [plugin_error, errors, log] = criu_failure(work, "restore.log", "restore-" + name + ".log");
-  if (rc == 126) throw Error(Errc::io, "cannot " + std::string(verb) + ": could not set up a private mount namespace for its heaps");
+  if (rc == 126)
+    throw Error(Errc::io, "cannot " + std::string(verb) + ": could not set up the clone's private mounts and network (" + out +
+                              "); nothing of it is left running");
   if (!plugin_error.empty()) throw Error(Errc::io, "cannot restore process snapshot '" + name + "': " + plugin_error);
   throw Error(Errc::io, "CRIU could not restore process snapshot '" + name + "' (exit " + std::to_string(rc) +
                             "):" + (errors.empty() ? "\n  " + out : errors) + criu_hint(errors) + "\nfull log: " + log +
@@ -258,6 +244,7 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   const std::string plugin = plugin_or_throw(options.plugin_dir, verb);
   check_host(p, name, verb);
   check_conflicts(p, name, options);
+  CloneView view(store, name, p, options);  // a clone's namespaces, checked
   Fd user_pidfile = open_pidfile(options.pidfile);
 
   clean_stale_work(store.path());
@@ -272,17 +259,19 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   Subreaper subreaper(wait);
   const std::string pidfile = work->path + "/restored.pid";
   try {
-    run_criu_restore(store, name, p, options, criu, plugin, *work, pidfile, verb, *images, stream);
+    run_criu_restore(store, name, p, options, criu, plugin, *work, pidfile, verb, *images, stream, view);
   } catch (...) {
     images.reset();  // the store's lock, before the heaps' backup is removed
     throw;
   }
   images.reset();
   backup.keep_restored();
+  view.keep();
 
   RestoreResult r;
   r.notes = host_notes(p, criu);
   r.pid = read_restored_pid(pidfile, name);
+  view.report(r);
   r.seconds = since(t0);
   write_user_pidfile(user_pidfile, options.pidfile, r.pid);
   work.reset();  // the images are not needed while the job runs
