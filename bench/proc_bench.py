@@ -59,7 +59,13 @@ class Bench:
         p = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=env)
         took = time.perf_counter() - t
         if p.returncode != 0:
-            raise RuntimeError(f"{' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout}{p.stderr}")
+            log = ""
+            if args[0] == "criu" and "-D" in args:
+                d = str(args[list(args).index("-D") + 1])
+                for name in ("restore.log", "dump.log"):
+                    if os.path.exists(os.path.join(d, name)):
+                        log += "".join(l for l in open(os.path.join(d, name)) if "Error" in l)[-3000:]
+            raise RuntimeError(f"{' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout}{p.stderr}{log}")
         return p.stdout, took
 
     def dvr_json(self, store, *args):
@@ -97,14 +103,8 @@ class Bench:
             return
         deadline = time.time() + timeout
         while time.time() < deadline and os.path.exists(f"/proc/{pid}"):
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().split(") ")[-1].startswith("Z"):
-                        break
-            except FileNotFoundError:
-                break
-            time.sleep(0.01)
-        time.sleep(0.1)
+            time.sleep(0.01)  # until reaped: its PID namespace and ports are gone then
+        time.sleep(0.2)
 
     def peak_rss(self, *args):
         """Runs args under GNU time; returns its peak resident bytes (also in last_rss)."""
@@ -187,7 +187,7 @@ def redis_figures(b, work, size, repeat):
 
     criu_restore, criu_pong, dvr_restore, dvr_pong = [], [], [], []
     for r in range(repeat):
-        pidfile = os.path.join(work, "redis.pid")
+        pidfile = os.path.join(work, f"redis-{r}.pid")
         t0 = time.perf_counter()
         _, took = b.run("criu", "restore", "-D", img, "-d", "--pidfile", pidfile, "-o", "restore.log")
         criu_pong.append(until_pong(port, t0))
@@ -278,7 +278,7 @@ def main():
         time.sleep(0.2)
         criu_restore, dvr_restore = [], []
         for r in range(repeat):
-            pidfile = os.path.join(work, "criu.pid")
+            pidfile = os.path.join(work, f"criu-{r}.pid")
             _, took = b.run("criu", "restore", "-D", img, "-d", "--pidfile", pidfile, "-o", "restore.log")
             criu_restore.append(took)
             restored = int(open(pidfile).read())
