@@ -160,9 +160,9 @@ struct Subreaper {
 // root's PID to `pidfile`; with `stream`, CRIU reads them from `images`
 // (--stream) instead of files. Throws when CRIU fails (nothing of it is left
 // running then), with the damage `images` met if that is why.
-void run_criu_restore(const Store& store, const std::string& name, const ProcInfo& p, const RestoreOptions& options, const std::string& criu,
-                      const std::string& plugin, const WorkDir& work, const std::string& pidfile, const char* verb, ImageServer& images,
-                      bool stream, CloneView& view) {
+void run_criu_restore(const Store& store, const std::string& name, [[maybe_unused]] const ProcInfo& p, [[maybe_unused]] const RestoreOptions& options,
+                      const std::string& criu, const std::string& plugin, const WorkDir& work, const std::string& pidfile, const char* verb,
+                      ImageServer& images, bool stream, CloneView& view) {
   // A clone's network first: nothing else is started when it cannot be made.
   const std::function<bool()> in_child = view.in_child();
   std::vector<std::string> argv = {criu,        "restore", "-D", work.path, "-o", "restore.log", "-v2", "--libdir", plugin, "--restore-detached",
