@@ -57,9 +57,14 @@ Commands:
                       persistent heap it maps is snapshotted, not copied
   proc restore NAME [--detach] [--pidfile FILE] [--json]
                       bring it back (waits for it unless --detach)
-  proc clone NAME [--pidfile FILE] [--json]
+  proc clone NAME [--net new|NETNS] [--ip ADDR/PREFIX [--host-ip ADDR]]
+       [--pidfile FILE] [--json]
                       start a copy beside the running original (fresh PID
-                      namespace, private copies of its heaps)
+                      namespace, private copies of its heaps, its own Unix
+                      sockets); --net new: in a network namespace of its
+                      own with a veth pair to the host (the clone at --ip,
+                      default a free 10.213.x.y/30), --net NETNS: in
+                      /run/netns/NETNS
   proc ls [--json] | proc info NAME [--json] | proc rm NAME...
                       process snapshots of the store
   proc check [--json] CRIU version, kernel features (`criu check`), plugin
@@ -489,16 +494,33 @@ int cmd_proc(Args& a) {
     o.clone = verb == "clone";
     o.detach = o.clone || a.take_flag("--detach");
     o.pidfile = a.take_option("--pidfile", "");
-    if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr proc " + verb + " NAME [--pidfile FILE] [--json]");
+    // Taken for restore too, so that the library says they are for clones.
+    o.net = a.take_option("--net", "");
+    o.ip = a.take_option("--ip", "");
+    o.host_ip = a.take_option("--host-ip", "");
+    if (a.rest.size() != 1)
+      throw Error(Errc::invalid_argument, "usage: dvr proc " + verb + " NAME " +
+                                              (o.clone ? "[--net new|NETNS] [--ip ADDR/PREFIX [--host-ip ADDR]] " : "[--detach] ") +
+                                              "[--pidfile FILE] [--json]");
     Store store = open_store(a, false);
     proc::RestoreResult r = proc::restore(store, a.rest.front(), o);
     for (auto& n : r.notes)
       std::cerr << "dvr: note: " << n << "\n";
     if (!o.detach) return r.exit_status;
-    if (a.json)
-      std::cout << "{\"name\":" << json_string(a.rest.front()) << ",\"pid\":" << r.pid << ",\"seconds\":" << r.seconds << "}\n";
-    else
+    if (a.json) {
+      std::cout << "{\"name\":" << json_string(a.rest.front()) << ",\"pid\":" << r.pid << ",\"seconds\":" << r.seconds;
+      if (!r.net.empty()) std::cout << ",\"net\":" << json_string(r.net);
+      if (!r.ip.empty())
+        std::cout << ",\"ip\":" << json_string(r.ip) << ",\"host_ip\":" << json_string(r.host_ip) << ",\"host_if\":" << json_string(r.host_if);
+      std::cout << "}\n";
+    } else {
+      if (!r.ip.empty())
+        std::cerr << "dvr: clone " << r.pid << " runs in a network namespace of its own at " << r.ip << " (host end " << r.host_if << " at "
+                  << r.host_ip << "); it goes when the clone exits; run commands in it with nsenter -t " << r.pid << " -n CMD\n";
+      else if (!r.net.empty())
+        std::cerr << "dvr: clone " << r.pid << " runs in network namespace " << r.net << "\n";
       std::cout << r.pid << "\n";
+    }
     return 0;
   }
   if (verb == "ls" || verb == "info") {
