@@ -52,19 +52,23 @@ Commands:
                       (time, label, bytes added)
   diff SESSION/A SESSION/B [--json]
                       per region: how many bytes and pages differ
-  proc dump PID --name NAME [--leave-running] [--json]
+  proc dump PID --name NAME [--leave-running] [--tcp-established] [--json]
                       snapshot a whole process tree with CRIU (root); a DVR
-                      persistent heap it maps is snapshotted, not copied
-  proc restore NAME [--detach] [--pidfile FILE] [--json]
-                      bring it back (waits for it unless --detach)
+                      persistent heap it maps is snapshotted, not copied;
+                      --tcp-established: with its connected TCP sockets
+                      (clients stay connected across dump and restore)
+  proc restore NAME [--detach] [--pidfile FILE] [--tcp-established] [--json]
+                      bring it back (waits for it unless --detach); a dump
+                      with --tcp-established restores its connections
   proc clone NAME [--net new|NETNS] [--ip ADDR/PREFIX [--host-ip ADDR]]
-       [--pidfile FILE] [--json]
+       [--pidfile FILE] [--tcp-established] [--json]
                       start a copy beside the running original (fresh PID
                       namespace, private copies of its heaps, its own Unix
                       sockets); --net new: in a network namespace of its
                       own with a veth pair to the host (the clone at --ip,
                       default a free 10.213.x.y/30), --net NETNS: in
-                      /run/netns/NETNS
+                      /run/netns/NETNS; its TCP connections are closed
+                      unless --tcp-established
   proc ls [--json] | proc info NAME [--json] | proc rm NAME...
                       process snapshots of the store
   proc check [--json] CRIU version, kernel features (`criu check`), plugin
@@ -428,8 +432,8 @@ std::string proc_json(const proc::ProcInfo& p) {
   std::string s = "{\"name\":" + json_string(p.name) + ",\"time_ns\":" + std::to_string(p.time_ns) + ",\"pid\":" + std::to_string(p.pid) +
                   ",\"own_pid_namespace\":" + (p.own_pid_namespace ? "true" : "false") + ",\"command\":" + json_string(p.command) +
                   ",\"criu_version\":" + json_string(p.criu_version) + ",\"leave_running\":" + (p.leave_running ? "true" : "false") +
-                  ",\"image_bytes\":" + std::to_string(p.image_bytes) + ",\"stored_bytes\":" + std::to_string(p.stored_bytes) +
-                  ",\"parent\":" + json_string(p.parent) + ",\"heaps\":[";
+                  ",\"tcp_established\":" + (p.tcp_established ? "true" : "false") + ",\"image_bytes\":" + std::to_string(p.image_bytes) +
+                  ",\"stored_bytes\":" + std::to_string(p.stored_bytes) + ",\"parent\":" + json_string(p.parent) + ",\"heaps\":[";
   for (std::size_t k = 0; k < p.heaps.size(); ++k)
     s += (k ? "," : "") + std::string("{\"path\":") + json_string(p.heaps[k].path) + ",\"bytes\":" + std::to_string(p.heaps[k].bytes) + "}";
   s += "]";
@@ -471,8 +475,10 @@ int cmd_proc(Args& a) {
   if (verb == "dump") {
     proc::DumpOptions o;
     o.leave_running = a.take_flag("--leave-running");
+    o.tcp_established = a.take_flag("--tcp-established");
     std::string name = a.take_option("--name", "");
-    if (a.rest.size() != 1 || name.empty()) throw Error(Errc::invalid_argument, "usage: dvr proc dump PID --name NAME [--leave-running] [--json]");
+    if (a.rest.size() != 1 || name.empty())
+      throw Error(Errc::invalid_argument, "usage: dvr proc dump PID --name NAME [--leave-running] [--tcp-established] [--json]");
     pid_t pid = parse_pid(a.rest.front());
     Store store = open_store(a, true);
     proc::ProcInfo p = proc::dump(store, pid, name, o);
@@ -486,6 +492,10 @@ int cmd_proc(Args& a) {
         std::cout << "  heap " << h.path << " (" << format_bytes(static_cast<double>(h.bytes)) << ") snapshotted as " << h.session << "/"
                   << proc::kHeapPrefix << p.name << "\n";
       std::cout << (o.leave_running ? "the process keeps running\n" : "the process was stopped\n");
+      if (o.tcp_established)
+        std::cout << "its established TCP connections were dumped (their peers' packets wait until they are restored); "
+                     "`dvr proc restore "
+                  << p.name << "` restores them\n";
     }
     return 0;
   }
@@ -498,11 +508,22 @@ int cmd_proc(Args& a) {
     o.net = a.take_option("--net", "");
     o.ip = a.take_option("--ip", "");
     o.host_ip = a.take_option("--host-ip", "");
+    o.tcp_established = a.take_flag("--tcp-established");
     if (a.rest.size() != 1)
       throw Error(Errc::invalid_argument, "usage: dvr proc " + verb + " NAME " +
                                               (o.clone ? "[--net new|NETNS] [--ip ADDR/PREFIX [--host-ip ADDR]] " : "[--detach] ") +
-                                              "[--pidfile FILE] [--json]");
+                                              "[--pidfile FILE] [--tcp-established] [--json]");
     Store store = open_store(a, false);
+    // A dump with established connections restores them by itself (a clone
+    // closes them, the original still holding them): say so.
+    proc::ProcInfo before = proc::info(store, a.rest.front());
+    if (before.tcp_established && !o.tcp_established)
+      std::cerr
+          << "dvr: "
+          << (o.clone ? "note: proc/" + before.name +
+                            " was dumped with --tcp-established; the clone gets its TCP connections closed (--tcp-close), as the original holds them"
+                      : "note: proc/" + before.name + " was dumped with --tcp-established: restoring its TCP connections (--tcp-established)")
+          << "\n";
     proc::RestoreResult r = proc::restore(store, a.rest.front(), o);
     for (auto& n : r.notes)
       std::cerr << "dvr: note: " << n << "\n";

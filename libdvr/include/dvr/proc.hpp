@@ -51,6 +51,9 @@ struct ProcInfo {
   std::string command;             // its command line
   std::string criu_version;
   bool leave_running = false;
+  /// Dumped with DumpOptions::tcp_established: its established TCP
+  /// connections are in the images, and restore() brings them back.
+  bool tcp_established = false;
   std::uint64_t image_bytes = 0;   // bytes of CRIU images
   std::uint64_t stored_bytes = 0;  // bytes the dump added to the store (images and heaps)
   std::string parent;              // the dump its data was compared with ("" = none)
@@ -62,7 +65,14 @@ struct ProcInfo {
 
 struct DumpOptions {
   bool leave_running = false;  // keep the process running after the dump
-  std::string plugin_dir;      // "" = plugin_dir()
+  /// Dump established TCP connections too (CRIU's --tcp-established, with
+  /// its nftables network lock): the peers' packets are dropped from the
+  /// dump until the restore, which brings the connections back with their
+  /// sequence numbers and queues, so clients stay connected. Without it, a
+  /// job holding a connected TCP socket cannot be dumped (listening sockets
+  /// need nothing). The snapshot records it (ProcInfo::tcp_established).
+  bool tcp_established = false;
+  std::string plugin_dir;  // "" = plugin_dir()
 };
 
 struct RestoreOptions {
@@ -96,6 +106,11 @@ struct RestoreOptions {
   std::string host_ip;
   std::string pidfile;     // write the restored root's PID there
   std::string plugin_dir;  // "" = plugin_dir()
+  /// Restore established TCP connections (CRIU's --tcp-established). A
+  /// restore does so by itself for a snapshot dumped with them
+  /// (ProcInfo::tcp_established); a clone restores them closed (--tcp-close:
+  /// the original still holds them) unless this is set.
+  bool tcp_established = false;
 };
 
 struct RestoreResult {

@@ -195,8 +195,17 @@ CriuFailure criu_failure(const WorkDir& work, const std::string& log, const std:
 
 std::string criu_hint(const std::string& errors) {
   if (errors.find("Can't get 1:16 opt") != std::string::npos || errors.find("Can't get 1:34 opt") != std::string::npos)
-    return "\nCRIU 4.1 cannot dump TCP or UDP sockets on Linux 6.16 and newer (SO_PASSCRED is refused on them; fixed in "
-           "CRIU 4.2): close the job's network sockets before dumping, or serve over a Unix socket";
+    return "\nTCP servers cannot be dumped with CRIU < 4.2 on Linux 6.16 and newer (SO_PASSCRED is refused on inet sockets; "
+           "fixed in CRIU 4.2): run install-deps.sh, which builds CRIU 4.2 from Debian's source";
+  if (errors.find("Connected TCP socket, consider using") != std::string::npos)
+    return "\nthe job has established TCP connections (connected clients): dump it with `dvr proc dump --tcp-established` to "
+           "keep them (the clients stay connected and `dvr proc restore` brings the connections back), or disconnect the "
+           "clients first";
+  if (errors.find("Connected TCP socket in image") != std::string::npos)
+    return "\nthe snapshot holds established TCP connections: restore it with --tcp-established";
+  if (errors.find("nftables") != std::string::npos)
+    return "\n--tcp-established locks the connections with nftables (CRIU's --network-lock nftables): it needs a CRIU built "
+           "with libnftables (install-deps.sh builds it so) and nf_tables in the kernel";
   if (errors.find("Can't bind inet socket") != std::string::npos && errors.find("Address already in use") != std::string::npos)
     return "\nthe job's TCP or UDP port is taken on this host (by the running original, for a clone): stop what listens there, "
            "or run the clone in a network namespace of its own (`dvr proc clone NAME --net new`)";

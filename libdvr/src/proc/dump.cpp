@@ -65,6 +65,7 @@ Meta describe(pid_t pid, const std::string& name, const std::string& criu_versio
   info.own_pid_namespace = in_own_pid_namespace(pid);
   info.criu_version = criu_version;
   info.leave_running = options.leave_running;
+  info.tcp_established = options.tcp_established;
   info.command = command_line(pid);
   info.kernel = kernel_release();
   return meta;
@@ -90,6 +91,10 @@ std::exception_ptr run_criu_dump(const std::string& criu, const std::string& plu
   std::vector<std::string> argv = {criu,  "dump",     "-t",   std::to_string(pid),
                                    "-D",  work.path,  "-o",   "dump.log",
                                    "-v2", "--libdir", plugin, options.leave_running ? "--leave-running" : "--leave-stopped"};
+  // Established connections: CRIU locks each with an nftables table of its
+  // own (in-process libnftables; no iptables binary needed), which stays
+  // until the restore unlocks it, so the peers see no reset in between.
+  if (options.tcp_established) argv.insert(argv.end(), {"--tcp-established", "--network-lock", "nftables"});
   std::string out;
   int rc = 0;
   std::exception_ptr served;

@@ -38,6 +38,7 @@ std::string encode_meta(const Meta& meta) {
     << "own_pid_namespace=" << (p.own_pid_namespace ? 1 : 0) << "\n"
     << "criu_version=" << p.criu_version << "\n"
     << "leave_running=" << (p.leave_running ? 1 : 0) << "\n"
+    << "tcp_established=" << (p.tcp_established ? 1 : 0) << "\n"
     << "image_bytes=" << p.image_bytes << "\n";
   for (auto& h : p.heaps)
     o << "heap=" << h.bytes << "\t" << h.store << "\t" << h.session << "\t" << h.path << "\n";
@@ -75,6 +76,8 @@ Meta decode_meta(std::string_view text, const std::string& name) {
         p.criu_version = v;
       else if (k == "leave_running")
         p.leave_running = v == "1";
+      else if (k == "tcp_established")
+        p.tcp_established = v == "1";
       else if (k == "image_bytes")
         p.image_bytes = std::stoull(v);
       else if (k == "command")

@@ -24,7 +24,8 @@ struct PagedImage {
 
 struct Meta {
   /// The fields of ProcInfo that are recorded: pid, own_pid_namespace,
-  /// criu_version, leave_running, image_bytes, heaps, files, kernel, command.
+  /// criu_version, leave_running, tcp_established, image_bytes, heaps,
+  /// files, kernel, command.
   /// (name, time_ns, parent and stored_bytes come from the snapshot itself.)
   ProcInfo info;
   std::vector<std::string> empty_images;  // image files CRIU wrote empty

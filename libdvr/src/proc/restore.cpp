@@ -167,6 +167,13 @@ void run_criu_restore(const Store& store, const std::string& name, [[maybe_unuse
   const std::function<bool()> in_child = view.in_child();
   std::vector<std::string> argv = {criu,        "restore", "-D", work.path, "-o", "restore.log", "-v2", "--libdir", plugin, "--restore-detached",
                                    "--pidfile", pidfile};
+  // Established TCP connections (dumped with --tcp-established) come back
+  // connected; a clone closes them (the original still holds them) unless
+  // asked for them. Either way CRIU lifts the dump's nftables lock.
+  if (options.tcp_established || (p.tcp_established && !options.clone))
+    argv.insert(argv.end(), {"--tcp-established", "--network-lock", "nftables"});
+  else if (p.tcp_established)
+    argv.insert(argv.end(), {"--tcp-close", "--network-lock", "nftables"});
   if (stream) {
     argv.push_back("--stream");
     images.start();
