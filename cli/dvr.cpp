@@ -71,7 +71,10 @@ Commands:
                       unless --tcp-established
   proc ls [--json] | proc info NAME [--json] | proc rm NAME...
                       process snapshots of the store
-  proc check [--json] CRIU version, kernel features (`criu check`), plugin
+  proc check [--json] every capability dvr proc depends on (root, CRIU,
+                      kernel features, plugin, TCP sockets: a real dump and
+                      restore of a tiny process), one line each, with what
+                      to do about what is missing
   run [--output FILE] [--cwd DIR] -- CMD [ARGS...]
                       start CMD as PID 1 of its own PID namespace, detached,
                       so it can be dumped, restored and cloned; prints its PID
@@ -457,18 +460,42 @@ int cmd_proc(Args& a) {
   if (verb == "check") {
     a.no_more();
     proc::Preflight p = proc::preflight();
+    auto status = [](const proc::Capability& c) { return !c.checked ? "skipped" : c.ok ? "ok" : "missing"; };
     if (a.json) {
       std::string s = "{\"ok\":" + std::string(p.ok ? "true" : "false") + ",\"criu\":" + json_string(p.criu) +
                       ",\"criu_version\":" + json_string(p.criu_version) + ",\"plugin\":" + json_string(p.plugin) + ",\"problems\":[";
       for (std::size_t k = 0; k < p.problems.size(); ++k)
         s += (k ? "," : "") + json_string(p.problems[k]);
+      s += "],\"capabilities\":[";
+      for (std::size_t k = 0; k < p.capabilities.size(); ++k) {
+        const auto& c = p.capabilities[k];
+        s += (k ? "," : "") + std::string("{\"name\":") + json_string(c.name) + ",\"status\":\"" + status(c) +
+             "\",\"ok\":" + (c.ok ? "true" : "false") + ",\"required\":" + (c.required ? "true" : "false") + ",\"detail\":" + json_string(c.detail) +
+             "}";
+      }
       std::cout << s << "]}\n";
     } else {
-      std::cout << "criu:   " << (p.criu.empty() ? "not found" : p.criu + " " + p.criu_version) << "\n"
-                << "plugin: " << (p.plugin.empty() ? "not found" : p.plugin) << "\n";
+      // One line per capability: its status, its name, what was found or
+      // what to do (an optional one missing says so).
+      for (auto& c : p.capabilities) {
+        std::string st = status(c), name = c.name;
+        st.resize(std::max<std::size_t>(st.size() + 1, 9), ' ');
+        name.resize(std::max<std::size_t>(name.size() + 1, 17), ' ');
+        // A detail of several lines (CRIU's errors) goes on under the first.
+        std::string detail, line;
+        std::istringstream in(c.detail);
+        for (bool first = true; std::getline(in, line); first = false) {
+          if (!first) line.erase(0, line.find_first_not_of(' '));
+          detail += (first ? "" : "\n" + std::string(st.size() + name.size() + 2, ' ')) + line;
+        }
+        std::cout << st << name << (!c.required && c.checked && !c.ok ? "optional: " : "") << detail << "\n";
+      }
       for (auto& x : p.problems)
         std::cerr << "dvr: " << x << "\n";
-      if (p.ok) std::cout << "ready: processes can be dumped and restored\n";
+      if (p.ok)
+        std::cout << "ready: processes can be dumped and restored\n";
+      else
+        std::cout << "not ready: " << p.problems.size() << (p.problems.size() == 1 ? " capability is" : " capabilities are") << " missing (above)\n";
     }
     return p.ok ? 0 : 1;
   }

@@ -126,13 +126,23 @@ struct RestoreResult {
   std::string net, ip, host_ip, host_if;
 };
 
+/// One capability `dvr proc check` checks or probes.
+struct Capability {
+  std::string name;      // "root", "criu", "kernel", "plugin", "inet sockets", "tcp listen", ...
+  bool ok = false;       // it works here
+  bool required = true;  // false: dvr works without it, doing less (detail says what)
+  bool checked = true;   // false: not checked (a capability it depends on is missing, or a quick check)
+  std::string detail;    // what was found; or what is missing and what to do about it
+};
+
 /// What `dvr proc check` reports.
 struct Preflight {
-  bool ok = false;
-  std::string criu;                   // path of the criu binary ("" = not found)
-  std::string criu_version;           // e.g. "4.1.1"
-  std::string plugin;                 // path of dvr_criu.so ("" = not found)
-  std::vector<std::string> problems;  // each says what is missing and what to do
+  bool ok = false;                       // every required capability works
+  std::string criu;                      // path of the criu binary ("" = not found)
+  std::string criu_version;              // e.g. "4.2.1"
+  std::string plugin;                    // path of dvr_criu.so ("" = not found)
+  std::vector<std::string> problems;     // the detail of each required capability checked and missing
+  std::vector<Capability> capabilities;  // everything checked, in order
 };
 
 /// The directory holding dvr_criu.so: $DVR_CRIU_PLUGIN_DIR if set, else
@@ -141,8 +151,14 @@ struct Preflight {
 /// "" if none holds it.
 DVR_EXPORT std::string plugin_dir();
 
-/// Checks the criu binary ($DVR_CRIU or criu on PATH, version 4 or newer), the
-/// kernel (`criu check`, unless quick) and the plugin.
+/// Checks what dvr proc depends on: root, the criu binary ($DVR_CRIU or criu
+/// on PATH, version 4 or newer), the kernel (`criu check`), the plugin, inet
+/// sockets (CRIU >= 4.2 on Linux >= 6.16), and probes CRIU for real: a tiny
+/// child process listening on TCP 127.0.0.1, then one holding an
+/// established connection too (--tcp-established), each dumped and restored
+/// in a private temporary directory and asked to answer afterwards. Also
+/// reports what is optional (page streaming, write tracking). `quick` skips
+/// `criu check` and the probes.
 DVR_EXPORT Preflight preflight(const std::string& plugin_dir = "", bool quick = false);
 
 /// Dumps the process tree rooted at `pid` into `store` as process snapshot
