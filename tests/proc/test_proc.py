@@ -556,7 +556,11 @@ def test_heap_file_changed_behind_the_plugins_back(work, change):
 # Runs argv[1:] with an unconnected TCP socket inherited: CRIU 4.1 cannot dump
 # it on Linux >= 6.16 (a dump that fails after the plugin took its heap
 # snapshots). Where CRIU can dump it, the dump succeeds and the test says so.
-WITH_TCP_SOCKET = ("import os, socket, sys; s = socket.socket(); os.set_inheritable(s.fileno(), True); "
+# A connected TCP connection (both ends in the job), which CRIU refuses to
+# dump without --tcp-established: a dump that fails inside CRIU.
+WITH_TCP_SOCKET = ("import os, socket, sys; l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(1); "
+                   "c = socket.create_connection(l.getsockname()); a, _ = l.accept(); "
+                   "[os.set_inheritable(x.fileno(), True) for x in (l, c, a)]; "
                    "os.execv(sys.argv[1], sys.argv[1:])")
 
 
@@ -576,38 +580,37 @@ def sigkill(pid):
     assert wait_gone(pid)
 
 
-def test_failed_dump_with_replace_leaves_the_existing_snapshot_intact(work):
-    """`dvr proc dump --replace` lets the plugin replace the heap snapshot
-    SESSION/proc.NAME while CRIU runs. When CRIU then fails, the existing
-    process snapshot NAME must keep its heap snapshot too: otherwise it has
-    its old CRIU images but the failed dump's heap, and restoring NAME brings
-    back the old process with the new heap. (The import failure path is the
-    mirror image: with --replace it must not delete the heap snapshot the
-    existing NAME still needs.)"""
+def test_failed_dump_leaves_the_existing_snapshot_and_its_heap_intact(work):
+    """The plugin snapshots the heap (SESSION/proc.NAME) while CRIU runs, and
+    CRIU may still fail after that. Then nothing of the failed dump may stay:
+    no process snapshot, no heap snapshot; the existing process snapshot of
+    the same heap keeps its own heap snapshot byte for byte and restores with
+    it; the job keeps running; and the error says what to do."""
     a = heap_job(work, "a")
     work.dump(a.pid, "snap", leave_running=True)
     manifest = work.store / "sessions" / "job" / "proc.snap.snap"
     before = manifest.read_bytes()
     sigkill(a.pid)
 
-    # Another job on the same heap, which CRIU cannot dump (a TCP socket).
+    # Another job on the same heap, which CRIU refuses to dump (a connected
+    # TCP connection, without --tcp-established).
     b = heap_job(work, "b", wrapper=(PYTHON, "-c", WITH_TCP_SOCKET))
     b.mutate()
-    proc = work.dvr("proc", "dump", b.pid, "--name", "snap", "--replace", "--leave-running", expect=None)
-    if proc.returncode == 0:
-        pytest.skip("this CRIU dumps TCP sockets; no failing dump to test with")
+    proc = work.dvr("proc", "dump", b.pid, "--name", "other", expect=None)
+    assert proc.returncode != 0, "CRIU dumped a job holding a connected TCP connection without --tcp-established"
+    assert "--tcp-established" in proc.stderr, proc.stderr
+    assert alive(b.pid), "the failed dump did not leave the job running:\n" + proc.stderr
     sigkill(b.pid)
+    listed = work.dvr("proc", "ls").stdout
+    assert "other" not in listed, "the failed dump left a process snapshot:\n" + listed
+    assert not list((work.store / "sessions" / "job").glob("proc.other*")), "the failed dump left its heap snapshot behind"
+    assert manifest.read_bytes() == before, "the failed dump changed the heap snapshot job/proc.snap of 'snap'"
 
-    changed = manifest.read_bytes() != before
-    # What that means: the restored job has its old memory but the new heap.
     a.forget()
     pid = work.restore("snap")
     s = a.wait(what="the restored job's report")
     sigkill(pid)
     a.assert_intact(s, gen=0)
-    assert not changed, (
-        "the failed `dump --replace` changed the heap snapshot job/proc.snap of the existing process snapshot 'snap'\n"
-        + proc.stderr)
 
 
 def test_dump_does_not_hang_when_the_job_is_inside_a_snapshot(work):
@@ -682,12 +685,13 @@ def test_failed_import_without_leave_running_does_not_lose_the_job(work):
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "none", str(small)], check=True)
     try:
-        work.store = small / "store"  # room for CRIU's images (~8.5 MiB), not for a second copy
-        job = work.start_job("counter", mib=8)
+        work.store = small / "store"  # no room for the job's 16 MiB
+        job = work.start_job("counter", mib=16)
         proc = work.dvr("proc", "dump", job.pid, "--name", "a", expect=None)
-        if proc.returncode != 0:
-            assert alive(job.pid), ("the dump failed after CRIU had killed the job, and its images were deleted:\n"
-                                    + proc.stderr)
+        assert proc.returncode != 0, "a 16 MiB job was stored in a 12 MiB file system"
+        assert alive(job.pid), ("the dump failed after CRIU had killed the job, and its images were deleted:\n"
+                                + proc.stderr)
+        assert "a" not in work.dvr("proc", "ls").stdout.split()
     finally:
         work.kill_all()
         subprocess.run(["umount", "-l", str(small)])
