@@ -8,6 +8,7 @@
 
 #include "dvr/clone.hpp"
 #include "proc/metadata.hpp"
+#include "store/reader.hpp"
 #include "store/store_impl.hpp"
 
 namespace dvr::proc {
@@ -53,11 +54,26 @@ std::uint64_t heap_bytes(const Store& store, const ProcInfo& p) {
 
 namespace {
 
+// The metadata region of proc/NAME, checked, and nothing else of it (opening
+// the whole snapshot would map every window of a GiB-sized job).
+std::string read_meta(const Store& store, const std::string& name) {
+  detail::SnapshotReader rd(detail::impl_of(store));
+  const detail::Manifest m = rd.load(kImageSession, name);
+  for (auto& r : m.regions) {
+    if (r.name != kMetaRegion) continue;
+    std::string text(r.chunk_count * m.chunk_size, '\0');
+    for (std::uint64_t j = 0; j < r.chunk_count; ++j)
+      rd.read(m, r.first_chunk + j, text.data() + j * m.chunk_size, "process snapshot '" + name + "' (" + kMetaRegion + ")");
+    text.resize(r.size);
+    return text;
+  }
+  throw Error(Errc::corrupt, "process snapshot '" + name + "' has no metadata (" + kMetaRegion + "); remove it with `dvr proc rm " + name + "`");
+}
+
 ProcInfo read_info(const Store& store, const SnapshotInfo& si, bool verify) {
   if (si.damaged) throw Error(Errc::corrupt, "process snapshot '" + si.name + "' is damaged: " + si.damage);
-  Clone c = store.open_snapshot(kImageSession, si.name, {.verify = verify});
-  Region& meta = c.region(kMetaRegion);
-  ProcInfo p = decode_meta(std::string_view(static_cast<const char*>(meta.data()), meta.size()), si.name).info;
+  if (verify) (void)store.open_snapshot(kImageSession, si.name, {.verify = true});  // every byte checked
+  ProcInfo p = decode_meta(read_meta(store, si.name), si.name).info;
   p.time_ns = si.time_ns;
   p.parent = si.parent;
   p.stored_bytes = si.stored_bytes + heap_bytes(store, p);

@@ -200,11 +200,10 @@ void run_criu_restore(const Store& store, const std::string& name, [[maybe_unuse
 }
 
 // What differs from the dumping host without stopping the restore.
-std::vector<std::string> host_notes(const ProcInfo& p, const std::string& criu) {
+std::vector<std::string> host_notes(const ProcInfo& p, const std::string& version) {
   std::vector<std::string> notes;
   if (!p.kernel.empty() && p.kernel != kernel_release()) notes.push_back("dumped on kernel " + p.kernel + ", restored on " + kernel_release());
-  if (!p.criu_version.empty() && p.criu_version != criu_version(criu))
-    notes.push_back("dumped with CRIU " + p.criu_version + ", restored with " + criu_version(criu));
+  if (!p.criu_version.empty() && p.criu_version != version) notes.push_back("dumped with CRIU " + p.criu_version + ", restored with " + version);
   return notes;
 }
 
@@ -247,7 +246,7 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   detail::check_name("process snapshot", name);
   ProcInfo p = info(store, name);
   require_root(verb);
-  const std::string criu = criu_or_throw(verb).first;
+  const auto [criu, version] = criu_or_throw(verb);
   const std::string plugin = plugin_or_throw(options.plugin_dir, verb);
   check_host(p, name, verb);
   check_conflicts(p, name, options);
@@ -258,7 +257,7 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   std::optional<WorkDir> work(std::in_place, store.path(), "restore-" + name);
   // CRIU >= 4.2 reads page images straight from the store; older ones read
   // files written here first.
-  const bool stream = streams_pages(criu_version(criu));
+  const bool stream = streams_pages(version);
   std::optional<ImageServer> images(std::in_place, store, name, work->path);
   if (!stream) images->write_page_images();
   HeapBackup backup(p, options.clone);
@@ -276,7 +275,7 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   view.keep();
 
   RestoreResult r;
-  r.notes = host_notes(p, criu);
+  r.notes = host_notes(p, version);
   r.pid = read_restored_pid(pidfile, name);
   view.report(r);
   r.seconds = since(t0);
