@@ -428,7 +428,16 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
   }
   in.writer->seal();
   in.writer->use_base(in.b ? &*in.b : nullptr);
-  in.lane = std::make_unique<detail::SnapshotWriter::Lane>(*in.writer, in.logical, false);
+  // What the lane may store at most: every chunk takes whole pages of pack
+  // space. The bytes themselves (in.logical) are not that when a region ends
+  // inside a page, and pack blocks sized by them would start the next block
+  // off a page boundary: every chunk placed there would be refused as
+  // "impossible" by the manifest it was published in.
+  std::uint64_t expected = 0;
+  const std::uint64_t chunk = in.writer->chunk_size();  // a power of two, whole pages
+  for (auto& r : in.regions)
+    expected += r.size / chunk * chunk + detail::round_up_page(r.size % chunk);
+  in.lane = std::make_unique<detail::SnapshotWriter::Lane>(*in.writer, expected, false);
 }
 
 }  // namespace
