@@ -139,6 +139,29 @@ def test_lost_store_and_crash_mid_run(heat, reference):
     assert report["checksum"] == reference["checksum"], describe(proc)
 
 
+def test_damaged_parts_of_partners_come_back_from_each_other(heat, mpirun, heat_bin, tmp_path):
+    """Ranks 0 and 2 keep each other's copies, and both their own parts of the
+    newest snapshot are damaged (cut short): at the restart each takes its part
+    back from the other while it sends the other's. Each removes its damaged
+    leftover first; removing it while its own send held the store (as it once
+    did, in the middle of the exchange) waited for that send, which waited for
+    the rank to read what its partner sent: with parts larger than the pipes
+    between (a 1024x1024 grid: 2 MiB a rank), both ranks hung."""
+    big = ["--nx", "1024", "--ny", "1024"]
+    expected, proc = Heat(mpirun, heat_bin, tmp_path / "reference").run(*big)
+    assert expected["resumed_from"] is None, describe(proc)
+
+    heat.crash(*big, "--abort-at", "110")
+    for r in (0, partner_of(0)):
+        manifest = heat.node(r) / "sessions" / "heat" / f"{step(100)}.snap"
+        data = manifest.read_bytes()
+        manifest.write_bytes(data[: len(data) // 2])
+
+    report, proc = heat.run(*big)
+    assert report["resumed_from"] == step(100), describe(proc)
+    assert report["checksum"] == expected["checksum"], describe(proc)
+
+
 # --- (c) a snapshot one rank failed to commit is never chosen ------------------
 
 @pytest.mark.parametrize("fail_rank, crash_at, resumes_at", [

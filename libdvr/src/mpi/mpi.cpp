@@ -21,6 +21,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "dvr/transfer.hpp"
@@ -34,6 +35,20 @@ constexpr int kTagStream = 0x4456;  // "DV"
 constexpr int kTagList = 0x4457;
 constexpr int kMaxSeqs = 64;  // seqs exchanged per rank in restore_latest()
 constexpr int kMsg = 512;     // bytes of an error message exchanged
+
+// How long the stores this layer opens itself (the receivers of partner
+// copies) wait for a store lock. Every call here is collective: a rank waiting
+// for a lock forever holds up every rank, silently. The holder may be a
+// process stopped or frozen inside a snapshot, gc or remove of this store, or
+// another rank (ranks that share one store, against docs/mpi.md, wait for each
+// other's receive while their exchanges wait on them). Bounded, the rank fails
+// with the store's "stayed locked ... try again" error and every rank throws
+// it (all_or_throw); a partner copy that was not received is only missing, the
+// global snapshot stays committed. Other processes' snapshots and gc take
+// seconds, far less than this.
+constexpr std::chrono::milliseconds kLockTimeout{60000};
+
+Store open_bounded(const Store& store) { return Store::open(store.path(), {.create = false, .lock_timeout = kLockTimeout}); }
 
 double since(std::chrono::steady_clock::time_point t) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); }
 
@@ -316,9 +331,10 @@ GlobalInfo Session::snapshot(const std::string& name) {
       info.partner_bytes = exchange(
           st.comm, st.partner, [&](int fd) { transfer::send(st.store, st.name + "/" + name, fd, topt); }, st.client,
           [&](int fd) {
-            // A Store of its own (its own lock): the send above holds this
-            // rank's store shared while the partner's copy is received.
-            Store here = Store::open(st.store.path());
+            // A Store of its own (its own lock and mutex): the send above
+            // holds this rank's store shared while the partner's copy is
+            // received. Its lock waits are bounded (kLockTimeout).
+            Store here = open_bounded(st.store);
             transfer::receive(here, fd, {.session = st.copies_session(st.client)});
           });
     });
@@ -407,17 +423,24 @@ std::optional<std::string> Session::restore_latest() {
   const bool client_needs = st.options.partner_copies && !in(all_own, st.client, chosen);
   all_or_throw(st.comm, st.size, "the parts of global snapshot '" + name + "' lost with a store could not be brought back from partners", [&] {
     if (!need && !client_needs) return;
+    // A Store of its own (its own lock and mutex, as in snapshot()), with
+    // bounded lock waits (kLockTimeout).
+    std::optional<Store> here;
+    if (need) {
+      here = open_bounded(st.store);
+      // A damaged leftover goes before the exchange starts: removing takes the
+      // store's lock exclusively, and during the exchange this rank's own send
+      // to its client holds it shared until the whole copy is sent, which
+      // waits for this side to read (a rank that both lacks its part and
+      // sends its client's copy would wait for itself forever).
+      for (auto& i : here->list(st.name))
+        if (i.name == name) here->remove(st.name, name);
+    }
     exchange(st.comm, st.client,
              client_needs ? std::function<void(int)>([&](int fd) { transfer::send(st.store, st.copies_session(st.client) + "/" + name, fd); })
                           : std::function<void(int)>(),
              st.partner,
-             need ? std::function<void(int)>([&](int fd) {
-               Store here = Store::open(st.store.path());  // its own lock, as in snapshot()
-               for (auto& i : here.list(st.name))
-                 if (i.name == name) here.remove(st.name, name);  // a damaged leftover
-               transfer::receive(here, fd, {.session = st.name});
-             })
-                  : std::function<void(int)>());
+             need ? std::function<void(int)>([&](int fd) { transfer::receive(*here, fd, {.session = st.name}); }) : std::function<void(int)>());
     if (need) st.record(name, chosen);
   });
   all_or_throw(st.comm, st.size, "global snapshot '" + name + "' could not be restored on every rank", [&] { st.local.restore(name); });
