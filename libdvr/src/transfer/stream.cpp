@@ -96,11 +96,12 @@ std::vector<Item> items_of(const Store& store, const std::string& ref) {
       std::string snap = proc::kHeapPrefix + name;
       if (std::any_of(out.begin(), out.end(), [&](const Item& i) { return i.session == h.session; })) continue;
       // The heap snapshot is in this store when it came here by a transfer,
-      // else in the heap's own store.
+      // else in the heap's own store, whose locks are waited for as long as
+      // this store's are (StoreOptions::lock_timeout of `store`).
       if (has_snapshot(store, h.session, snap))
         out.push_back({store, h.session, snap});
       else
-        out.push_back({Store::open(h.store, {.create = false}), h.session, snap});
+        out.push_back({Store::open(h.store, {.create = false, .lock_timeout = detail::impl_of(store).lock_timeout}), h.session, snap});
     }
   }
   if (!has_snapshot(store, session, name) && session != proc::kImageSession) store.info(session, name);  // not_found
