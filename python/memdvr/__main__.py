@@ -20,14 +20,14 @@ import json
 import sys
 from typing import Any, List, Optional, Tuple
 
-from . import DvrError, InvalidArgument, Store, default_path
+from . import DvrError, Store, default_path
+from ._core import split_ref
 
 
 def _ref(text: str) -> Tuple[str, str]:
-    session, sep, name = text.partition("/")
-    if not sep or not session or not name or "/" in name:
-        raise InvalidArgument(f"'{text}' is not a snapshot reference; write SESSION/NAME")
-    return session, name
+    """SESSION/NAME as (SESSION, NAME): dvr::split_ref, as the dvr command
+    splits it (InvalidArgument otherwise)."""
+    return split_ref(text)
 
 
 def _size(n: float) -> str:

@@ -1,8 +1,10 @@
 # Type stubs of memdvr._core, the pybind11 module over libdvr
 # (python/src/core.cpp). The numpy-facing API is memdvr (python/memdvr/__init__.py).
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 __version__: str
+
+def split_ref(ref: str) -> Tuple[str, str]: ...
 
 class DvrError(Exception):
     code: str

@@ -120,6 +120,10 @@ PYBIND11_MODULE(_core, m) {
 
   register_memory_owner(m);
 
+  m.def("split_ref", &dvr::split_ref, py::arg("ref"),
+        "Splits a snapshot reference 'SESSION/NAME' ('proc/NAME' for a process snapshot) into (SESSION, NAME); "
+        "InvalidArgument unless it is two non-empty parts around one '/' (dvr::split_ref).");
+
   // ---- Store
   py::class_<dvr::Store>(m, "Store", "A handle to an open store (a directory of snapshots).")
       .def_static(
