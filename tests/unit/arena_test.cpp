@@ -23,10 +23,23 @@ using dvrtest::TempDir;
 
 namespace {
 
-// Each test case its own address, so that a failing one cannot block the next.
+// Each test case its own address, so that a failing one cannot block the next:
+// slot K at 0x550000000000 + K * 4 GiB (reservations of at most 1 GiB).
+//
+// 0x5500'0000'0000-0x5550'0000'0000 is free in every address-space layout the
+// tests run under: a plain process (the kernel maps top-down from below the
+// stack, near 0x7fxx'xxxx'xxxx, and puts a PIE executable at 0x5555'5555'4000
+// plus up to 1 TiB), AddressSanitizer (application memory from 0x1000'7fff'8000,
+// its allocator at 0x6000'0000'0000-0x6400'0000'0000) and ThreadSanitizer,
+// which reserves everything but a few ranges for itself (GCC 12's libtsan:
+// 0-0x200'0000'0000, 0x5500'0000'0000-0x5a00'0000'0000, its heap, and
+// 0x7a00'0000'0000 up; older ones 0x5500'0000'0000-0x5680'0000'0000 and
+// 0x7e80'0000'0000 up). The library's default 0x6e0000000000, and the
+// 0x5e0000000000 these tests used before, lie in TSan's reserved memory, where
+// MAP_FIXED_NOREPLACE fails.
 ArenaOptions at(std::uintptr_t slot, std::size_t initial = 1 << 20, std::size_t reserve = std::size_t{1} << 30) {
   ArenaOptions o;
-  o.address = 0x5e0000000000 + slot * (std::uintptr_t{1} << 36);
+  o.address = 0x550000000000 + slot * (std::uintptr_t{1} << 32);
   o.initial = initial;
   o.reserve = reserve;
   o.grow_step = 1 << 20;

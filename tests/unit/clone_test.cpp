@@ -64,6 +64,10 @@ TEST_CASE("clone: shows the snapshot, keeps its writes private, several at once"
 }
 
 TEST_CASE("clone: costs memory only for pages written", "[clone]") {
+  // (AddressSanitizer's shadow of the clone stays the zero page when read:
+  // the bound holds there, measured at 0.7 MB of 3.2.)
+  if (dvrtest::kThreadSanitizer)
+    DVR_SKIP("built with ThreadSanitizer: reading the clone makes TSan's shadow of it resident, so RssAnon measures TSan");
   TempDir dir;
   Store store = Store::open(dir.store());
   const std::size_t size = 64u << 20;

@@ -4,18 +4,22 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <algorithm>
@@ -55,24 +59,96 @@ namespace dvrtest {
 
 namespace fs = std::filesystem;
 
+/// Whether this binary is built with AddressSanitizer or ThreadSanitizer
+/// (DVR_SANITIZE, CMakeLists.txt; GCC defines __SANITIZE_ADDRESS__ and
+/// __SANITIZE_THREAD__, Clang says so through __has_feature), and its name
+/// (nullptr without). A test that bounds the process's resident memory skips
+/// under one where the bound would measure the sanitizer: its shadow memory,
+/// allocator and metadata are resident too.
+#if defined(__SANITIZE_ADDRESS__)
+#define DVR_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DVR_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define DVR_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DVR_TEST_TSAN 1
+#endif
+#endif
+#ifdef DVR_TEST_ASAN
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+#ifdef DVR_TEST_TSAN
+inline constexpr bool kThreadSanitizer = true;
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+inline constexpr const char* kSanitizer = kAddressSanitizer ? "AddressSanitizer" : kThreadSanitizer ? "ThreadSanitizer" : nullptr;
+
+/// Removes everything under `dir` (a test may have made parts read-only or
+/// chowned them; we are the owner, or root). Errors are ignored.
+inline void remove_tree(const std::string& dir) {
+  std::error_code ec;
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::add, ec);
+  fs::remove_all(dir, ec);
+}
+
+/// Directories `base`/dvr-unit-PID-XXXXXX that a test process left behind
+/// when it died without unwinding (killed by CTest's timeout or a signal, a
+/// sanitizer's fatal report, a crash) are removed by the next TempDir in
+/// `base`: those of this user whose process PID is gone and that nothing
+/// changed for 10 minutes (so that a live process of another PID namespace
+/// sharing `base` keeps its own).
+inline void remove_stale_temp_dirs(const std::string& base) {
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (auto it = fs::directory_iterator(base, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string prefix = "dvr-unit-";
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::size_t dash = name.find('-', prefix.size());
+    if (dash == std::string::npos || dash == prefix.size() || name.size() - dash != 7) continue;
+    const std::string digits = name.substr(prefix.size(), dash - prefix.size());
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto pid = static_cast<pid_t>(std::stol(digits));
+    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    std::error_code tec;
+    const auto changed = fs::last_write_time(it->path(), tec);
+    if (tec || now - changed < std::chrono::minutes(10)) continue;
+    remove_tree(it->path().string());
+  }
+}
+
 /// A fresh directory (under /dev/shm unless `base` says otherwise), removed with
 /// everything in it when the guard goes out of scope. `store()` is a path inside
 /// it that does not exist yet, so tests can check nothing appears next to it.
+/// Its name carries the creating process's PID (dvr-unit-PID-XXXXXX), so that
+/// what a killed test process left behind is recognised and removed later
+/// (remove_stale_temp_dirs, once per process and base).
 class TempDir {
  public:
   explicit TempDir(const std::string& base = "/dev/shm") {
-    std::string tmpl = base + "/dvr-unit-XXXXXX";
+    {
+      static std::mutex mu;
+      static std::set<std::string> swept;
+      std::lock_guard<std::mutex> guard(mu);
+      if (swept.insert(base).second) remove_stale_temp_dirs(base);
+    }
+    std::string tmpl = base + "/dvr-unit-" + std::to_string(::getpid()) + "-XXXXXX";
     std::vector<char> buf(tmpl.begin(), tmpl.end());
     buf.push_back('\0');
     if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed in " + base);
     path_ = buf.data();
   }
-  ~TempDir() {
-    std::error_code ec;
-    // A test may have made parts read-only or chowned them; we are the owner (or root).
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
+  ~TempDir() { remove_tree(path_); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   const std::string& path() const { return path_; }
