@@ -282,7 +282,12 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
     throw Error(e.code(), std::string(e.what()) + " (the process was not stopped: it keeps running)");
   }
   // Stored: now the job is stopped for good (dump without --leave-running).
-  if (!options.leave_running) signal_tree(tree, SIGKILL);
+  if (!options.leave_running) {
+    signal_tree(tree, SIGKILL);
+    // Returned once the job is gone: a restore right after must find its
+    // ports and sockets free.
+    wait_exited(tree, std::chrono::seconds(10));
+  }
   meta.info.seconds = since(t0);
   return std::move(meta.info);
 }

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <climits>
 #include <fstream>
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 #include "base/os.hpp"
 #include "proc/proc_heaps.hpp"
@@ -63,6 +65,25 @@ std::vector<pid_t> process_tree(pid_t root) {
 void signal_tree(const std::vector<pid_t>& tree, int sig) {
   for (pid_t p : tree)
     ::kill(p, sig);
+}
+
+void wait_exited(const std::vector<pid_t>& tree, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (pid_t p : tree) {
+    for (;;) {
+      // Gone, or a zombie: either way its files and sockets are closed.
+      std::string stat;
+      try {
+        stat = read_proc(p, "stat");
+      } catch (const std::exception&) {
+        break;
+      }
+      auto close = stat.rfind(')');
+      if (stat.empty() || close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] == 'Z' || stat[close + 2] == 'X') break;
+      if (std::chrono::steady_clock::now() >= deadline) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
 }
 
 bool in_own_pid_namespace(pid_t pid) {

@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,10 @@ std::string comm_of(pid_t pid);
 /// A process and all its descendants (from /proc/PID/task/TID/children).
 std::vector<pid_t> process_tree(pid_t root);
 void signal_tree(const std::vector<pid_t>& tree, int sig);
+/// Waits until every process of `tree` has exited (gone or a zombie: its
+/// files and sockets are closed, so a restore can bind its ports again), at
+/// most `limit`.
+void wait_exited(const std::vector<pid_t>& tree, std::chrono::milliseconds limit);
 
 /// True when `pid` is PID 1 of a PID namespace of its own (a `dvr run` job).
 bool in_own_pid_namespace(pid_t pid);
