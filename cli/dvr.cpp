@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -75,9 +77,14 @@ Commands:
                       kernel features, plugin, TCP sockets: a real dump and
                       restore of a tiny process), one line each, with what
                       to do about what is missing
-  run [--output FILE] [--cwd DIR] -- CMD [ARGS...]
+  run [--output FILE] [--cwd DIR] [--heap [MAX] [--heap-session NAME]]
+      -- CMD [ARGS...]
                       start CMD as PID 1 of its own PID namespace, detached,
-                      so it can be dumped, restored and cloned; prints its PID
+                      so it can be dumped, restored and cloned; prints its PID;
+                      --heap: an unmodified program's heap (malloc, new, its
+                      own anonymous mmap) lives in a DVR persistent heap of
+                      MAX bytes (default 4G) in the store, so `proc dump`
+                      stores only the pages written since the last dump
   send REF [--base BASE] [--level N | --no-compress] [--json]
                       write snapshot REF (SESSION/NAME, or proc/NAME with its
                       heaps) as a verified, compressed stream to stdout
@@ -876,15 +883,46 @@ int cmd_push_pull(Args& a, bool push) {
 
 int cmd_run(Args& a) {
   auto dashes = std::find(a.rest.begin(), a.rest.end(), std::string("--"));
-  if (dashes == a.rest.end() || dashes + 1 == a.rest.end())
-    throw Error(Errc::invalid_argument, "usage: dvr run [--output FILE] [--cwd DIR] -- CMD [ARGS...]");
+  const char* usage = "usage: dvr run [--output FILE] [--cwd DIR] [--heap [MAX] [--heap-session NAME]] -- CMD [ARGS...]";
+  if (dashes == a.rest.end() || dashes + 1 == a.rest.end()) throw Error(Errc::invalid_argument, usage);
   std::vector<std::string> argv(dashes + 1, a.rest.end());
   a.rest.erase(dashes, a.rest.end());
   proc::RunOptions o;
   o.output = a.take_option("--output", "");
   o.cwd = a.take_option("--cwd", "");
+  std::string session = a.take_option("--heap-session", "");
+  // --heap [MAX]: the size is optional (default 4G).
+  for (auto it = a.rest.begin(); it != a.rest.end(); ++it) {
+    if (*it != "--heap" && it->rfind("--heap=", 0) != 0) continue;
+    std::string size = *it == "--heap" ? "4G" : it->substr(7);
+    auto next = it + 1;
+    if (*it == "--heap" && next != a.rest.end() && next->rfind("--", 0) != 0) {
+      size = *next;
+      a.rest.erase(next);
+    }
+    o.heap_bytes = parse_size(size);
+    a.rest.erase(it);
+    break;
+  }
   a.no_more();
-  std::cout << proc::run(argv, o) << "\n";
+  if (!session.empty() && !o.heap_bytes) throw Error(Errc::invalid_argument, "--heap-session goes with --heap");
+  std::optional<Store> store;
+  if (o.heap_bytes) {
+    store = a.store_path.empty() ? Store::open_default() : Store::open(a.store_path);
+    if (session.empty()) {
+      std::string base = argv[0].substr(argv[0].find_last_of('/') + 1);
+      for (char& c : base)
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '-';
+      session = "run-" + (base.empty() ? std::string("job") : base) + "-" + std::to_string(::time(nullptr));
+    }
+    o.heap_store = store->path();
+    o.heap_session = session;
+  }
+  pid_t pid = proc::run(argv, o);
+  std::cout << pid << "\n";
+  if (o.heap_bytes)
+    std::cerr << "dvr run: heap " << proc::heap_path(o.heap_store, session) << " (" << format_bytes(static_cast<double>(o.heap_bytes))
+              << ", session " << session << "); dump it with `dvr proc dump " << pid << " --name NAME`\n";
   return 0;
 }
 

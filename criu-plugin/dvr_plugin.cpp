@@ -195,6 +195,8 @@ int dvr_checkpoint_devices(int pid) {
         (name && *name ? std::string(name)
                        : "criu-" + std::to_string(pid) + "-" + std::to_string(std::chrono::system_clock::now().time_since_epoch().count()));
     g_image = heaps::snapshot_heaps(files, pid, snapshot, false, nullptr, kLockTimeout);
+    // Heaps of `dvr run --heap`: the next dump stores what is written after this one.
+    heaps::renew_shim_notes(g_image, pid);
     g_recorded.insert(files.begin(), files.end());
     write_image();
     return 0;

@@ -189,11 +189,34 @@ DVR_EXPORT void remove(Store& store, const std::string& name);
 struct RunOptions {
   std::string output;  // stdout and stderr of the job ("" = /dev/null)
   std::string cwd;     // working directory ("" = the caller's)
+  /// > 0: the program's heap lives in a DVR persistent heap of this many
+  /// bytes (rounded up to pages), `dvr run --heap` (docs/criu.md, "Unmodified
+  /// programs"): its malloc family, C++ new and its own private anonymous
+  /// mmap take memory from heap_path(heap_store, heap_session), mapped
+  /// MAP_SHARED at kHeapAddress, so a dump stores only the pages written
+  /// since the last one and CRIU copies none of them.
+  std::uint64_t heap_bytes = 0;
+  std::string heap_store;    // the store holding the heap (required with heap_bytes)
+  std::string heap_session;  // the heap's session there (required with heap_bytes; must not have a heap yet)
 };
+/// Where `dvr run --heap` maps a program's heap (the same in every job: a
+/// restored or cloned job keeps its addresses).
+inline constexpr std::uint64_t kHeapAddress = 0x200000000000ull;
+/// The heap file of `dvr run --heap` job with heap session `session`.
+DVR_EXPORT std::string heap_path(const std::string& store, const std::string& session);
+/// The preloaded library `dvr run --heap` uses: DVR_HEAP_PRELOAD, else
+/// preload/libdvr_heap.so beside the running program (a build tree), else
+/// <prefix>/lib/dvr/libdvr_heap.so. "" when none is there.
+DVR_EXPORT std::string heap_preload();
 /// Starts argv as PID 1 of a new PID namespace, in a session of its own, with
 /// stdin from /dev/null: a job that can be dumped, restored and cloned without
 /// PID clashes. Returns its PID as the caller sees it; the job is not the
 /// caller's child. Needs root (or CAP_SYS_ADMIN).
+/// With options.heap_bytes, returns once the heap is in place. Throws
+/// unsupported for a statically linked or setuid program (the loader
+/// preloads nothing into them) or when libdvr_heap.so is missing,
+/// already_exists when the session has a heap, io when the program could not
+/// set its heap up (the reason from the program).
 DVR_EXPORT pid_t run(const std::vector<std::string>& argv, const RunOptions& options = {});
 
 }  // namespace dvr::proc

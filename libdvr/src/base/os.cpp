@@ -89,6 +89,34 @@ void write_all(int fd, const void* data, std::size_t len, const std::string& pat
   }
 }
 
+void write_all_at(int fd, const void* data, std::size_t len, std::uint64_t offset, const std::string& what) {
+  FileSizeSignalGuard guard;
+  auto p = static_cast<const char*>(data);
+  while (len > 0) {
+    ssize_t n = ::pwrite(fd, p, len, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(errno, "cannot write " + what);
+    }
+    p += n;
+    offset += static_cast<std::uint64_t>(n);
+    len -= static_cast<std::size_t>(n);
+  }
+}
+
+void read_exact_at(int fd, void* data, std::size_t len, std::uint64_t offset, const std::string& what) {
+  auto p = static_cast<char*>(data);
+  while (len > 0) {
+    ssize_t n = ::pread(fd, p, len, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno(errno, "cannot read " + what);
+    if (n == 0) throw Error(Errc::corrupt, what + " ends early, at byte " + std::to_string(offset));
+    p += n;
+    offset += static_cast<std::uint64_t>(n);
+    len -= static_cast<std::size_t>(n);
+  }
+}
+
 void fsync_or_throw(int fd, const std::string& path) {
   if (::fsync(fd) != 0) throw_errno(errno, "cannot fsync " + path);
 }

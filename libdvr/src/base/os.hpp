@@ -49,6 +49,9 @@ Fd open_or_throw(const std::string& path, int flags, mode_t mode = 0600);
 /// Throws unless `path` is a real directory (not a symbolic link) owned by us.
 void require_real_dir(const std::string& path);
 void write_all(int fd, const void* data, std::size_t len, const std::string& path);
+/// pwrite / pread of exactly `len` bytes at `offset` (a short read is corrupt: the file ends early).
+void write_all_at(int fd, const void* data, std::size_t len, std::uint64_t offset, const std::string& what);
+void read_exact_at(int fd, void* data, std::size_t len, std::uint64_t offset, const std::string& what);
 void fsync_or_throw(int fd, const std::string& path);
 void fsync_dir(const std::string& dir);
 std::string read_file(const std::string& path);

@@ -23,7 +23,10 @@
 #include "dvr/session.hpp"
 #include "base/os.hpp"
 #include "store/store_impl.hpp"
+#include "store/reader.hpp"
 #include "store/writer.hpp"
+
+#include <linux/falloc.h>
 
 namespace dvr::detail::heaps {
 
@@ -65,7 +68,10 @@ std::vector<std::string> mapped_heaps(pid_t pid) {
     std::istringstream in(line);
     std::string range, perms;
     in >> range >> perms;
-    if (perms.size() < 4 || perms[3] != 's') continue;  // only shared mappings
+    // Shared mappings, and private ones of a heap file: the heap of
+    // `dvr run --heap` is private while a forked child maps it (the file is
+    // then the memory of the fork, which the dump must keep too).
+    if (perms.size() < 4 || (perms[3] != 's' && perms[3] != 'p')) continue;
     std::string path = maps_path(line);
     if (path.empty() || path[0] != '/' || path.find(" (deleted)") != std::string::npos) continue;
     if (!store_of_heap(path).empty()) found.insert(path);
@@ -176,6 +182,23 @@ bool written_by_note(pid_t pid, const HeapFile& h, const TrackNote& n, std::vect
   return true;
 }
 
+// The holes of a heap file within its first `bytes` (SEEK_HOLE/SEEK_DATA):
+// they read zero, and reading them through a mapping would allocate them.
+ByteRanges holes_of(int fd, std::uint64_t bytes) {
+  ByteRanges out;
+  off_t at = 0;
+  while (static_cast<std::uint64_t>(at) < bytes) {
+    off_t hole = ::lseek(fd, at, SEEK_HOLE);
+    if (hole < 0 || static_cast<std::uint64_t>(hole) >= bytes) break;
+    off_t data = ::lseek(fd, hole, SEEK_DATA);
+    std::uint64_t end = data < 0 ? bytes : std::min<std::uint64_t>(static_cast<std::uint64_t>(data), bytes);
+    if (end > static_cast<std::uint64_t>(hole)) out.emplace_back(static_cast<std::uint64_t>(hole), end);
+    if (data < 0) break;
+    at = data;
+  }
+  return out;
+}
+
 // A heap file is its region's bytes rounded up to whole pages.
 std::uint64_t file_bytes(const HeapFile& h) { return (h.bytes + kPageSize - 1) & ~(kPageSize - 1); }
 
@@ -240,7 +263,7 @@ SnapshotInfo snapshot_group(Store& store, const std::string& session, const std:
   for (auto& src : sources)
     if (!src.written && base && base->paged)
       for (auto& br : base->regions)
-        if (br.name == src.name && br.size == src.size) src.written = pages_differing(*base, br, src.data, src.size);
+        if (br.name == src.name && br.size == src.size) src.written = pages_differing(*base, br, src.data, src.size, src.zero);
   SnapshotWriter writer(batch, session, snapshot,
                         {.label = "heaps of process snapshot " + snapshot, .parent = base ? base->name : "", .replace = replace});
   write_snapshot(writer, sources, base ? &*base : nullptr, tracked);
@@ -293,7 +316,7 @@ HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const
             ((n.size + kPageSize - 1) & ~(kPageSize - 1)) == file)
           h.bytes = n.size;
         maps.push_back(Mapping::file(fd.get(), file, PROT_READ, MAP_SHARED, "heap file " + h.path));
-        sources.push_back({h.region, static_cast<const char*>(maps.back().data()), h.bytes, false, std::nullopt});
+        sources.push_back({h.region, static_cast<const char*>(maps.back().data()), h.bytes, false, std::nullopt, holes_of(fd.get(), h.bytes)});
         members.push_back(&h);
       }
       SnapshotInfo info = snapshot_group(store, session, members, sources, pid, snapshot, replace, stats);
@@ -310,6 +333,59 @@ HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const
     throw;
   }
   return image;
+}
+
+namespace {
+
+// The `.REGION.shim` file libdvr_heap.so keeps beside a heap it owns
+// (preload/README.md): the process and range it tracks.
+struct ShimFile {
+  std::uint64_t start_time = 0, pid_ns = 0, base = 0, size = 0;
+};
+bool read_shim(const std::string& heap, ShimFile& f) {
+  auto k = heap.find_last_of('/');
+  std::ifstream in(heap.substr(0, k + 1) + "." + heap.substr(k + 1) + ".shim");
+  std::string magic, key;
+  if (!std::getline(in, magic) || magic != "dvr-heap-shim 1") return false;
+  int seen = 0;
+  while (in >> key) {
+    if (key == "process" && (in >> f.start_time >> f.pid_ns))
+      seen |= 1;
+    else if (key == "range" && (in >> f.base >> f.size))
+      seen |= 2;
+    else
+      return false;
+  }
+  return seen == 3 && f.size > 0 && f.base % kPageSize == 0 && f.size % kPageSize == 0;
+}
+
+}  // namespace
+
+std::size_t renew_shim_notes(const HeapImage& image, pid_t pid) {
+  std::size_t renewed = 0;
+  for (auto& h : image.heaps) {
+    ShimFile f;
+    if (pid <= 0 || !read_shim(h.path, f) || identity(pid) != std::make_pair(f.start_time, f.pid_ns) || f.size != file_bytes(h)) continue;
+    ::unlink(note_path(h.path).c_str());  // the old note holds no more once the marks are reset
+    // The task is frozen: nothing is written between the snapshot and this.
+    if (!reprotect_pages_of(pid, {f.base, f.base + f.size})) continue;  // private (a child maps it) or not tracked
+    try {
+      Store store = Store::open(h.store, {.create = false, .lock_timeout = std::chrono::milliseconds(5000)});
+      TrackNote n;
+      n.start_time = f.start_time;
+      n.pid_ns = f.pid_ns;
+      n.start = f.base;
+      n.end = f.base + f.size;
+      n.data = f.base;
+      n.size = h.bytes;
+      n.snapshot = image.snapshot;
+      n.checksum = impl_of(store).load_manifest(h.session, image.snapshot).checksum;
+      write_note(h.path, n);
+      ++renewed;
+    } catch (const Error&) {  // no note: the next dump compares by hash
+    }
+  }
+  return renewed;
 }
 
 void remove_heaps(const HeapImage& image) {
@@ -395,6 +471,73 @@ std::string heap_store(const HeapFile& h, const std::string& snapshot, const std
   return h.store;
 }
 
+namespace {
+
+// What putting one heap file back to a snapshot's content takes: compared
+// page by page with the snapshot's page hashes through pread (holes read
+// zero without being allocated, as a mapping would), so an intact heap file
+// (a restore after kill -9) is only read, never written.
+struct HeapPlan {
+  std::string path;
+  Fd fd;
+  const ManifestRegion* region = nullptr;
+  std::vector<std::size_t> fetch;                               // chunks with pages that differ
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> punch;  // file ranges that must read zero
+};
+
+HeapPlan plan_heap_file(SnapshotReader& reader, const Manifest& m, const ManifestRegion& mr, const HeapFile& h) {
+  (void)reader;
+  HeapPlan p;
+  p.path = h.path;
+  p.region = &mr;
+  ::unlink(note_path(h.path).c_str());  // whatever it said no longer holds
+  p.fd = open_or_throw(h.path, O_RDWR | O_CREAT);
+  if (::ftruncate(p.fd.get(), static_cast<off_t>(file_bytes(h))) != 0) throw_errno(errno, "cannot size heap file " + h.path);
+  const ByteRanges holes = holes_of(p.fd.get(), h.bytes);
+  auto all_hole = [&](std::uint64_t lo, std::uint64_t hi) {
+    auto it = std::upper_bound(holes.begin(), holes.end(), std::make_pair(lo, ~std::uint64_t(0)));
+    return it != holes.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
+  };
+  std::vector<char> live(m.chunk_size);
+  for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
+    const std::size_t i = mr.first_chunk + j;
+    const std::uint64_t off = j * m.chunk_size, len = m.chunks[i].length;
+    if (all_hole(off, off + len)) {
+      if (!m.zero_chunk(i)) p.fetch.push_back(i);
+      continue;
+    }
+    if (m.zero_chunk(i)) {
+      p.punch.emplace_back(off, len);
+      continue;
+    }
+    read_exact_at(p.fd.get(), live.data(), len, off, "heap file " + h.path);
+    bool same = m.paged && m.hydrated();
+    for (std::uint32_t pg = 0; same && pg < m.pages_of(i); ++pg) {
+      const std::uint64_t plen = std::min<std::uint64_t>(kPageSize, len - pg * kPageSize);
+      same = page_hash(live.data() + pg * kPageSize, plen) == m.hashes_of(i)[pg];
+    }
+    if (!same) p.fetch.push_back(i);
+  }
+  return p;
+}
+
+void apply_heap_plan(SnapshotReader& reader, const Manifest& m, HeapPlan& p, std::vector<char>& buf) {
+  for (auto& [off, len] : p.punch)
+    if (::fallocate(p.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off), static_cast<off_t>(len)) != 0) {
+      // No hole punching here: write the zeros.
+      std::vector<char> zeros(len, 0);
+      write_all_at(p.fd.get(), zeros.data(), len, off, "heap file " + p.path);
+    }
+  for (std::size_t i : p.fetch) {
+    reader.read(m, i, buf.data(), "heap snapshot " + m.session + "/" + m.name);
+    const std::uint64_t off = (i - p.region->first_chunk) * m.chunk_size;
+    write_all_at(p.fd.get(), buf.data(), m.chunks[i].length, off, "heap file " + p.path);
+  }
+  if (::fdatasync(p.fd.get()) != 0) throw_errno(errno, "cannot sync restored heap file " + p.path);
+}
+
+}  // namespace
+
 void restore_heaps(const HeapImage& original, const std::string& preferred, std::chrono::milliseconds lock_timeout) {
   HeapImage image = original;
   for (auto& h : image.heaps)
@@ -420,22 +563,26 @@ void restore_heaps(const HeapImage& original, const std::string& preferred, std:
     if (std::find(groups.begin(), groups.end(), std::make_pair(h.store, h.session)) == groups.end()) groups.emplace_back(h.store, h.session);
   for (auto& [store_path, session] : groups) {
     Store store = Store::open(store_path, {.create = false, .lock_timeout = lock_timeout});
-    Session s(store, session, SessionOptions{.tracking = Tracking::hash});
-    std::vector<Mapping> maps;
+    SnapshotReader reader(impl_of(store));
+    const Manifest m = reader.load(session, image.snapshot);
+    std::vector<HeapPlan> plans;
     for (auto& h : image.heaps) {
       if (h.store != store_path || h.session != session) continue;
       make_private_dir(parent_dir(parent_dir(h.path)));
       make_private_dir(parent_dir(h.path));
-      ::unlink(note_path(h.path).c_str());  // whatever it said no longer holds
-      Fd fd = open_or_throw(h.path, O_RDWR | O_CREAT);
-      if (::ftruncate(fd.get(), static_cast<off_t>(file_bytes(h))) != 0) throw_errno(errno, "cannot size heap file " + h.path);
-      maps.push_back(Mapping::file(fd.get(), file_bytes(h), PROT_READ | PROT_WRITE, MAP_SHARED, "heap file " + h.path));
-      s.track(h.region, maps.back().data(), h.bytes);
+      const ManifestRegion* mr = nullptr;
+      for (auto& r : m.regions)
+        if (r.name == h.region && r.size == h.bytes) mr = &r;
+      if (!mr) throw Error(Errc::corrupt, "heap snapshot " + session + "/" + image.snapshot + " lost region " + h.region);
+      plans.push_back(plan_heap_file(reader, m, *mr, h));
     }
-    // Verifies every page before the first byte of these heaps changes.
-    s.restore(image.snapshot);
-    for (auto& m : maps)
-      m.sync("a restored heap file");
+    // Every chunk to be written is read and checked before any file changes.
+    std::vector<char> buf(m.chunk_size);
+    for (auto& p : plans)
+      for (std::size_t i : p.fetch)
+        reader.read(m, i, buf.data(), "heap snapshot " + session + "/" + image.snapshot);
+    for (auto& p : plans)
+      apply_heap_plan(reader, m, p, buf);
   }
 }
 

@@ -73,6 +73,13 @@ struct HeapStats {
 HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const std::string& snapshot, bool replace, HeapStats* stats = nullptr,
                          std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1));
 
+/// For each heap of `image` that libdvr_heap.so (`dvr run --heap`) owns in
+/// frozen process `pid`: resets its write marks and leaves a tracking note
+/// naming the heap snapshot just taken, so the next dump stores only the
+/// pages written after this one. Heaps of SDK sessions are left alone (their
+/// sessions keep their own notes). Returns how many notes were written.
+std::size_t renew_shim_notes(const HeapImage& image, pid_t pid);
+
 /// Removes the heap snapshots an image refers to (missing ones are fine).
 void remove_heaps(const HeapImage& image);
 

@@ -1,23 +1,187 @@
 // Starting a job that can be dumped, restored and cloned: proc::run, PID 1 of
 // a PID namespace of its own (dvr/proc.hpp).
+#include <dlfcn.h>
+#include <elf.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/os.hpp"
 #include "dvr/proc.hpp"
+#include "store/store_impl.hpp"
+
+extern char** environ;
 
 namespace dvr::proc {
 
+namespace {
+
+constexpr const char* kHeapPreloadFile = "libdvr_heap.so";
+constexpr const char* kHeapRegion = "heap";
+
+std::string dir_of(const std::string& p) {
+  auto k = p.find_last_of('/');
+  return k == std::string::npos ? std::string(".") : p.substr(0, k);
+}
+
+bool is_regular(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// The file execvp would run for `name`.
+std::string find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "/usr/local/bin:/usr/bin:/bin");
+  std::string d;
+  while (std::getline(dirs, d, ':')) {
+    std::string f = (d.empty() ? std::string(".") : d) + "/" + name;
+    if (is_regular(f) && ::access(f.c_str(), X_OK) == 0) return f;
+  }
+  throw Error(Errc::not_found, "dvr run: '" + name + "' is not a program on PATH");
+}
+
+// Refuses what the loader will not preload into: static binaries and
+// setuid/setgid programs. Scripts are fine (their interpreter gets the heap).
+void check_preloadable(const std::string& name) {
+  std::string file = find_program(name);
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) detail::throw_errno(errno, "dvr run: cannot find " + file);
+  if (st.st_mode & (S_ISUID | S_ISGID))
+    throw Error(Errc::unsupported, "dvr run --heap: " + file +
+                                       " is setuid or setgid, and the loader preloads nothing into such programs; run it without --heap");
+  detail::Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) detail::throw_errno(errno, "dvr run: cannot read " + file);
+  Elf64_Ehdr eh{};
+  ssize_t n = ::pread(fd.get(), &eh, sizeof eh, 0);
+  if (n >= 2 && reinterpret_cast<const char*>(&eh)[0] == '#' && reinterpret_cast<const char*>(&eh)[1] == '!') return;
+  if (n != static_cast<ssize_t>(sizeof eh) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64)
+    throw Error(Errc::unsupported, "dvr run --heap: " + file + " is not a 64-bit ELF program or a script");
+  for (unsigned k = 0; k < eh.e_phnum && k < 256; ++k) {
+    Elf64_Phdr ph{};
+    if (::pread(fd.get(), &ph, sizeof ph, static_cast<off_t>(eh.e_phoff + k * sizeof ph)) != static_cast<ssize_t>(sizeof ph)) break;
+    if (ph.p_type == PT_INTERP) return;
+  }
+  throw Error(Errc::unsupported, "dvr run --heap: " + file +
+                                     " is statically linked, so nothing can be preloaded into it; run it without --heap, or use a dynamically "
+                                     "linked build");
+}
+
+// Waits for the heap's status file: "ok" once the program has its heap,
+// "error: why" when it could not (the program then exits).
+void wait_for_heap(pid_t job, const std::string& heap) {
+  const std::string status = dir_of(heap) + "/." + kHeapRegion + ".status";
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(status);
+    std::string line;
+    if (in && std::getline(in, line)) {
+      if (line == "ok") return;
+      throw Error(Errc::io, "dvr run --heap: the program could not set its heap up: " + line.substr(line.rfind("error: ", 0) == 0 ? 7 : 0));
+    }
+    if (::kill(job, 0) != 0 && errno == ESRCH)
+      throw Error(Errc::io, "dvr run --heap: the program exited before its heap was in place (see its output: --output FILE)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::kill(job, SIGKILL);
+  throw Error(Errc::io, "dvr run --heap: the program did not set its heap up within 30 s (is " + heap_preload() +
+                            " loaded into it?); it was killed");
+}
+
+}  // namespace
+
+std::string heap_path(const std::string& store, const std::string& session) { return store + "/heaps/" + session + "/" + kHeapRegion; }
+
+std::string heap_preload() {
+  if (const char* e = std::getenv("DVR_HEAP_PRELOAD"); e && *e) return is_regular(e) ? e : "";
+  std::vector<std::string> dirs;
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n > 0) {
+    std::string self = dir_of(std::string(buf, static_cast<std::size_t>(n)));
+    dirs = {self + "/preload", self + "/" DVR_HEAP_PRELOAD_RELDIR};
+  }
+  // Beside libdvr.so (a Python program: the running program is python).
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&heap_preload), &info) && info.dli_fname) {
+    std::string lib = dir_of(info.dli_fname);
+    dirs.push_back(lib + "/dvr");
+    dirs.push_back(lib + "/../preload");
+  }
+  for (auto& d : dirs)
+    if (is_regular(d + "/" + kHeapPreloadFile)) return d + "/" + kHeapPreloadFile;
+  return "";
+}
+
 pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
   if (argv.empty()) throw Error(Errc::invalid_argument, "dvr run needs a command: dvr run -- CMD [ARGS...]");
+  // The job's environment: ours, plus the heap's when it has one.
+  std::vector<std::string> env_strings;
+  std::string heap;
+  if (options.heap_bytes > 0) {
+    if (options.heap_store.empty() || options.heap_session.empty())
+      throw Error(Errc::invalid_argument, "dvr run --heap needs a store and a heap session");
+    detail::check_name("session", options.heap_session);
+    check_preloadable(argv[0]);
+    std::string shim = heap_preload();
+    if (shim.empty())
+      throw Error(Errc::unsupported, std::string("dvr run --heap: ") + kHeapPreloadFile +
+                                         " was not found (build with libjemalloc-dev installed, or set DVR_HEAP_PRELOAD)");
+    const std::uint64_t bytes = (options.heap_bytes + 4095) & ~std::uint64_t(4095);
+    Store store = Store::open(options.heap_store, {.create = false});
+    heap = heap_path(store.path(), options.heap_session);
+    detail::make_private_dir(store.path() + "/heaps");
+    detail::make_private_dir(dir_of(heap));
+    int fd = ::open(heap.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0 && errno == EEXIST)
+      throw Error(Errc::already_exists, "dvr run --heap: session '" + options.heap_session + "' already has a heap (" + heap +
+                                            "); choose another --heap-session, or remove it when no job uses it");
+    if (fd < 0) detail::throw_errno(errno, "dvr run --heap: cannot create heap file " + heap);
+    int rc = ::ftruncate(fd, static_cast<off_t>(bytes));
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) {
+      ::unlink(heap.c_str());
+      detail::throw_errno(err, "dvr run --heap: cannot size heap file " + heap);
+    }
+    std::string preload = shim + " libjemalloc.so.2";
+    for (char** e = environ; *e; ++e) {
+      std::string kv = *e;
+      if (kv.rfind("LD_PRELOAD=", 0) == 0)
+        preload += " " + kv.substr(11);
+      else if (kv.rfind("DVR_HEAP_", 0) != 0)
+        env_strings.push_back(kv);
+    }
+    char addr[32];
+    std::snprintf(addr, sizeof addr, "%llx", static_cast<unsigned long long>(kHeapAddress));
+    env_strings.push_back("LD_PRELOAD=" + preload);
+    env_strings.push_back("DVR_HEAP_FILE=" + heap);
+    env_strings.push_back("DVR_HEAP_SIZE=" + std::to_string(bytes));
+    env_strings.push_back(std::string("DVR_HEAP_ADDR=") + addr);
+  } else {
+    for (char** e = environ; *e; ++e)
+      env_strings.push_back(*e);
+  }
+  std::vector<char*> envp;
+  for (auto& e : env_strings)
+    envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   int out_fd = -1;
   if (!options.output.empty()) {
     out_fd = ::open(options.output.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
@@ -64,7 +228,7 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
       // Nothing else of ours stays open in the job (report[1] closes on exec).
       if (report[1] > 3) ::syscall(SYS_close_range, 3u, static_cast<unsigned>(report[1] - 1), 0u);
       ::syscall(SYS_close_range, static_cast<unsigned>(report[1] + 1), ~0u, 0u);
-      ::execvp(args[0], args.data());
+      ::execvpe(args[0], args.data(), envp.data());
       fail(5);
     }
     long msg[2] = {job, 0};
@@ -101,7 +265,9 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
   if (n1 != sizeof first) throw Error(Errc::io, "dvr run: the job could not be started");
   if (first[0] <= 0) failure(-first[0], first[1]);
   if (n2 == sizeof second) failure(-second[0], second[1]);
-  return static_cast<pid_t>(first[0]);
+  const pid_t job = static_cast<pid_t>(first[0]);
+  if (!heap.empty()) wait_for_heap(job, heap);
+  return job;
 }
 
 }  // namespace dvr::proc

@@ -35,15 +35,18 @@ bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::
   return apart * 4 <= chunk_pages;
 }
 
-ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size) {
+ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size, const ByteRanges& zero) {
   // The region's pages are consecutive in the base's page hash table.
   const std::uint64_t* expect = base.page_hashes.data() + base.first_page[region.first_chunk];
   const std::size_t pages = pages_in(size);
-  std::vector<char> differs(pages, 0);
+  std::vector<char> differs(pages, 0), known_zero(pages, 0);
+  for (auto& [lo, hi] : zero)
+    for (std::uint64_t p = (lo + kPageSize - 1) / kPageSize; p < pages && (p + 1) * kPageSize <= hi; ++p)
+      known_zero[p] = 1;
   parallel_for(pages, size, [&](std::size_t b, std::size_t e) {
     for (std::size_t p = b; p < e; ++p) {
       std::size_t len = std::min<std::uint64_t>(kPageSize, size - p * kPageSize);
-      differs[p] = page_hash(data + p * kPageSize, len) != expect[p];
+      differs[p] = (known_zero[p] ? zero_page_hash(len) : page_hash(data + p * kPageSize, len)) != expect[p];
     }
   });
   ByteRanges out;
@@ -412,7 +415,13 @@ void SnapshotWriter::Lane::finish() {
 
 namespace {
 
-enum class Plan : std::uint8_t { inherit, patch, whole };
+enum class Plan : std::uint8_t { inherit, patch, whole, zero };
+
+// Whether [lo, hi) lies inside one of the sorted ranges.
+bool inside(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), std::make_pair(lo, ~std::uint64_t(0)));
+  return it != ranges.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
+}
 
 // Which chunks to inherit, patch or store whole, and for patched chunks the
 // written pages.
@@ -437,8 +446,11 @@ ChunkPlan plan_chunks(const Manifest& m, std::size_t first_region, const std::ve
   const std::uint32_t pages_per_chunk = pages_in(m.chunk_size);
   for (std::size_t ri = 0; ri < regions.size(); ++ri) {
     const ManifestRegion& mr = m.regions[first_region + ri];
-    for (std::uint64_t j = 0; j < mr.chunk_count; ++j)
+    for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
       cp.src[mr.first_chunk + j] = regions[ri].data + j * m.chunk_size;
+      const std::uint64_t lo = j * m.chunk_size, hi = lo + m.chunks[mr.first_chunk + j].length;
+      if (!regions[ri].zero.empty() && inside(regions[ri].zero, lo, hi)) cp.plan[mr.first_chunk + j] = Plan::zero;
+    }
     const ManifestRegion* br = nullptr;
     for (std::size_t k = 0; base && k < base->regions.size() && !br; ++k)
       if (base->regions[k].name == mr.name && base->regions[k].size == mr.size) br = &base->regions[k];
@@ -448,7 +460,7 @@ ChunkPlan plan_chunks(const Manifest& m, std::size_t first_region, const std::ve
       const std::size_t i = mr.first_chunk + j, bi = br->first_chunk + j;
       cp.base_chunk[i] = bi;
       cp.page_from[i] = cp.page_from[i + 1] = static_cast<std::uint32_t>(cp.pages.size());
-      if (!base->trusted(bi)) continue;  // its stored copy is damaged: read the live bytes again
+      if (cp.plan[i] == Plan::zero || !base->trusted(bi)) continue;  // known zero; or its stored copy is damaged: read again
       if (!written.chunk[j]) {
         cp.plan[i] = Plan::inherit;
         continue;
@@ -490,6 +502,10 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
   for (std::size_t i = first_chunk; i < m.chunks.size(); ++i) {
     if (cp.plan[i] == Plan::inherit) {
       w.inherit(i, cp.base_chunk[i]);
+      continue;
+    }
+    if (cp.plan[i] == Plan::zero) {
+      w.zero(i);
       continue;
     }
     std::uint64_t need = cp.plan[i] == Plan::patch ? cp.patch_count(i) * kPageSize : round_up_page(m.chunks[i].length);

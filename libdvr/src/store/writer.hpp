@@ -61,7 +61,9 @@ bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::
 /// The pages of `data` (`size` bytes, region `region` of `base`) whose page
 /// hashes differ from the base's, as ranges; reads all of `data`, on every
 /// core. `region` must be of the same size and `base` paged.
-ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size);
+/// Pages inside `zero` (sorted byte ranges) are taken to be zero, not read.
+ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size,
+                           const ByteRanges& zero = {});
 
 class SnapshotWriter;
 
@@ -243,6 +245,9 @@ struct RegionSource {
   /// Byte ranges that may differ from the base's region of the same name and
   /// size; no value: unknown (everything is read and hashed).
   std::optional<ByteRanges> written;
+  /// Sorted byte ranges known to read zero without being read (holes of a
+  /// heap file: touching them through a mapping would allocate them).
+  ByteRanges zero;
 };
 
 /// Writes memory as snapshot `name` of `session` in one pass on every core:

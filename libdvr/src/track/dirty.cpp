@@ -170,6 +170,11 @@ bool written_pages_of(pid_t pid, AddrRange range, std::vector<AddrRange>& out) {
   return pagemap && scan_pagemap(pagemap.get(), range, false, &out);
 }
 
+bool reprotect_pages_of(pid_t pid, AddrRange range) {
+  Fd pagemap(::open(("/proc/" + std::to_string(pid) + "/pagemap").c_str(), O_RDONLY | O_CLOEXEC));
+  return pagemap && scan_pagemap(pagemap.get(), range, true, nullptr);
+}
+
 bool WriteTracker::collect(AddrRange range, std::vector<AddrRange>& out) { return scan(range, true, &out); }
 
 bool WriteTracker::written(AddrRange range, std::vector<AddrRange>& out) { return scan(range, false, &out); }

@@ -67,5 +67,10 @@ class WriteTracker {
 /// protected them (read-only: its tracking is not disturbed). false when the
 /// range is not registered there for asynchronous write protection.
 bool written_pages_of(pid_t pid, AddrRange range, std::vector<AddrRange>& out);
+/// Write-protects again the pages of `range` in process `pid` written since
+/// they were last protected (the kernel allows it from outside; only the
+/// `dvr run --heap` heaps, whose owner expects it, should be). false when the
+/// range is not registered there for asynchronous write protection.
+bool reprotect_pages_of(pid_t pid, AddrRange range);
 
 }  // namespace dvr::detail

@@ -36,7 +36,7 @@ std::pair<std::uint64_t, std::uint64_t> identity(pid_t pid) {
 }
 
 void write_note(const std::string& heap_file, TrackNote n) {
-  auto [start_time, ns] = identity(0);
+  auto [start_time, ns] = n.start_time ? std::make_pair(n.start_time, n.pid_ns) : identity(0);
   std::ostringstream o;
   o << "dvr-heap-track 1\n"
     << "process " << start_time << " " << ns << "\n"

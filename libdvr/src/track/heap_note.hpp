@@ -25,7 +25,8 @@ struct TrackNote {
   std::uint64_t checksum = 0;  // of that snapshot's manifest
 };
 std::string note_path(const std::string& heap_file);
-/// Writes the note for this process (best effort).
+/// Writes the note (best effort), for this process unless n.start_time names
+/// another (with n.pid_ns).
 void write_note(const std::string& heap_file, TrackNote note);
 /// The note beside a heap file, if any and well-formed.
 bool read_note(const std::string& heap_file, TrackNote& note);

@@ -1,0 +1,743 @@
+// libdvr_heap.so — the heap of `dvr run --heap` (design: README.md here).
+//
+// Preloaded into an unmodified, dynamically linked program, it puts the
+// program's heap into a DVR persistent heap: one store file mapped MAP_SHARED
+// at a fixed address. CRIU records such a mapping by path and copies none of
+// its pages; the CRIU plugin snapshots the file into the store, only the pages
+// written since the last dump (userfaultfd write-protection, as sessions do).
+//
+//   malloc family, C++ new/delete: jemalloc 5.3 (libjemalloc.so.2, linked
+//     here, so it interposes the C library's malloc), one arena whose extent
+//     hooks hand out address space of the heap and punch holes in the file
+//     for memory jemalloc purges.
+//   mmap(MAP_PRIVATE|MAP_ANONYMOUS) the program makes itself: pages of the
+//     heap (munmap punches them), except PROT_NONE reservations, MAP_FIXED,
+//     huge pages and stacks, which go to the kernel as before.
+//   fork(): the heap becomes copy-on-write private in the parent before the
+//     child exists, so parent and child each see the memory of the moment of
+//     the fork and the child never writes into the file; once no child maps
+//     the file any more, the parent's changed pages go back into the file
+//     (writers wait for the few milliseconds this takes) and the heap is
+//     shared again.
+//   exec: a program exec'd by a forked child runs without a heap; the heap's
+//     own process exec'ing another program starts it with an empty heap.
+//
+// It talks to `dvr run` and the plugin through files beside the heap file
+// HEAP (STORE/heaps/SESSION/REGION):
+//   .REGION.status  "ok" once the heap is in place, or "error: why"
+//   .REGION.shim    "dvr-heap-shim 1 / process START_TIME PID_NS /
+//                   range ADDR BYTES": the process whose heap this is, and that
+//                   its writes are tracked (rewritten after a restore)
+// Everything here runs inside an arbitrary program, possibly before its main
+// and inside fork handlers: no C++, no malloc of its own where jemalloc may
+// hold a lock, raw system calls, static buffers.
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <jemalloc/jemalloc.h>
+#include <linux/falloc.h>
+#include <linux/userfaultfd.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define PAGE 4096ul
+
+// jemalloc reads this before its first allocation: one arena (all threads
+// share it; its thread caches keep them apart), no separate arena for huge
+// allocations, so every extent comes from the hooks of arena 0.
+EXPORT const char* malloc_conf = "narenas:1,oversize_threshold:0";
+
+// ---- constants newer than Debian 12's kernel headers -------------------
+#define FEATURE_WP_UNPOPULATED (1ull << 13)
+#define FEATURE_WP_ASYNC (1ull << 15)
+#define UFFD_USER_MODE_ONLY_ 1
+#define PAGE_IS_WPALLOWED (1ull << 0)
+#define PAGE_IS_FILE (1ull << 2)
+#define PAGE_IS_PRESENT (1ull << 3)
+#define PAGE_IS_SWAPPED (1ull << 4)
+#define PM_SCAN_CHECK_WPASYNC (1ull << 1)
+struct page_region {
+  uint64_t start, end, categories;
+};
+struct pm_scan_arg {
+  uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+  uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+#define PAGEMAP_SCAN_ _IOWR('f', 16, struct pm_scan_arg)
+
+// ---- state ---------------------------------------------------------------
+static int g_active;        // this process owns the heap (not a forked child)
+static int g_private;       // the heap is mapped copy-on-write private (after a fork)
+static int g_no_reshare;    // private for good: the file system cannot write-protect
+static int g_fd = -1;       // the heap file
+static uintptr_t g_base;    // where it is mapped
+static uint64_t g_size;     // its size
+static int g_uffd = -1;     // write tracking (asynchronous write-protection)
+static char g_path[4096];   // the heap file
+static char g_shim[4200], g_status[4200], g_note[4200];
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_wake[2] = {-1, -1};  // wakes the watcher (after a fork)
+static unsigned long g_forks, g_forks_checked;  // forks so far, and when the watcher last looked
+
+// The free address space of the heap: sorted, disjoint [start, end) ranges.
+// Freed space is punched (reads zero) except while the heap is private, when
+// it waits in g_pending until the heap is shared again.
+#define MAX_RANGES 65536
+typedef struct {
+  uintptr_t start, end;
+} range_t;
+static range_t g_free[MAX_RANGES];
+static int g_nfree;
+static range_t g_pending[MAX_RANGES];
+static int g_npending;
+
+static void say(const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (n > 0) (void)!write(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+}
+
+// Writes `text` to `path` atomically (a temporary name, then rename).
+static void put_file(const char* path, const char* text) {
+  char tmp[4300];
+  snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)syscall(SYS_gettid));
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return;
+  size_t len = strlen(text);
+  int ok = write(fd, text, len) == (ssize_t)len;
+  close(fd);
+  if (!ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
+// /proc/self/stat field 22 and the PID namespace's inode: who we are, across
+// PID reuse and `dvr run`'s PID namespaces (every job is PID 1).
+static void identity(uint64_t* start_time, uint64_t* pid_ns) {
+  char buf[2048];
+  *start_time = *pid_ns = 0;
+  int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n > 0) {
+      buf[n] = 0;
+      char* p = strrchr(buf, ')');
+      for (int field = 2; p && field < 22; ++field)
+        p = strchr(p + 1, ' ');
+      if (p) *start_time = strtoull(p + 1, NULL, 10);
+    }
+  }
+  struct stat st;
+  if (stat("/proc/self/ns/pid", &st) == 0) *pid_ns = st.st_ino;
+}
+
+static void write_shim_file(void) {
+  uint64_t t, ns;
+  identity(&t, &ns);
+  char text[256];
+  snprintf(text, sizeof text, "dvr-heap-shim 1\nprocess %llu %llu\nrange %llu %llu\n", (unsigned long long)t, (unsigned long long)ns,
+           (unsigned long long)g_base, (unsigned long long)g_size);
+  put_file(g_shim, text);
+}
+
+// ---- the heap's address space ----------------------------------------------
+static void free_insert(range_t* list, int* n, uintptr_t s, uintptr_t e) {
+  int i = 0;
+  while (i < *n && list[i].start < s)
+    ++i;
+  int merge_prev = i > 0 && list[i - 1].end == s, merge_next = i < *n && list[i].start == e;
+  if (merge_prev && merge_next) {
+    list[i - 1].end = list[i].end;
+    memmove(&list[i], &list[i + 1], (size_t)(*n - i - 1) * sizeof *list);
+    --*n;
+  } else if (merge_prev) {
+    list[i - 1].end = e;
+  } else if (merge_next) {
+    list[i].start = s;
+  } else if (*n < MAX_RANGES) {
+    memmove(&list[i + 1], &list[i], (size_t)(*n - i) * sizeof *list);
+    list[i].start = s;
+    list[i].end = e;
+    ++*n;
+  }  // else: the space is lost (a heap cut into 65536 pieces)
+}
+
+// First fit, aligned. 0 when the heap has no such room.
+static uintptr_t space_alloc(size_t size, size_t align) {
+  if (align < PAGE) align = PAGE;
+  for (int i = 0; i < g_nfree; ++i) {
+    uintptr_t s = (g_free[i].start + align - 1) & ~(uintptr_t)(align - 1);
+    if (s < g_free[i].start || s + size > g_free[i].end || s + size < s) continue;
+    uintptr_t e = s + size, fs = g_free[i].start, fe = g_free[i].end;
+    // Remove [s, e) from the range: keep what is left on either side.
+    if (fs == s && fe == e) {
+      memmove(&g_free[i], &g_free[i + 1], (size_t)(g_nfree - i - 1) * sizeof *g_free);
+      --g_nfree;
+    } else if (fs == s) {
+      g_free[i].start = e;
+    } else if (fe == e) {
+      g_free[i].end = s;
+    } else {
+      if (g_nfree == MAX_RANGES) continue;
+      g_free[i].end = s;
+      free_insert(g_free, &g_nfree, e, fe);
+    }
+    return s;
+  }
+  return 0;
+}
+
+// Exactly [s, s + size) when it is free (jemalloc asks to grow in place).
+static int space_take(uintptr_t s, size_t size) {
+  for (int i = 0; i < g_nfree; ++i)
+    if (g_free[i].start <= s && s + size <= g_free[i].end) {
+      uintptr_t fs = g_free[i].start, fe = g_free[i].end;
+      memmove(&g_free[i], &g_free[i + 1], (size_t)(g_nfree - i - 1) * sizeof *g_free);
+      --g_nfree;
+      if (fs < s) free_insert(g_free, &g_nfree, fs, s);
+      if (s + size < fe) free_insert(g_free, &g_nfree, s + size, fe);
+      return 1;
+    }
+  return 0;
+}
+
+// Gives memory back to the file system (reads zero afterwards). Only while
+// the heap is shared: in a private mapping it would show the file again.
+static void punch(uintptr_t s, size_t len) { (void)!fallocate(g_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(s - g_base), (off_t)len); }
+
+static void space_free(uintptr_t s, size_t len) {
+  if (g_private) {
+    free_insert(g_pending, &g_npending, s, s + len);
+    return;
+  }
+  punch(s, len);
+  free_insert(g_free, &g_nfree, s, s + len);
+}
+
+static int in_heap(uintptr_t s, size_t len) { return g_base && s >= g_base && s + len <= g_base + g_size && s + len >= s; }
+
+// ---- jemalloc's extent hooks -----------------------------------------------
+static extent_hooks_t* g_default_hooks;  // arena 0's before ours (for extents made before us)
+
+static void* hook_alloc(extent_hooks_t* h, void* new_addr, size_t size, size_t alignment, bool* zero, bool* commit, unsigned arena) {
+  (void)h;
+  (void)arena;
+  pthread_mutex_lock(&g_lock);
+  uintptr_t p = 0;
+  if (new_addr) {
+    if (in_heap((uintptr_t)new_addr, size) && space_take((uintptr_t)new_addr, size)) p = (uintptr_t)new_addr;
+  } else {
+    p = space_alloc(size, alignment);
+  }
+  pthread_mutex_unlock(&g_lock);
+  if (!p) return NULL;  // out of heap: malloc returns NULL, errno ENOMEM
+  *zero = true;         // free space is punched: it reads zero
+  *commit = true;
+  return (void*)p;
+}
+
+static bool hook_dalloc(extent_hooks_t* h, void* addr, size_t size, bool committed, unsigned arena) {
+  (void)h, (void)addr, (void)size, (void)committed, (void)arena;
+  return true;  // keep it mapped: jemalloc retains the address space and reuses it
+}
+
+static void hook_destroy(extent_hooks_t* h, void* addr, size_t size, bool committed, unsigned arena) {
+  (void)committed;
+  if (!in_heap((uintptr_t)addr, size)) {
+    if (g_default_hooks && g_default_hooks->destroy) g_default_hooks->destroy(g_default_hooks, addr, size, committed, arena);
+    return;
+  }
+  (void)h;
+  pthread_mutex_lock(&g_lock);
+  space_free((uintptr_t)addr, size);
+  pthread_mutex_unlock(&g_lock);
+}
+
+static bool hook_commit(extent_hooks_t* h, void* addr, size_t size, size_t offset, size_t length, unsigned arena) {
+  (void)h, (void)addr, (void)size, (void)offset, (void)length, (void)arena;
+  return false;  // heap memory is always usable
+}
+
+// Purging and decommitting both punch the pages out of the file (they read
+// zero afterwards); refused while the heap is private (or outside it).
+static bool purge(void* addr, size_t offset, size_t length) {
+  uintptr_t s = (uintptr_t)addr + offset;
+  if (!in_heap(s, length)) return true;
+  pthread_mutex_lock(&g_lock);
+  int ok = !g_private;
+  if (ok) punch(s, length);
+  pthread_mutex_unlock(&g_lock);
+  return !ok;
+}
+
+static bool hook_decommit(extent_hooks_t* h, void* addr, size_t size, size_t offset, size_t length, unsigned arena) {
+  (void)h, (void)size, (void)arena;
+  return purge(addr, offset, length);
+}
+
+static bool hook_purge_forced(extent_hooks_t* h, void* addr, size_t size, size_t offset, size_t length, unsigned arena) {
+  (void)h, (void)size, (void)arena;
+  if (!in_heap((uintptr_t)addr + offset, length)) {
+    if (g_default_hooks && g_default_hooks->purge_forced)
+      return g_default_hooks->purge_forced(g_default_hooks, addr, size, offset, length, arena);
+    return true;
+  }
+  return purge(addr, offset, length);
+}
+
+static bool hook_split(extent_hooks_t* h, void* addr, size_t size, size_t a, size_t b, bool committed, unsigned arena) {
+  (void)h, (void)addr, (void)size, (void)a, (void)b, (void)committed, (void)arena;
+  return false;
+}
+
+static bool hook_merge(extent_hooks_t* h, void* a, size_t sa, void* b, size_t sb, bool committed, unsigned arena) {
+  (void)h, (void)committed, (void)arena;
+  // Never across the heap's edge (an extent made before the hooks may lie
+  // right next to it).
+  return in_heap((uintptr_t)a, sa) != in_heap((uintptr_t)b, sb);
+}
+
+static extent_hooks_t g_hooks = {hook_alloc, hook_dalloc, hook_destroy, hook_commit, hook_decommit, NULL, hook_purge_forced, hook_split, hook_merge};
+
+// ---- the heap's mappings -----------------------------------------------------
+static void* sys_mmap(void* a, size_t l, int p, int f, int fd, off_t o) { return (void*)syscall(SYS_mmap, a, l, p, f, fd, o); }
+
+// Calls fn(start, end, prot) for each mapping of /proc/self/maps inside the
+// heap (the heap is one file mapping, cut where the program changed a page's
+// protection). Static buffers: runs in fork handlers.
+static char g_maps[1 << 16];
+static int each_heap_vma(void (*fn)(uintptr_t, uintptr_t, int)) {
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t have = 0;
+  for (;;) {
+    ssize_t n = read(fd, g_maps + have, sizeof g_maps - 1 - have);
+    if (n <= 0) break;
+    have += (size_t)n;
+    g_maps[have] = 0;
+    char* line = g_maps;
+    char* nl;
+    while ((nl = strchr(line, '\n'))) {
+      *nl = 0;
+      unsigned long lo, hi;
+      char perms[8];
+      if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo >= g_base && hi <= g_base + g_size) {
+        int prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) | (perms[2] == 'x' ? PROT_EXEC : 0);
+        fn(lo, hi, prot);
+      }
+      line = nl + 1;
+    }
+    have = (size_t)(g_maps + have - line);
+    memmove(g_maps, line, have);
+  }
+  close(fd);
+  return 0;
+}
+
+static int g_remap_flags, g_remap_failed;
+static void remap_one(uintptr_t lo, uintptr_t hi, int prot) {
+  if (sys_mmap((void*)lo, hi - lo, prot, g_remap_flags | MAP_FIXED, g_fd, (off_t)(lo - g_base)) == MAP_FAILED) g_remap_failed = 1;
+}
+
+static int track_range(void) {
+  if (g_uffd < 0) return 0;
+  struct uffdio_register reg = {.range = {g_base, g_size}, .mode = UFFDIO_REGISTER_MODE_WP};
+  if (ioctl(g_uffd, UFFDIO_REGISTER, &reg) != 0) return 0;
+  struct uffdio_writeprotect wp = {.range = reg.range, .mode = UFFDIO_WRITEPROTECT_MODE_WP};
+  if (ioctl(g_uffd, UFFDIO_WRITEPROTECT, &wp) != 0) return 0;
+  return 1;
+}
+
+// Whether the heap is registered for tracking here (not after a restore).
+static int tracked(void) {
+  int pm = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (pm < 0) return 0;
+  struct pm_scan_arg a = {.size = sizeof a, .flags = PM_SCAN_CHECK_WPASYNC, .start = g_base, .end = g_base + PAGE};
+  a.category_mask = PAGE_IS_WPALLOWED;
+  long r = ioctl(pm, PAGEMAP_SCAN_, &a);
+  close(pm);
+  return r >= 0;
+}
+
+// fork: the parent's heap becomes private before the child exists. The write
+// marks go with the shared mapping, so the tracking note no longer holds.
+static void before_fork(void) {
+  pthread_mutex_lock(&g_lock);
+  if (!g_active || g_private) return;
+  unlink(g_note);
+  g_remap_flags = MAP_PRIVATE;
+  g_remap_failed = 0;
+  if (each_heap_vma(remap_one) != 0 || g_remap_failed) say("dvr heap: cannot make the heap private for fork(): %s\n", strerror(errno));
+  g_private = 1;
+}
+
+static void after_fork_parent(void) {
+  ++g_forks;
+  pthread_mutex_unlock(&g_lock);
+  if (g_wake[1] >= 0) (void)!write(g_wake[1], "f", 1);
+}
+
+static void after_fork_child(void) {
+  pthread_mutex_init(&g_lock, NULL);
+  if (!g_active) return;
+  // Not the heap's process: the private copy is the child's own memory, its
+  // own mmap calls go to the kernel, and nothing is given back to the file.
+  g_active = 0;
+  g_uffd = -1;
+  g_wake[0] = g_wake[1] = -1;
+}
+
+// ---- the watcher thread ---------------------------------------------------
+// Whether a descendant of ours maps the heap file (checked by its path in
+// /proc/PID/maps; children inherit our mount namespace).
+static char g_cmaps[1 << 16];
+static int maps_heap(long pid) {
+  char p[64];
+  snprintf(p, sizeof p, "/proc/%ld/maps", pid);
+  int fd = open(p, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  size_t plen = strlen(g_path), keep = 0;
+  int found = 0;
+  ssize_t n;
+  while (!found && (n = read(fd, g_cmaps + keep, sizeof g_cmaps - 1 - keep)) > 0) {
+    size_t have = keep + (size_t)n;
+    g_cmaps[have] = 0;
+    found = memmem(g_cmaps, have, g_path, plen) != NULL;
+    keep = have > plen ? plen : have;
+    memmove(g_cmaps, g_cmaps + have - keep, keep);
+  }
+  close(fd);
+  return found;
+}
+
+static int descendants_map_heap(long pid, int depth) {
+  if (depth > 16) return 1;
+  char dir[64], buf[4096];
+  snprintf(dir, sizeof dir, "/proc/%ld/task", pid);
+  int d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d < 0) return 0;
+  char ents[4096];
+  long nread;
+  int found = 0;
+  while (!found && (nread = syscall(SYS_getdents64, d, ents, sizeof ents)) > 0) {
+    for (long off = 0; off < nread && !found;) {
+      struct {
+        uint64_t ino;
+        int64_t off;
+        unsigned short reclen;
+        unsigned char type;
+        char name[];
+      }* e = (void*)(ents + off);
+      off += e->reclen;
+      if (e->name[0] < '0' || e->name[0] > '9') continue;
+      char p[128];
+      snprintf(p, sizeof p, "/proc/%ld/task/%s/children", pid, e->name);
+      int fd = open(p, O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      ssize_t n = read(fd, buf, sizeof buf - 1);
+      close(fd);
+      if (n <= 0) continue;
+      buf[n] = 0;
+      for (char* s = buf; *s && !found;) {
+        char* end;
+        long child = strtol(s, &end, 10);
+        if (end == s) break;
+        found = maps_heap(child) || descendants_map_heap(child, depth + 1);
+        s = end;
+      }
+    }
+  }
+  close(d);
+  return found;
+}
+
+// The anonymous (copy-on-write) pages of the private heap, appended to
+// g_anon: present ones, and with `swapped` those in swap. Before the gate is
+// up both; after it only present ones, because the gate's markers on
+// untouched pages read as swap entries too.
+static range_t g_anon[MAX_RANGES];
+static int g_nanon;
+static int find_private_pages(int swapped) {
+  int pm = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (pm < 0) return 0;
+  static struct page_region vec[512];
+  uint64_t start = g_base;
+  int ok = 1;
+  while (ok && start < g_base + g_size) {
+    struct pm_scan_arg a = {.size = sizeof a, .start = start, .end = g_base + g_size, .vec = (uint64_t)vec, .vec_len = 512};
+    a.category_inverted = PAGE_IS_FILE;
+    a.category_mask = PAGE_IS_FILE;
+    a.category_anyof_mask = PAGE_IS_PRESENT | (swapped ? PAGE_IS_SWAPPED : 0);
+    a.return_mask = PAGE_IS_PRESENT | PAGE_IS_SWAPPED;
+    long n = ioctl(pm, PAGEMAP_SCAN_, &a);
+    if (n < 0) ok = 0;
+    for (long i = 0; i < n && ok; ++i) {
+      if (g_nanon == MAX_RANGES) ok = 0;
+      else g_anon[g_nanon++] = (range_t){vec[i].start, vec[i].end};
+    }
+    if (!ok || a.walk_end <= start) break;
+    start = a.walk_end;
+  }
+  close(pm);
+  return ok;
+}
+
+static int write_back_private_pages(void) {
+  for (int i = 0; i < g_nanon; ++i) {
+    uint64_t s = g_anon[i].start, e = g_anon[i].end;
+    while (s < e) {
+      ssize_t w = pwrite(g_fd, (void*)s, e - s, (off_t)(s - g_base));
+      if (w <= 0) return 0;
+      s += (uint64_t)w;
+    }
+  }
+  return 1;
+}
+
+// The heap becomes shared again: writers wait on a second userfaultfd
+// (synchronous write-protection, never answered) while the private pages go
+// into the file and the file is mapped shared over them; closing that
+// userfaultfd lets them go on, into the shared mapping.
+static void reshare(void) {
+  g_nanon = 0;
+  if (!find_private_pages(1)) return;
+  int gate = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY_);
+  struct uffdio_api api = {.api = UFFD_API, .features = FEATURE_WP_UNPOPULATED};
+  struct uffdio_register reg = {.range = {g_base, g_size}, .mode = UFFDIO_REGISTER_MODE_WP};
+  struct uffdio_writeprotect wp = {.range = reg.range, .mode = UFFDIO_WRITEPROTECT_MODE_WP};
+  if (gate < 0 || ioctl(gate, UFFDIO_API, &api) != 0 || ioctl(gate, UFFDIO_REGISTER, &reg) != 0 || ioctl(gate, UFFDIO_WRITEPROTECT, &wp) != 0) {
+    if (gate >= 0) close(gate);
+    g_no_reshare = 1;  // e.g. a heap on a disk file system: it stays private
+    return;
+  }
+  if (!find_private_pages(0) || !write_back_private_pages()) {
+    close(gate);  // nothing changed: still private, try again later
+    return;
+  }
+  g_remap_flags = MAP_SHARED;
+  g_remap_failed = 0;
+  each_heap_vma(remap_one);
+  close(gate);
+  if (g_remap_failed) {
+    say("dvr heap: cannot map the heap shared again: %s\n", strerror(errno));
+    g_no_reshare = 1;
+    return;
+  }
+  g_private = 0;
+  for (int i = 0; i < g_npending; ++i) {
+    punch(g_pending[i].start, g_pending[i].end - g_pending[i].start);
+    free_insert(g_free, &g_nfree, g_pending[i].start, g_pending[i].end);
+  }
+  g_npending = 0;
+  if (track_range()) write_shim_file();
+}
+
+static void* watcher(void* arg) {
+  (void)arg;
+  uint64_t me_t, me_ns;
+  identity(&me_t, &me_ns);
+  for (;;) {
+    // Sleep, or wake early after a fork.
+    struct timeval tv = {0, g_private ? 50 * 1000 : 500 * 1000};
+    fd_set rd;
+    FD_ZERO(&rd);
+    if (g_wake[0] >= 0) FD_SET(g_wake[0], &rd);
+    if (select(g_wake[0] + 1, &rd, NULL, NULL, &tv) > 0) {
+      char b[64];
+      (void)!read(g_wake[0], b, sizeof b);
+    }
+    // Checked without the lock (it reads /proc for a while); a fork in
+    // between is seen below, under the lock, by a child we did not check.
+    int busy = g_private && !g_no_reshare && descendants_map_heap(getpid(), 0);
+    pthread_mutex_lock(&g_lock);
+    if (g_private && !g_no_reshare && !busy && g_forks == g_forks_checked) reshare();
+    g_forks_checked = g_forks;
+    if (!g_private) {
+      // After a restore (CRIU gives us a fresh userfaultfd, nothing
+      // registered) or a PID change: track again, say who we are now.
+      uint64_t t, ns;
+      identity(&t, &ns);
+      if (t != me_t || ns != me_ns || !tracked()) {
+        me_t = t;
+        me_ns = ns;
+        if (track_range()) write_shim_file();
+      }
+    }
+    pthread_mutex_unlock(&g_lock);
+  }
+  return NULL;
+}
+
+// ---- the program's own anonymous mappings ----------------------------------
+EXPORT void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
+  int ours = g_active && !g_private && (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE &&
+             !(flags & (MAP_FIXED | MAP_FIXED_NOREPLACE | MAP_HUGETLB | MAP_GROWSDOWN | MAP_STACK)) && (prot & PROT_WRITE) && len > 0;
+  if (!ours) return sys_mmap(addr, len, prot, flags, fd, off);
+  size_t size = (len + PAGE - 1) & ~(PAGE - 1);
+  pthread_mutex_lock(&g_lock);
+  uintptr_t p = g_private ? 0 : space_alloc(size, PAGE);
+  pthread_mutex_unlock(&g_lock);
+  if (!p) {
+    errno = ENOMEM;
+    return MAP_FAILED;
+  }
+  if (prot != (PROT_READ | PROT_WRITE)) mprotect((void*)p, size, prot);
+  return (void*)p;
+}
+EXPORT void* mmap64(void* addr, size_t len, int prot, int flags, int fd, off_t off) __attribute__((alias("mmap")));
+
+EXPORT int munmap(void* addr, size_t len) {
+  uintptr_t s = (uintptr_t)addr;
+  size_t size = (len + PAGE - 1) & ~(PAGE - 1);
+  if (!g_active || !in_heap(s, size) || (s & (PAGE - 1))) {
+    if (g_base && s < g_base + g_size && s + size > g_base) {
+      errno = EINVAL;  // part of the heap and part outside: refuse rather than unmap the heap
+      return -1;
+    }
+    return (int)syscall(SYS_munmap, addr, len);
+  }
+  mprotect(addr, size, PROT_READ | PROT_WRITE);
+  pthread_mutex_lock(&g_lock);
+  space_free(s, size);
+  pthread_mutex_unlock(&g_lock);
+  return 0;
+}
+
+EXPORT void* mremap(void* old, size_t old_len, size_t new_len, int flags, ...) {
+  void* fixed = NULL;
+  if (flags & MREMAP_FIXED) {
+    va_list ap;
+    va_start(ap, flags);
+    fixed = va_arg(ap, void*);
+    va_end(ap);
+  }
+  uintptr_t s = (uintptr_t)old;
+  size_t os = (old_len + PAGE - 1) & ~(PAGE - 1), ns = (new_len + PAGE - 1) & ~(PAGE - 1);
+  if (!g_active || !in_heap(s, os)) return (void*)syscall(SYS_mremap, old, old_len, new_len, flags, fixed);
+  if ((flags & MREMAP_FIXED) || ns == 0) {
+    errno = EINVAL;
+    return MAP_FAILED;
+  }
+  if (ns <= os) {
+    if (ns < os) munmap((void*)(s + ns), os - ns);
+    return old;
+  }
+  pthread_mutex_lock(&g_lock);
+  int grown = !g_private && space_take(s + os, ns - os);
+  uintptr_t p = grown || g_private || !(flags & MREMAP_MAYMOVE) ? 0 : space_alloc(ns, PAGE);
+  pthread_mutex_unlock(&g_lock);
+  if (grown) return old;
+  if (!p) {
+    errno = ENOMEM;
+    return MAP_FAILED;
+  }
+  memcpy((void*)p, old, os);
+  munmap(old, os);
+  return (void*)p;
+}
+
+EXPORT int madvise(void* addr, size_t len, int advice) {
+  uintptr_t s = (uintptr_t)addr;
+  size_t size = (len + PAGE - 1) & ~(PAGE - 1);
+  if (!g_active || !in_heap(s, size) || (advice != MADV_DONTNEED && advice != MADV_FREE && advice != MADV_REMOVE))
+    return (int)syscall(SYS_madvise, addr, len, advice);
+  // Anonymous memory reads zero after these; so does the heap.
+  pthread_mutex_lock(&g_lock);
+  if (g_private) {
+    if (advice != MADV_FREE) memset(addr, 0, size);
+  } else {
+    punch(s, size);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return 0;
+}
+
+// ---- start -------------------------------------------------------------------
+static void fail(const char* fmt, ...) {
+  char why[1024], text[1100];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  snprintf(text, sizeof text, "error: %s\n", why);
+  put_file(g_status, text);
+  say("dvr heap: %s\n", why);
+  _exit(127);
+}
+
+__attribute__((constructor)) static void start(void) {
+  const char* file = getenv("DVR_HEAP_FILE");
+  const char* size = getenv("DVR_HEAP_SIZE");
+  const char* addr = getenv("DVR_HEAP_ADDR");
+  if (!file || !size || !addr) return;
+  uint64_t t, ns;
+  identity(&t, &ns);
+  char me[64];
+  snprintf(me, sizeof me, "%llu:%llu", (unsigned long long)t, (unsigned long long)ns);
+  const char* owner = getenv("DVR_HEAP_OWNER");
+  if (owner && strcmp(owner, me) != 0) return;  // exec'd by a forked child: no heap here
+  snprintf(g_path, sizeof g_path, "%s", file);
+  const char* slash = strrchr(g_path, '/');
+  if (!slash) return;
+  int dir = (int)(slash - g_path);
+  snprintf(g_status, sizeof g_status, "%.*s/.%s.status", dir, g_path, slash + 1);
+  snprintf(g_shim, sizeof g_shim, "%.*s/.%s.shim", dir, g_path, slash + 1);
+  snprintf(g_note, sizeof g_note, "%.*s/.%s.track", dir, g_path, slash + 1);
+  g_size = strtoull(size, NULL, 10);
+  g_base = (uintptr_t)strtoull(addr, NULL, 16);
+  if (!g_size || (g_size & (PAGE - 1)) || !g_base || (g_base & (PAGE - 1))) fail("DVR_HEAP_SIZE / DVR_HEAP_ADDR are not page-aligned numbers");
+  g_fd = open(g_path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (g_fd < 0) fail("cannot open heap file %s: %s", g_path, strerror(errno));
+  // The owner exec'd another program: the old one's heap means nothing to it.
+  if (owner && ftruncate(g_fd, 0) != 0) fail("cannot empty heap file %s: %s", g_path, strerror(errno));
+  if (ftruncate(g_fd, (off_t)g_size) != 0) fail("cannot size heap file %s: %s", g_path, strerror(errno));
+  unlink(g_note);
+  void* m = sys_mmap((void*)g_base, g_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, g_fd, 0);
+  if (m == MAP_FAILED || (uintptr_t)m != g_base)
+    fail("cannot map the heap at %#lx (%llu bytes): %s", (unsigned long)g_base, (unsigned long long)g_size, strerror(errno));
+  g_free[0].start = g_base;
+  g_free[0].end = g_base + g_size;
+  g_nfree = 1;
+  setenv("DVR_HEAP_OWNER", me, 1);
+  // Write tracking: asynchronous write-protection, as sessions use. Without
+  // it (older kernels) every dump compares the heap page by page.
+  g_uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY_);
+  if (g_uffd >= 0) {
+    struct uffdio_api api = {.api = UFFD_API, .features = FEATURE_WP_ASYNC | FEATURE_WP_UNPOPULATED};
+    if (ioctl(g_uffd, UFFDIO_API, &api) != 0) {
+      close(g_uffd);
+      g_uffd = -1;
+    }
+  }
+  g_active = 1;
+  // From here on jemalloc takes its extents from the heap.
+  size_t len = sizeof g_default_hooks;
+  extent_hooks_t* ours = &g_hooks;
+  if (mallctl("arena.0.extent_hooks", &g_default_hooks, &len, &ours, sizeof ours) != 0) fail("jemalloc refused the heap's extent hooks");
+  if (pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0) g_wake[0] = g_wake[1] = -1;
+  pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+  int is_tracked = track_range();
+  if (is_tracked) write_shim_file();
+  pthread_t th;
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  if (pthread_create(&th, &at, watcher, NULL) != 0) fail("cannot start the heap's watcher thread");
+  pthread_setname_np(th, "dvr-heap");
+  char status[256];
+  snprintf(status, sizeof status, "ok\ntracking %s\n", is_tracked ? "on" : "off");
+  put_file(g_status, status);
+}
