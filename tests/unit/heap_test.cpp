@@ -437,3 +437,59 @@ TEST_CASE("heap: heap snapshots do not wait forever for a store lock the frozen 
   ::unlink(heaps::note_path(path).c_str());  // (it became the FIFO)
   CHECK(finished);
 }
+
+// The heap of `dvr run --heap` is a large sparse file mostly made of holes:
+// snapshotting or restoring it must not read the holes through a mapping
+// (which would allocate every one of them in tmpfs).
+TEST_CASE("heap: a sparse heap file is snapshotted and restored without filling its holes", "[heap]") {
+  TempDir t;
+  Store store = Store::open(t.store());
+  const std::size_t n = 64ull << 20, page = 4096;
+  const std::string dir = t.store() + "/heaps/job";
+  const std::string path = dir + "/heap";
+  REQUIRE(::mkdir((t.store() + "/heaps").c_str(), 0700) == 0);
+  REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+  auto blocks = [&] {
+    struct stat st {};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    return static_cast<std::uint64_t>(st.st_blocks) * 512;
+  };
+  auto put = [&](std::size_t off, int byte) {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(n)) == 0);
+    std::vector<char> p(page, static_cast<char>(byte));
+    REQUIRE(::pwrite(fd, p.data(), page, static_cast<off_t>(off)) == static_cast<ssize_t>(page));
+    ::close(fd);
+  };
+  put(0, 1);
+  put(40ull << 20, 2);
+  heaps::HeapStats stats;
+  heaps::HeapImage img = heaps::snapshot_heaps({path}, 0, "proc.p1", false, &stats);
+  // Two pages written: only the two chunks holding them are read (and so
+  // allocated) and stored; the other 63.5 MiB stay holes.
+  const std::uint64_t two_chunks = 2ull * store.chunk_size();
+  CHECK(blocks() <= two_chunks);
+  CHECK(stats.stored_bytes <= two_chunks);
+  // Damage behind the snapshot's back: a page changed, one filled in a hole.
+  put(0, 7);
+  put(20ull << 20, 9);
+  heaps::restore_heaps(img);
+  CHECK(blocks() <= two_chunks);  // the filled hole is a hole again; the rest untouched
+  std::vector<char> got(page);
+  int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  auto byte_at = [&](std::size_t off) {
+    REQUIRE(::pread(fd, got.data(), page, static_cast<off_t>(off)) == static_cast<ssize_t>(page));
+    return got[page / 2];
+  };
+  CHECK(byte_at(0) == 1);
+  CHECK(byte_at(40ull << 20) == 2);
+  CHECK(byte_at(20ull << 20) == 0);
+  ::close(fd);
+  // A second heap snapshot of the unchanged file stores (almost) nothing.
+  heaps::HeapStats again;
+  heaps::snapshot_heaps({path}, 0, "proc.p2", false, &again);
+  CHECK(again.stored_bytes <= 4 * page);
+  CHECK(blocks() <= two_chunks);
+}
