@@ -98,7 +98,12 @@ int dvr_init(int stage) {
     std::string text = read_image();
     if (text.empty()) return 0;                         // the process mapped no DVR heap
     const char* store = std::getenv("DVR_CRIU_STORE");  // the store dvr proc restores from
-    heaps::restore_heaps(heaps::parse_image(text), store ? store : "", kLockTimeout);
+    heaps::HeapImage image = heaps::parse_image(text);
+    // `dvr proc restore` put the heaps back itself (keeping what they held,
+    // should CRIU fail); a clone's, in its own mount view, are made here.
+    const char* done = std::getenv("DVR_CRIU_HEAPS_DONE");
+    if (done && image.snapshot == done) return 0;
+    heaps::restore_heaps(image, store ? store : "", kLockTimeout);
     return 0;
   } catch (const std::exception& e) {
     report(std::string("cannot restore the DVR heaps: ") + e.what());

@@ -26,8 +26,11 @@
 // HEAP (STORE/heaps/SESSION/REGION):
 //   .REGION.status  "ok" once the heap is in place, or "error: why"
 //   .REGION.shim    "dvr-heap-shim 1 / process START_TIME PID_NS /
-//                   range ADDR BYTES": the process whose heap this is, and that
-//                   its writes are tracked (rewritten after a restore)
+//                   range ADDR BYTES": the process whose heap this is (the
+//                   plugin compares the PID namespace: the start time a
+//                   restored process reads of itself is shifted by its time
+//                   namespace), and that its writes are tracked (rewritten
+//                   after a restore)
 // Everything here runs inside an arbitrary program, possibly before its main
 // and inside fork handlers: no C++, no malloc of its own where jemalloc may
 // hold a lock, raw system calls, static buffers.
@@ -45,6 +48,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -547,6 +551,7 @@ static void reshare(void) {
 
 static void* watcher(void* arg) {
   (void)arg;
+  prctl(PR_SET_NAME, "dvr-heap", 0, 0, 0);
   uint64_t me_t, me_ns;
   identity(&me_t, &me_ns);
   for (;;) {
@@ -736,7 +741,6 @@ __attribute__((constructor)) static void start(void) {
   pthread_attr_init(&at);
   pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
   if (pthread_create(&th, &at, watcher, NULL) != 0) fail("cannot start the heap's watcher thread");
-  pthread_setname_np(th, "dvr-heap");
   char status[256];
   snprintf(status, sizeof status, "ok\ntracking %s\n", is_tracked ? "on" : "off");
   put_file(g_status, status);

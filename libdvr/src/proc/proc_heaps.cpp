@@ -18,6 +18,7 @@
 
 #include "base/hash.hpp"
 #include "base/mapping.hpp"
+#include "base/memops.hpp"
 #include "track/dirty.hpp"
 #include "track/heap_note.hpp"
 #include "dvr/session.hpp"
@@ -365,15 +366,19 @@ std::size_t renew_shim_notes(const HeapImage& image, pid_t pid) {
   std::size_t renewed = 0;
   for (auto& h : image.heaps) {
     ShimFile f;
-    if (pid <= 0 || !read_shim(h.path, f) || identity(pid) != std::make_pair(f.start_time, f.pid_ns) || f.size != file_bytes(h)) continue;
+    // By PID namespace (every `dvr run` job has its own): the start time a
+    // process reads of itself depends on its time namespace, which CRIU
+    // gives a restored job, so the shim's own start time is not comparable.
+    const auto who = identity(pid);
+    if (pid <= 0 || !read_shim(h.path, f) || who.second != f.pid_ns || f.size != file_bytes(h)) continue;
     ::unlink(note_path(h.path).c_str());  // the old note holds no more once the marks are reset
     // The task is frozen: nothing is written between the snapshot and this.
     if (!reprotect_pages_of(pid, {f.base, f.base + f.size})) continue;  // private (a child maps it) or not tracked
     try {
       Store store = Store::open(h.store, {.create = false, .lock_timeout = std::chrono::milliseconds(5000)});
       TrackNote n;
-      n.start_time = f.start_time;
-      n.pid_ns = f.pid_ns;
+      n.start_time = who.first;
+      n.pid_ns = who.second;
       n.start = f.base;
       n.end = f.base + f.size;
       n.data = f.base;
@@ -480,48 +485,77 @@ namespace {
 struct HeapPlan {
   std::string path;
   Fd fd;
+  ByteRanges holes;  // of the file before the restore
   const ManifestRegion* region = nullptr;
   std::vector<std::size_t> fetch;                               // chunks with pages that differ
   std::vector<std::pair<std::uint64_t, std::uint64_t>> punch;  // file ranges that must read zero
 };
 
 HeapPlan plan_heap_file(SnapshotReader& reader, const Manifest& m, const ManifestRegion& mr, const HeapFile& h) {
-  (void)reader;
   HeapPlan p;
   p.path = h.path;
   p.region = &mr;
   ::unlink(note_path(h.path).c_str());  // whatever it said no longer holds
   p.fd = open_or_throw(h.path, O_RDWR | O_CREAT);
   if (::ftruncate(p.fd.get(), static_cast<off_t>(file_bytes(h))) != 0) throw_errno(errno, "cannot size heap file " + h.path);
-  const ByteRanges holes = holes_of(p.fd.get(), h.bytes);
+  p.holes = holes_of(p.fd.get(), h.bytes);
+  const ByteRanges& holes = p.holes;
   auto all_hole = [&](std::uint64_t lo, std::uint64_t hi) {
     auto it = std::upper_bound(holes.begin(), holes.end(), std::make_pair(lo, ~std::uint64_t(0)));
     return it != holes.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
   };
-  std::vector<char> live(m.chunk_size);
+  // Chunks that lie in holes or are zero in the snapshot are decided without
+  // reading; the others are compared page by page, on every core, through a
+  // read-only mapping (the page cache, no copy).
+  const std::uint64_t bytes = file_bytes(h);
+  Mapping live = Mapping::file(p.fd.get(), bytes, PROT_READ, MAP_SHARED, "heap file " + h.path);
+  const char* base = static_cast<const char*>(live.data());
+  std::vector<char> differs(mr.chunk_count, 0);
+  std::vector<std::uint64_t> compare;
   for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
     const std::size_t i = mr.first_chunk + j;
     const std::uint64_t off = j * m.chunk_size, len = m.chunks[i].length;
-    if (all_hole(off, off + len)) {
-      if (!m.zero_chunk(i)) p.fetch.push_back(i);
-      continue;
-    }
-    if (m.zero_chunk(i)) {
+    if (all_hole(off, off + len))
+      differs[j] = !m.zero_chunk(i);
+    else if (m.zero_chunk(i))
       p.punch.emplace_back(off, len);
-      continue;
-    }
-    read_exact_at(p.fd.get(), live.data(), len, off, "heap file " + h.path);
-    bool same = m.paged && m.hydrated();
-    for (std::uint32_t pg = 0; same && pg < m.pages_of(i); ++pg) {
-      const std::uint64_t plen = std::min<std::uint64_t>(kPageSize, len - pg * kPageSize);
-      same = page_hash(live.data() + pg * kPageSize, plen) == m.hashes_of(i)[pg];
-    }
-    if (!same) p.fetch.push_back(i);
+    else
+      compare.push_back(j);
   }
+  const bool by_page = m.paged && m.hydrated();
+  // (An old manifest without page hashes: every chunk is fetched.)
+  parallel_for(compare.size(), compare.size() * m.chunk_size, [&](std::size_t b, std::size_t e) {
+    for (std::size_t k = b; k < e; ++k) {
+      const std::uint64_t j = compare[k];
+      const std::size_t i = mr.first_chunk + j;
+      const std::uint64_t len = m.chunks[i].length;
+      const char* data = base + j * m.chunk_size;
+      bool same = by_page;
+      for (std::uint32_t pg = 0; same && pg < m.pages_of(i); ++pg) {
+        const std::uint64_t plen = std::min<std::uint64_t>(kPageSize, len - pg * kPageSize);
+        same = page_hash(data + pg * kPageSize, plen) == m.hashes_of(i)[pg];
+      }
+      differs[j] = !same;
+    }
+  });
+  (void)reader;
+  for (std::uint64_t j = 0; j < mr.chunk_count; ++j)
+    if (differs[j]) p.fetch.push_back(mr.first_chunk + j);
   return p;
 }
 
-void apply_heap_plan(SnapshotReader& reader, const Manifest& m, HeapPlan& p, std::vector<char>& buf) {
+bool in_holes(const ByteRanges& holes, std::uint64_t lo, std::uint64_t hi) {
+  auto it = std::upper_bound(holes.begin(), holes.end(), std::make_pair(lo, ~std::uint64_t(0)));
+  return it != holes.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
+}
+
+void apply_heap_plan(SnapshotReader& reader, const Manifest& m, HeapPlan& p, std::vector<char>& buf, HeapUndo* undo) {
+  for (auto& [off, len] : p.punch)
+    if (undo) undo->save(p.fd.get(), p.path, off, len, in_holes(p.holes, off, off + len));
+  for (std::size_t i : p.fetch) {
+    const std::uint64_t off = (i - p.region->first_chunk) * m.chunk_size, len = m.chunks[i].length;
+    if (undo) undo->save(p.fd.get(), p.path, off, len, in_holes(p.holes, off, off + len));
+  }
   for (auto& [off, len] : p.punch)
     if (::fallocate(p.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off), static_cast<off_t>(len)) != 0) {
       // No hole punching here: write the zeros.
@@ -538,7 +572,46 @@ void apply_heap_plan(SnapshotReader& reader, const Manifest& m, HeapPlan& p, std
 
 }  // namespace
 
-void restore_heaps(const HeapImage& original, const std::string& preferred, std::chrono::milliseconds lock_timeout) {
+HeapUndo::HeapUndo(std::string file) : file_(std::move(file)) {}
+
+HeapUndo::~HeapUndo() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!file_.empty()) ::unlink(file_.c_str());
+}
+
+void HeapUndo::save(int fd, const std::string& path, std::uint64_t offset, std::uint64_t len, bool hole) {
+  if (hole) {
+    pieces_.push_back({path, offset, len, ~std::uint64_t(0)});
+    return;
+  }
+  if (fd_ < 0) {
+    fd_ = ::open(file_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd_ < 0) throw_errno(errno, "cannot create " + file_ + " (the heaps' present content, kept while CRIU restores)");
+  }
+  std::vector<char> old(len);
+  read_exact_at(fd, old.data(), len, offset, "heap file " + path);
+  write_all_at(fd_, old.data(), len, used_, file_);
+  pieces_.push_back({path, offset, len, used_});
+  used_ += len;
+}
+
+void HeapUndo::revert() noexcept {
+  std::vector<char> buf;
+  for (auto it = pieces_.rbegin(); it != pieces_.rend(); ++it) {
+    int fd = ::open(it->path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    if (it->at == ~std::uint64_t(0)) {
+      (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(it->offset), static_cast<off_t>(it->len));
+    } else {
+      buf.resize(it->len);
+      if (::pread(fd_, buf.data(), it->len, static_cast<off_t>(it->at)) == static_cast<ssize_t>(it->len))
+        (void)!::pwrite(fd, buf.data(), it->len, static_cast<off_t>(it->offset));
+    }
+    ::close(fd);
+  }
+}
+
+void restore_heaps(const HeapImage& original, const std::string& preferred, std::chrono::milliseconds lock_timeout, HeapUndo* undo) {
   HeapImage image = original;
   for (auto& h : image.heaps)
     h.store = heap_store(h, image.snapshot, preferred, lock_timeout);
@@ -582,7 +655,7 @@ void restore_heaps(const HeapImage& original, const std::string& preferred, std:
       for (std::size_t i : p.fetch)
         reader.read(m, i, buf.data(), "heap snapshot " + session + "/" + image.snapshot);
     for (auto& p : plans)
-      apply_heap_plan(reader, m, p, buf);
+      apply_heap_plan(reader, m, p, buf, undo);
   }
 }
 

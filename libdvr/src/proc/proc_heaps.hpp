@@ -100,6 +100,35 @@ std::string heap_store(const HeapFile& h, const std::string& snapshot, const std
 /// heap file exists with another size (changed behind dvr's back), corrupt /
 /// not_found for a damaged or missing snapshot.
 /// `lock_timeout` as for snapshot_heaps().
-void restore_heaps(const HeapImage& image, const std::string& preferred = "", std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1));
+/// With `undo`, what the restore overwrites is saved there first, so the
+/// caller can put the files back if what follows (CRIU) fails.
+class HeapUndo;
+void restore_heaps(const HeapImage& image, const std::string& preferred = "", std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1),
+                   HeapUndo* undo = nullptr);
+
+/// The bytes restore_heaps() overwrote, kept in one file (`file`, removed
+/// with this object): revert() puts every heap file back as it was.
+class HeapUndo {
+ public:
+  explicit HeapUndo(std::string file);
+  ~HeapUndo();
+  HeapUndo(const HeapUndo&) = delete;
+  HeapUndo& operator=(const HeapUndo&) = delete;
+  /// Keeps [offset, offset + len) of heap file `fd` (`path`); `hole`: it
+  /// reads zero and is not allocated (put back by punching it).
+  void save(int fd, const std::string& path, std::uint64_t offset, std::uint64_t len, bool hole);
+  /// Best effort, newest first; throws nothing.
+  void revert() noexcept;
+
+ private:
+  struct Piece {
+    std::string path;
+    std::uint64_t offset, len, at;  // at: where in the undo file (~0: was a hole)
+  };
+  std::string file_;
+  int fd_ = -1;
+  std::uint64_t used_ = 0;
+  std::vector<Piece> pieces_;
+};
 
 }  // namespace dvr::detail::heaps

@@ -5,9 +5,9 @@
 //   2. ImageServer: the image files back in a work directory, but for page
 //      images, which CRIU (>= 4.2, --stream) reads straight from the store's
 //      pack files, every page checked against its checksum as it is served;
-//   3. HeapBackup: the heaps' present content kept, in case CRIU fails after
-//      the plugin rewrote them;
-//   4. run_criu_restore: CRIU (and the plugin, which restores the heaps),
+//   3. HeapRestore: the heaps put back (checked first), what they held kept
+//      aside in case CRIU fails;
+//   4. run_criu_restore: CRIU (and the plugin, which restores a clone's heaps),
 //      for a clone in its own mount view and network (CloneView, netns.hpp);
 //   5. the PID file, the notes, and waiting for the job unless detached.
 #include <fcntl.h>
@@ -112,37 +112,43 @@ Fd open_pidfile(const std::string& path) {
   return fd;
 }
 
-// The heaps are checked by the plugin, every page before any file changes.
-// Their present content is kept first, to be put back if CRIU fails after
-// the plugin has rewritten them (what the job wrote since is not lost).
-class HeapBackup {
+// The heaps are put back here, before CRIU runs (every chunk written checked
+// first; an intact heap file only read), with what they held saved on the
+// side, to be put back if CRIU fails (what the job wrote since is not lost).
+// The plugin then leaves them as they are. A clone's heaps are private copies
+// the plugin makes in the clone's mount view: the originals are not touched.
+class HeapRestore {
  public:
-  HeapBackup(const ProcInfo& p, bool clone) {
-    if (clone) return;  // a clone's heaps are private copies: the originals are not touched
-    std::vector<std::string> present;
-    for (auto& h : p.heaps)
-      if (detail::path_exists(h.path) && !heaps::store_of_heap(h.path).empty()) present.push_back(h.path);
-    if (!present.empty()) {
-      std::random_device rd;
-      img_ = heaps::snapshot_heaps(present, 0, "proc-restore-backup-" + std::to_string(rd()) + std::to_string(rd()), false);
-    }
-  }
-  ~HeapBackup() {
-    if (img_.heaps.empty()) return;
+  HeapRestore(const Store& store, const WorkDir& work, bool clone) {
+    if (clone) return;
+    const std::string img = work.path + "/" + heaps::kImageName;
+    if (!detail::path_exists(img)) return;  // the process mapped no DVR heap
+    image_ = heaps::parse_image(detail::read_file(img));
+    undo_.emplace(work.path + "/heaps-undo");
     try {
-      if (put_back_) heaps::restore_heaps(img_);
-      heaps::remove_heaps(img_);
-    } catch (const std::exception&) {
+      heaps::restore_heaps(image_, store.path(), std::chrono::milliseconds(-1), &*undo_);
+    } catch (...) {
+      undo_->revert();
+      throw;
     }
   }
-  HeapBackup(const HeapBackup&) = delete;
-  HeapBackup& operator=(const HeapBackup&) = delete;
+  ~HeapRestore() {
+    if (undo_ && !keep_) undo_->revert();
+  }
+  HeapRestore(const HeapRestore&) = delete;
+  HeapRestore& operator=(const HeapRestore&) = delete;
+  /// For CRIU's environment: the plugin finds the heaps done.
+  std::vector<std::string> env() const {
+    if (image_.heaps.empty()) return {};
+    return {"DVR_CRIU_HEAPS_DONE=" + image_.snapshot};
+  }
   /// CRIU succeeded: the restored heaps stay.
-  void keep_restored() { put_back_ = false; }
+  void keep_restored() { keep_ = true; }
 
  private:
-  heaps::HeapImage img_;
-  bool put_back_ = true;
+  heaps::HeapImage image_;
+  std::optional<heaps::HeapUndo> undo_;
+  bool keep_ = false;
 };
 
 // Restored processes become our children when we wait for them.
@@ -162,7 +168,7 @@ struct Subreaper {
 // running then), with the damage `images` met if that is why.
 void run_criu_restore(const Store& store, const std::string& name, [[maybe_unused]] const ProcInfo& p, [[maybe_unused]] const RestoreOptions& options,
                       const std::string& criu, const std::string& plugin, const WorkDir& work, const std::string& pidfile, const char* verb,
-                      ImageServer& images, bool stream, CloneView& view) {
+                      ImageServer& images, bool stream, CloneView& view, const std::vector<std::string>& env) {
   // A clone's network first: nothing else is started when it cannot be made.
   const std::function<bool()> in_child = view.in_child();
   std::vector<std::string> argv = {criu,        "restore", "-D", work.path, "-o", "restore.log", "-v2", "--libdir", plugin, "--restore-detached",
@@ -179,7 +185,9 @@ void run_criu_restore(const Store& store, const std::string& name, [[maybe_unuse
     images.start();
   }
   std::string out;
-  int rc = run_capture(argv, {"DVR_CRIU_STORE=" + store.path()}, &out, in_child);
+  std::vector<std::string> criu_env = env;
+  criu_env.push_back("DVR_CRIU_STORE=" + store.path());
+  int rc = run_capture(argv, criu_env, &out, in_child);
   std::exception_ptr served = images.stop();
   if (rc == 0) return;
   if (served) {
@@ -260,18 +268,18 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   const bool stream = streams_pages(version);
   std::optional<ImageServer> images(std::in_place, store, name, work->path);
   if (!stream) images->write_page_images();
-  HeapBackup backup(p, options.clone);
+  HeapRestore heaps_back(store, *work, options.clone);
   const bool wait = !options.detach && !options.clone;
   Subreaper subreaper(wait);
   const std::string pidfile = work->path + "/restored.pid";
   try {
-    run_criu_restore(store, name, p, options, criu, plugin, *work, pidfile, verb, *images, stream, view);
+    run_criu_restore(store, name, p, options, criu, plugin, *work, pidfile, verb, *images, stream, view, heaps_back.env());
   } catch (...) {
     images.reset();  // the store's lock, before the heaps' backup is removed
     throw;
   }
   images.reset();
-  backup.keep_restored();
+  heaps_back.keep_restored();
   view.keep();
 
   RestoreResult r;
