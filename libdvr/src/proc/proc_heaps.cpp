@@ -595,6 +595,18 @@ void HeapUndo::save(int fd, const std::string& path, std::uint64_t offset, std::
   used_ += len;
 }
 
+std::vector<std::pair<std::string, std::uint64_t>> HeapUndo::rewritten() const {
+  std::vector<std::pair<std::string, std::uint64_t>> out;
+  for (auto& p : pieces_) {
+    auto it = std::find_if(out.begin(), out.end(), [&](auto& x) { return x.first == p.path; });
+    if (it == out.end())
+      out.emplace_back(p.path, p.len);
+    else
+      it->second += p.len;
+  }
+  return out;
+}
+
 void HeapUndo::revert() noexcept {
   std::vector<char> buf;
   for (auto it = pieces_.rbegin(); it != pieces_.rend(); ++it) {

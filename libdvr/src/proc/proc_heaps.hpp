@@ -119,6 +119,9 @@ class HeapUndo {
   void save(int fd, const std::string& path, std::uint64_t offset, std::uint64_t len, bool hole);
   /// Best effort, newest first; throws nothing.
   void revert() noexcept;
+  /// Heap file → bytes the restore rewrote there (pages that differed from
+  /// the snapshot: written after the dump, or changed behind dvr's back).
+  std::vector<std::pair<std::string, std::uint64_t>> rewritten() const;
 
  private:
   struct Piece {

@@ -144,6 +144,15 @@ class HeapRestore {
   }
   /// CRIU succeeded: the restored heaps stay.
   void keep_restored() { keep_ = true; }
+  /// One line per heap file the restore had to rewrite.
+  std::vector<std::string> notes() const {
+    std::vector<std::string> out;
+    if (undo_)
+      for (auto& [path, bytes] : undo_->rewritten())
+        out.push_back("heap " + path + ": " + std::to_string(bytes) +
+                      " bytes differed from the dump (written after it, or changed behind dvr's back) and were put back");
+    return out;
+  }
 
  private:
   heaps::HeapImage image_;
@@ -284,6 +293,8 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
 
   RestoreResult r;
   r.notes = host_notes(p, version);
+  for (auto& n : heaps_back.notes())
+    r.notes.push_back(n);
   r.pid = read_restored_pid(pidfile, name);
   view.report(r);
   r.seconds = since(t0);
