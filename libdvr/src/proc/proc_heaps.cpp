@@ -499,11 +499,6 @@ HeapPlan plan_heap_file(SnapshotReader& reader, const Manifest& m, const Manifes
   p.fd = open_or_throw(h.path, O_RDWR | O_CREAT);
   if (::ftruncate(p.fd.get(), static_cast<off_t>(file_bytes(h))) != 0) throw_errno(errno, "cannot size heap file " + h.path);
   p.holes = holes_of(p.fd.get(), h.bytes);
-  const ByteRanges& holes = p.holes;
-  auto all_hole = [&](std::uint64_t lo, std::uint64_t hi) {
-    auto it = std::upper_bound(holes.begin(), holes.end(), std::make_pair(lo, ~std::uint64_t(0)));
-    return it != holes.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
-  };
   // Chunks that lie in holes or are zero in the snapshot are decided without
   // reading; the others are compared page by page, on every core, through a
   // read-only mapping (the page cache, no copy).
@@ -515,7 +510,7 @@ HeapPlan plan_heap_file(SnapshotReader& reader, const Manifest& m, const Manifes
   for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
     const std::size_t i = mr.first_chunk + j;
     const std::uint64_t off = j * m.chunk_size, len = m.chunks[i].length;
-    if (all_hole(off, off + len))
+    if (inside(p.holes, off, off + len))
       differs[j] = !m.zero_chunk(i);
     else if (m.zero_chunk(i))
       p.punch.emplace_back(off, len);
@@ -544,17 +539,12 @@ HeapPlan plan_heap_file(SnapshotReader& reader, const Manifest& m, const Manifes
   return p;
 }
 
-bool in_holes(const ByteRanges& holes, std::uint64_t lo, std::uint64_t hi) {
-  auto it = std::upper_bound(holes.begin(), holes.end(), std::make_pair(lo, ~std::uint64_t(0)));
-  return it != holes.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
-}
-
 void apply_heap_plan(SnapshotReader& reader, const Manifest& m, HeapPlan& p, std::vector<char>& buf, HeapUndo* undo) {
   for (auto& [off, len] : p.punch)
-    if (undo) undo->save(p.fd.get(), p.path, off, len, in_holes(p.holes, off, off + len));
+    if (undo) undo->save(p.fd.get(), p.path, off, len, inside(p.holes, off, off + len));
   for (std::size_t i : p.fetch) {
     const std::uint64_t off = (i - p.region->first_chunk) * m.chunk_size, len = m.chunks[i].length;
-    if (undo) undo->save(p.fd.get(), p.path, off, len, in_holes(p.holes, off, off + len));
+    if (undo) undo->save(p.fd.get(), p.path, off, len, inside(p.holes, off, off + len));
   }
   for (auto& [off, len] : p.punch)
     if (::fallocate(p.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off), static_cast<off_t>(len)) != 0) {

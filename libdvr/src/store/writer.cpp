@@ -35,6 +35,11 @@ bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::
   return apart * 4 <= chunk_pages;
 }
 
+bool inside(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), std::make_pair(lo, ~std::uint64_t(0)));
+  return it != ranges.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
+}
+
 ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size, const ByteRanges& zero) {
   // The region's pages are consecutive in the base's page hash table.
   const std::uint64_t* expect = base.page_hashes.data() + base.first_page[region.first_chunk];
@@ -416,12 +421,6 @@ void SnapshotWriter::Lane::finish() {
 namespace {
 
 enum class Plan : std::uint8_t { inherit, patch, whole, zero };
-
-// Whether [lo, hi) lies inside one of the sorted ranges.
-bool inside(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi) {
-  auto it = std::upper_bound(ranges.begin(), ranges.end(), std::make_pair(lo, ~std::uint64_t(0)));
-  return it != ranges.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
-}
 
 // Which chunks to inherit, patch or store whole, and for patched chunks the
 // written pages.

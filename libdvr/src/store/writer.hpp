@@ -61,6 +61,9 @@ bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::
 /// The pages of `data` (`size` bytes, region `region` of `base`) whose page
 /// hashes differ from the base's, as ranges; reads all of `data`, on every
 /// core. `region` must be of the same size and `base` paged.
+/// Whether [lo, hi) lies inside one of the sorted, disjoint `ranges`.
+bool inside(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi);
+
 /// Pages inside `zero` (sorted byte ranges) are taken to be zero, not read.
 ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size,
                            const ByteRanges& zero = {});
