@@ -60,7 +60,11 @@
 // jemalloc reads this before its first allocation: one arena (all threads
 // share it; its thread caches keep them apart), no separate arena for huge
 // allocations, so every extent comes from the hooks of arena 0.
-EXPORT const char* malloc_conf = "narenas:1,oversize_threshold:0";
+// retain:false: jemalloc gives extents it no longer needs back (dalloc) and
+// may merge extents of separate allocations, so freed heap space serves
+// larger blocks later (with retain, extents from separate hook calls never
+// merge and a bounded heap could not reuse freed space for a bigger block).
+EXPORT const char* malloc_conf = "narenas:1,oversize_threshold:0,retain:false";
 
 // ---- constants newer than Debian 12's kernel headers -------------------
 #define FEATURE_WP_UNPOPULATED (1ull << 13)
@@ -253,9 +257,16 @@ static void* hook_alloc(extent_hooks_t* h, void* new_addr, size_t size, size_t a
   return (void*)p;
 }
 
+// An extent jemalloc no longer needs: its space goes back to the heap's free
+// list (punched: it reads zero when handed out again).
 static bool hook_dalloc(extent_hooks_t* h, void* addr, size_t size, bool committed, unsigned arena) {
-  (void)h, (void)addr, (void)size, (void)committed, (void)arena;
-  return true;  // keep it mapped: jemalloc retains the address space and reuses it
+  (void)h;
+  if (!in_heap((uintptr_t)addr, size))
+    return g_default_hooks && g_default_hooks->dalloc ? g_default_hooks->dalloc(g_default_hooks, addr, size, committed, arena) : true;
+  pthread_mutex_lock(&g_lock);
+  space_free((uintptr_t)addr, size);
+  pthread_mutex_unlock(&g_lock);
+  return false;
 }
 
 static void hook_destroy(extent_hooks_t* h, void* addr, size_t size, bool committed, unsigned arena) {
@@ -427,10 +438,15 @@ static int maps_heap(long pid) {
   return found;
 }
 
+// `pid` 0: this process, as /proc/self (inside a `dvr run` job getpid() is 1
+// of its own PID namespace, while /proc is the host's).
 static int descendants_map_heap(long pid, int depth) {
   if (depth > 16) return 1;
   char dir[64], buf[4096];
-  snprintf(dir, sizeof dir, "/proc/%ld/task", pid);
+  if (pid)
+    snprintf(dir, sizeof dir, "/proc/%ld/task", pid);
+  else
+    snprintf(dir, sizeof dir, "/proc/self/task");
   int d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (d < 0) return 0;
   char ents[4096];
@@ -448,7 +464,7 @@ static int descendants_map_heap(long pid, int depth) {
       off += e->reclen;
       if (e->name[0] < '0' || e->name[0] > '9') continue;
       char p[128];
-      snprintf(p, sizeof p, "/proc/%ld/task/%s/children", pid, e->name);
+      snprintf(p, sizeof p, "%s/%s/children", dir, e->name);
       int fd = open(p, O_RDONLY | O_CLOEXEC);
       if (fd < 0) continue;
       ssize_t n = read(fd, buf, sizeof buf - 1);
@@ -566,7 +582,7 @@ static void* watcher(void* arg) {
     }
     // Checked without the lock (it reads /proc for a while); a fork in
     // between is seen below, under the lock, by a child we did not check.
-    int busy = g_private && !g_no_reshare && descendants_map_heap(getpid(), 0);
+    int busy = g_private && !g_no_reshare && descendants_map_heap(0, 0);
     pthread_mutex_lock(&g_lock);
     if (g_private && !g_no_reshare && !busy && g_forks == g_forks_checked) reshare();
     g_forks_checked = g_forks;

@@ -1,4 +1,5 @@
 // What /proc says about live processes and this host (see processes.hpp).
+#include <dirent.h>
 #include "proc/processes.hpp"
 
 #include <signal.h>
@@ -67,6 +68,18 @@ void signal_tree(const std::vector<pid_t>& tree, int sig) {
     ::kill(p, sig);
 }
 
+namespace {
+std::size_t threads_left(pid_t pid) {
+  DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
+  if (!d) return 0;
+  std::size_t n = 0;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+}  // namespace
+
 void wait_exited(const std::vector<pid_t>& tree, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   for (pid_t p : tree) {
@@ -79,7 +92,12 @@ void wait_exited(const std::vector<pid_t>& tree, std::chrono::milliseconds limit
         break;
       }
       auto close = stat.rfind(')');
-      if (stat.empty() || close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] == 'Z' || stat[close + 2] == 'X') break;
+      const bool dead =
+          stat.empty() || close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] == 'Z' || stat[close + 2] == 'X';
+      // A zombie main thread does not close the files yet: its other
+      // threads, still tearing the memory down, hold them until they are
+      // gone from /proc/PID/task.
+      if (dead && threads_left(p) <= 1) break;
       if (std::chrono::steady_clock::now() >= deadline) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
