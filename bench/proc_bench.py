@@ -2,7 +2,7 @@
 """Whole-process snapshots: `dvr proc dump` against CRIU alone, and a DVR
 persistent heap against the same data in anonymous memory.
 
-    sudo /usr/bin/python3 bench/proc_bench.py [--size 1G] [--repeat 3] [--json] [--build build]
+    sudo /usr/bin/python3 bench/proc_bench.py [--size 1G] [--repeat 3] [--json] [--no-redis] [--no-heap] [--build build]
 
 Three jobs hold --size bytes each, started with `dvr run`: one in anonymous
 memory, two in a DVR persistent heap: one that snapshotted its heap once loaded
@@ -24,17 +24,49 @@ every page by hash). All in one run (best of --repeat):
   redis_first_pong from the start of the restore to the first PONG            vs the same with criu restore
 With CRIU >= 4.2, dvr is CRIU's page server at dump and its image streamer at
 restore, so page data never passes through image files ($DVR_PROC_PAGE_IMAGES=1
-makes dvr use files, to compare). --no-redis leaves the redis figures out.
-With --json, one object per line: {"name", "value", "unit", "peer", "peer_value", "ratio" (value/peer), "bytes"}.
+makes dvr use files, to compare).
+
+--heap (the default when redis-server and BUILD/preload/libdvr_heap.so exist;
+--no-heap leaves it out): unmodified programs under `dvr run --heap`, whose heap
+is a file of the store mapped MAP_SHARED, so CRIU copies none of it and the
+plugin stores only the pages written since the last dump. Two redis-servers on
+TCP hold the same --size of keys (DEBUG POPULATE, 1000-byte values), one with
+--heap, one without; each figure's peer comes from the same repeat, and each is
+the median of --repeat (fresh servers each repeat):
+  heap_redis_dump               dvr proc dump of the --heap redis        vs criu dump of the plain one (target: <= 0.1x)
+  heap_redis_redump_time_idle   dumped again at once, nothing changed    vs that criu dump
+  heap_redis_redump_time_random again after SET of 1% of the keys at random vs criu dump of the plain one then (<= 0.05x)
+  heap_redis_redump_bytes_random bytes that dump stored                  vs heap_redis_dump's (target: <= 2%)
+  heap_redis_redump_*_contig    the same for 1% of the keys contiguous in insertion order
+  heap_redis_restore_pong       kill -9, dvr proc restore (the heap file still there) to the first PONG
+                                                                         vs criu restore of the plain one (<= 0.5x)
+  heap_redis_clone_pong         dvr proc clone --net new beside the running original, to its first PONG
+  heap_redis_clone_private      the clone's private memory once it answers (smaps_rollup's Private_Clean +
+                                Private_Dirty, its heap's mapped pages replaced by the bytes of its private
+                                heap copy, which only it maps) vs the original's heap file (target: <= 5%)
+  heap_redis_clone_mapped       smaps_rollup's Private_Clean + Private_Dirty alone (heap pages not touched
+                                yet are not counted there)
+  heap_redis_throughput_set/get redis-benchmark -t set,get -d 1000 on the restored --heap redis
+                                vs on the restored plain one (target: >= 0.9x)
+  heap_py_dump, heap_py_redump  a Python job holding a numpy array of --size (bench/heap_bench_fill.py) under
+                                --heap: dvr proc dump once loaded, again after 1% of the array was written,
+                                vs criu dump of the same program without --heap at the same moments
+  heap_py_redump_bytes          bytes the second dump stored             vs the first's
+--no-redis leaves every redis figure out (the --heap ones too).
+With --json, one object per line: {"name", "value", "unit", "peer", "peer_value", "ratio" (value/peer), "bytes",
+and for the --heap figures "target" (where there is one), "samples" and "peer_samples" (each repeat's)}, and
+the table goes to stderr.
 Needs root and CRIU 4.x (`dvr proc check`).
 """
 
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,14 +128,18 @@ class Bench:
 
     def kill_wait(self, pid, timeout=10):
         """SIGKILL and wait until the process is gone (its port and PID free)."""
-        self.pids.append(pid)
+        if pid not in self.pids:
+            self.pids.append(pid)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
+            self.pids.remove(pid)
             return
         deadline = time.time() + timeout
         while time.time() < deadline and os.path.exists(f"/proc/{pid}"):
             time.sleep(0.01)  # until reaped: its PID namespace and ports are gone then
+        if not os.path.exists(f"/proc/{pid}"):
+            self.pids.remove(pid)  # gone: its PID may be another process's from now on
         time.sleep(0.2)
 
     def peak_rss(self, *args):
@@ -121,6 +157,7 @@ class Bench:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self.pids = []
 
 
 def free_port():
@@ -190,11 +227,13 @@ def redis_figures(b, work, size, repeat):
         pidfile = os.path.join(work, f"redis-{r}.pid")
         t0 = time.perf_counter()
         _, took = b.run("criu", "restore", "-D", img, "-d", "--pidfile", pidfile, "-o", "restore.log")
+        b.pids.append(int(open(pidfile).read()))  # killed at the end even if it never answers
         criu_pong.append(until_pong(port, t0))
         criu_restore.append(took)
         b.kill_wait(int(open(pidfile).read()))
         t0 = time.perf_counter()
         out, took = b.run(b.dvr, "--store", store, "proc", "restore", "redis", "--detach")
+        b.pids.append(int(out.strip()))
         dvr_pong.append(until_pong(port, t0))
         dvr_restore.append(took)
         if redis_cmd(port, "GET", "canary") != "dvr-bench" or int(redis_cmd(port, "DBSIZE")) != keys + 1:
@@ -210,12 +249,329 @@ def redis_figures(b, work, size, repeat):
     ]
 
 
+# ---- --heap: unmodified programs whose heap lives in a DVR persistent heap (`dvr run --heap`)
+
+REDIS_VALUE = 1000  # bytes per value of the --heap redis figures (DEBUG POPULATE)
+CLONE_NEWNET = 0x40000000
+
+
+def heap_preload(build):
+    return os.path.join(build, "preload", "libdvr_heap.so")
+
+
+def heap_max(size):
+    """The --heap MAX of the jobs: the default 4G, or twice --size when that is more."""
+    return max(4 << 30, 2 * size)
+
+
+def allocated(path):
+    """Bytes a (sparse) file occupies."""
+    return os.stat(path).st_blocks * 512
+
+
+def smaps_rollup(pid):
+    """/proc/PID/smaps_rollup in bytes, by field."""
+    fields = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            words = line.split()
+            if len(words) == 3 and words[2] == "kB":
+                fields[words[0].rstrip(":")] = int(words[1]) * 1024
+    return fields
+
+
+def smaps_of(pid, path):
+    """Private_Clean + Private_Dirty (bytes) of the mappings of `path` in /proc/PID/smaps."""
+    private, inside = 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            words = line.split()
+            if words and "-" in words[0] and len(words) >= 5 and not words[0].endswith(":"):
+                inside = len(words) >= 6 and words[5] == path
+            elif inside and words[0] in ("Private_Clean:", "Private_Dirty:"):
+                private += int(words[1]) * 1024
+    return private
+
+
+def until_pong_in(b, pid, port, t0, timeout=120):
+    """until_pong, from inside process `pid`'s network namespace (a forked child enters it)."""
+    child = os.fork()
+    if child == 0:
+        try:
+            import ctypes
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+            if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+                os._exit(2)
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                if redis_ping(port):
+                    os._exit(0)
+                time.sleep(0.002)
+            os._exit(1)
+        except BaseException:
+            os._exit(3)
+    b.pids.append(child)
+    _, status = os.waitpid(child, 0)
+    took = time.perf_counter() - t0
+    b.pids.remove(child)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"redis in the network namespace of {pid} did not answer PING on port {port} "
+                           f"({os.waitstatus_to_exitcode(status)})")
+    return took
+
+
+def resp(*words):
+    out = [b"*%d\r\n" % len(words)]
+    for w in words:
+        w = w if isinstance(w, bytes) else str(w).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(w), w))
+    return b"".join(out)
+
+
+def redis_rewrite(port, indices, tag):
+    """SET key:I (DEBUG POPULATE's names) to a new value of REDIS_VALUE bytes, for each I, through redis-cli --pipe."""
+    load = b"".join(resp("SET", f"key:{i}", f"{tag}-{i}-".encode().ljust(REDIS_VALUE, b"r")) for i in indices)
+    p = subprocess.run(["redis-cli", "-p", str(port), "--pipe"], input=load, capture_output=True, timeout=300)
+    if p.returncode != 0 or b"errors: 0" not in p.stdout:
+        raise RuntimeError(f"redis-cli --pipe on port {port} failed: {p.stdout[-500:]!r} {p.stderr[-500:]!r}")
+
+
+def redis_throughput(port, requests):
+    """redis-benchmark -t set,get -d REDIS_VALUE: requests per second of SET and of GET."""
+    p = subprocess.run(["redis-benchmark", "-p", str(port), "-t", "set,get", "-n", str(requests), "-d", str(REDIS_VALUE), "-q"],
+                       capture_output=True, text=True, timeout=600)
+    rates = {}
+    for part in p.stdout.replace("\r", "\n").splitlines():
+        words = part.split()
+        if len(words) >= 4 and words[0] in ("SET:", "GET:") and words[2:4] == ["requests", "per"]:
+            rates[words[0][:-1]] = float(words[1])
+    if p.returncode != 0 or set(rates) != {"SET", "GET"}:
+        raise RuntimeError(f"redis-benchmark on port {port} failed ({p.returncode}): {p.stdout[-500:]}{p.stderr[-500:]}")
+    return rates["SET"], rates["GET"]
+
+
+def start_redis(b, port, store=None, session=None, max_bytes=0):
+    """redis-server with `dvr run` on 127.0.0.1:port; with --heap in `store` when `session` is given."""
+    args = [b.dvr]
+    if session:
+        args += ["--store", store, "run", "--heap", f"{max_bytes >> 20}M", "--heap-session", session]
+    else:
+        args += ["run"]
+    out, _ = b.run(*args, "--", shutil.which("redis-server"), "--port", port, "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--enable-debug-command", "yes", "--daemonize", "no")
+    pid = int(out.strip())
+    b.pids.append(pid)
+    until_pong(port, time.perf_counter())
+    return pid
+
+
+def criu_dump_into(b, pid, img):
+    """Plain `criu dump --leave-running` into a fresh directory: its seconds."""
+    shutil.rmtree(img, ignore_errors=True)
+    os.mkdir(img)
+    _, took = b.run("criu", "dump", "-t", pid, "-D", img, "--leave-running", "-o", "dump.log")
+    return took
+
+
+def fig(f, name, key, unit, peer, peer_key, target=None):
+    """A figure of the --heap section: the medians of the samples f[key] and f[peer_key], the samples with it."""
+    return (name, statistics.median(f[key]), unit, peer, statistics.median(f[peer_key]), target, (f[key], f[peer_key]))
+
+
+def heap_redis_figures(b, work, size, repeat):
+    """Two redis-servers on TCP holding the same `size` of keys (DEBUG POPULATE, REDIS_VALUE bytes each), one
+    under `dvr run --heap`, one without: the --heap one against plain CRIU on the other, every figure's peer
+    from the same repeat; the median of --repeat each."""
+    missing = [t for t in ("redis-server", "redis-cli", "redis-benchmark") if not shutil.which(t)]
+    if missing:
+        print(f"proc_bench: {', '.join(missing)} missing: no --heap redis figures (install-deps.sh installs them)",
+              file=sys.stderr)
+        return []
+    keys = max(100, size // REDIS_VALUE)
+    rewritten = max(1, keys // 100)
+    requests = min(200000, max(20000, size // 5000))
+    f = {k: [] for k in ("dump", "criu_dump", "dump_bytes", "redump_idle", "bytes_idle", "redump_random", "criu_random",
+                         "bytes_random", "redump_contig", "criu_contig", "bytes_contig", "restore_pong", "criu_pong",
+                         "clone_pong", "clone_private", "clone_mapped", "heap_bytes", "set", "set_plain", "get", "get_plain")}
+    load = [os.getloadavg()[0]]
+    used = 0
+    clone_note = None
+    for r in range(repeat):
+        # Short names: CRIU's image sockets live under the store, and a socket path has 107 bytes at most.
+        store = os.path.join(work, f"hr{r}")
+        img = os.path.join(work, f"hrc{r}")
+        session = f"bench-redis-{r}"
+        heap = os.path.join(store, "heaps", session, "heap")
+        os.mkdir(store)
+        hport, pport = free_port(), free_port()
+        while pport == hport:
+            pport = free_port()
+        hpid = start_redis(b, hport, store, session, heap_max(size))
+        ppid = start_redis(b, pport)
+        for port in (hport, pport):
+            redis_cmd(port, "DEBUG", "POPULATE", str(keys), "key", str(REDIS_VALUE))
+            redis_cmd(port, "SET", "canary", "dvr-bench")
+        used = int(redis_cmd(hport, "INFO", "memory").split("used_memory:")[1].split()[0])
+
+        # First dumps: plain CRIU of the plain redis, dvr of the --heap one (a fresh store: everything is new).
+        f["criu_dump"].append(criu_dump_into(b, ppid, img))
+        info, took = b.dvr_json(store, "proc", "dump", hpid, "--name", "first", "--leave-running")
+        f["dump"].append(took)
+        f["dump_bytes"].append(info["stored_bytes"])
+        # Again at once, nothing changed: what a dump costs however little was written.
+        info, took = b.dvr_json(store, "proc", "dump", hpid, "--name", "idle", "--leave-running")
+        f["redump_idle"].append(took)
+        f["bytes_idle"].append(info["stored_bytes"])
+
+        # 1% of the keys rewritten (both servers), then dumped again: at random, then contiguous in insertion order.
+        rng = random.Random(r)
+        patterns = (("random", sorted(rng.sample(range(keys), rewritten))),
+                    ("contig", range(keys // 3, keys // 3 + rewritten)))
+        for pattern, indices in patterns:
+            for port in (hport, pport):
+                redis_rewrite(port, indices, f"{pattern}{r}")
+            f[f"criu_{pattern}"].append(criu_dump_into(b, ppid, img))
+            info, took = b.dvr_json(store, "proc", "dump", hpid, "--name", pattern[:3], "--leave-running")
+            f[f"redump_{pattern}"].append(took)
+            f[f"bytes_{pattern}"].append(info["stored_bytes"])
+        probe = (f"key:{keys // 3}", f"contig{r}-{keys // 3}-")
+
+        # A clone beside the running original, in a network of its own (its port is the original's).
+        f["heap_bytes"].append(allocated(heap))
+        if clone_note is None:
+            pidfile = os.path.join(work, f"heap-redis-clone-{r}.pid")
+            t0 = time.perf_counter()
+            try:
+                b.run(b.dvr, "--store", store, "proc", "clone", "con", "--net", "new", "--pidfile", pidfile, "--json")
+            except RuntimeError as e:
+                clone_note = f"dvr proc clone --net new failed, so no clone figures: {e}"
+                print(f"proc_bench: {clone_note}", file=sys.stderr)
+            else:
+                clone = int(open(pidfile).read())
+                b.pids.append(clone)
+                f["clone_pong"].append(until_pong_in(b, clone, hport, t0))
+                # Its private memory: what smaps_rollup counts (the pages it has mapped in so far), less
+                # the heap's mapped pages, plus all of its heap copy, a file in a tmpfs only the clone
+                # sees: the clone's own memory whether it has touched those pages yet or not.
+                roll = smaps_rollup(clone)
+                mapped = roll["Private_Clean"] + roll["Private_Dirty"]
+                f["clone_mapped"].append(mapped)
+                f["clone_private"].append(mapped - smaps_of(clone, heap) + allocated(f"/proc/{clone}/root{heap}"))
+                b.kill_wait(clone)
+
+        # kill -9, then restore to the first PONG: dvr for the --heap one (its heap file is still there), criu for the other.
+        b.kill_wait(hpid)
+        pidfile = os.path.join(work, f"heap-redis-restore-{r}.pid")
+        t0 = time.perf_counter()
+        b.run(b.dvr, "--store", store, "proc", "restore", "con", "--detach", "--pidfile", pidfile)
+        hpid = int(open(pidfile).read())
+        b.pids.append(hpid)
+        f["restore_pong"].append(until_pong(hport, t0))
+        b.kill_wait(ppid)
+        pidfile = os.path.join(work, f"heap-redis-criu-restore-{r}.pid")
+        t0 = time.perf_counter()
+        b.run("criu", "restore", "-D", img, "-d", "--pidfile", pidfile, "-o", "restore.log")
+        ppid = int(open(pidfile).read())
+        b.pids.append(ppid)
+        f["criu_pong"].append(until_pong(pport, t0))
+        for port in (hport, pport):
+            if (redis_cmd(port, "GET", "canary") != "dvr-bench" or int(redis_cmd(port, "DBSIZE")) != keys + 1
+                    or not redis_cmd(port, "GET", probe[0]).startswith(probe[1])):
+                raise RuntimeError(f"the restored redis-server on port {port} lost data")
+
+        # Throughput of the restored servers: the --heap one and the plain one in turn, twice, the
+        # first one each repeat in turn (the machine's load drifts).
+        turns = ((hport, ""), (pport, "_plain")) if r % 2 == 0 else ((pport, "_plain"), (hport, ""))
+        for port, which in turns + turns:
+            set_rate, get_rate = redis_throughput(port, requests)
+            f["set" + which].append(set_rate)
+            f["get" + which].append(get_rate)
+        load.append(os.getloadavg()[0])
+        b.kill_wait(hpid)
+        b.kill_wait(ppid)
+        shutil.rmtree(img, ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)
+
+    print(f"proc_bench: --heap redis-servers held {keys} keys of {REDIS_VALUE} B, used_memory {used / 2**30:.2f} GiB, "
+          f"heap {statistics.median(f['heap_bytes']) / 2**30:.2f} GiB; rewrites of {rewritten} keys; "
+          f"redis-benchmark -n {requests}; load average {', '.join(f'{x:.1f}' for x in load)}", file=sys.stderr)
+    figures = [
+        fig(f, "heap_redis_dump", "dump", "s", "criu dump (plain redis)", "criu_dump", "<= 0.1"),
+        fig(f, "heap_redis_redump_time_idle", "redump_idle", "s", "criu dump (plain redis)", "criu_dump", None),
+        fig(f, "heap_redis_redump_bytes_idle", "bytes_idle", "B", "heap_redis_dump bytes", "dump_bytes", None),
+        fig(f, "heap_redis_redump_time_random", "redump_random", "s", "criu dump (plain redis)", "criu_random", "<= 0.05"),
+        fig(f, "heap_redis_redump_bytes_random", "bytes_random", "B", "heap_redis_dump bytes", "dump_bytes", "<= 0.02"),
+        fig(f, "heap_redis_redump_time_contig", "redump_contig", "s", "criu dump (plain redis)", "criu_contig", "<= 0.05"),
+        fig(f, "heap_redis_redump_bytes_contig", "bytes_contig", "B", "heap_redis_dump bytes", "dump_bytes", "<= 0.02"),
+        fig(f, "heap_redis_restore_pong", "restore_pong", "s", "criu restore to PONG", "criu_pong", "<= 0.5"),
+    ]
+    if f["clone_pong"]:
+        figures += [
+            fig(f, "heap_redis_clone_pong", "clone_pong", "s", "criu restore to PONG", "criu_pong", None),
+            fig(f, "heap_redis_clone_private", "clone_private", "B", "original's heap", "heap_bytes", "<= 0.05"),
+            fig(f, "heap_redis_clone_mapped", "clone_mapped", "B", "original's heap", "heap_bytes", None),
+        ]
+    figures += [
+        fig(f, "heap_redis_throughput_set", "set", "op/s", "redis without --heap", "set_plain", ">= 0.9"),
+        fig(f, "heap_redis_throughput_get", "get", "op/s", "redis without --heap", "get_plain", ">= 0.9"),
+    ]
+    return figures
+
+
+def heap_python_figures(b, work, size, repeat):
+    """A Python process holding a numpy array of `size` (bench/heap_bench_fill.py): under `dvr run --heap`, dumped
+    by dvr, once loaded and again after 1% of the array was written, against plain CRIU dumps of the same program
+    without --heap, at the same moments. The median of --repeat each."""
+    python = "/usr/bin/python3"
+    if subprocess.run([python, "-c", "import numpy"], capture_output=True).returncode != 0:
+        print(f"proc_bench: {python} has no numpy: no --heap Python figures (install-deps.sh installs python3-numpy)",
+              file=sys.stderr)
+        return []
+    fill = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heap_bench_fill.py")
+    f = {k: [] for k in ("dump", "criu_dump", "dump_bytes", "redump", "criu_redump", "redump_bytes")}
+    for r in range(repeat):
+        store = os.path.join(work, f"hp{r}")
+        img = os.path.join(work, f"hpc{r}")
+        os.mkdir(store)
+        pids = {}
+        for which in ("heap", "plain"):
+            status = os.path.join(work, f"heap-py-{which}-{r}.status")
+            heap_args = ["--store", store, "run", "--heap", f"{heap_max(size) >> 20}M", "--heap-session", f"bench-py-{r}"]
+            out, _ = b.run(b.dvr, *(heap_args if which == "heap" else ["run"]), "--", python, fill, "--size", size,
+                           "--status", status)
+            pids[which] = int(out.strip())
+            b.pids.append(pids[which])
+        for gen, (dump, criu_peer, stored) in enumerate((("dump", "criu_dump", "dump_bytes"),
+                                                        ("redump", "criu_redump", "redump_bytes"))):
+            if gen:
+                for pid in pids.values():
+                    os.kill(pid, signal.SIGUSR1)
+            for which in pids:
+                b.wait_ready(os.path.join(work, f"heap-py-{which}-{r}.status"), gen)
+            f[criu_peer].append(criu_dump_into(b, pids["plain"], img))
+            info, took = b.dvr_json(store, "proc", "dump", pids["heap"], "--name", dump, "--leave-running")
+            f[dump].append(took)
+            f[stored].append(info["stored_bytes"])
+        for pid in pids.values():
+            b.kill_wait(pid)
+        shutil.rmtree(img, ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)
+    return [
+        fig(f, "heap_py_dump", "dump", "s", "criu dump (plain python)", "criu_dump", None),
+        fig(f, "heap_py_redump", "redump", "s", "criu dump (plain python)", "criu_redump", None),
+        fig(f, "heap_py_redump_bytes", "redump_bytes", "B", "heap_py_dump bytes", "dump_bytes", None),
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="1G")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--no-redis", action="store_true", help="leave out the redis-server figures")
+    ap.add_argument("--no-redis", action="store_true", help="leave out the redis-server figures (--heap ones too)")
+    ap.add_argument("--heap", dest="heap", action="store_true", default=None,
+                    help="the `dvr run --heap` figures (the default when redis-server and build/preload/libdvr_heap.so exist)")
+    ap.add_argument("--no-heap", dest="heap", action="store_false", help="leave out the `dvr run --heap` figures")
     ap.add_argument("--build", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"))
     args = ap.parse_args()
     size = parse_size(args.size)
@@ -224,8 +580,16 @@ def main():
     if os.geteuid() != 0:
         print("proc_bench: needs root (CRIU does)", file=sys.stderr)
         return 77
+    build = os.path.abspath(args.build)
+    if args.heap is None:
+        args.heap = bool(shutil.which("redis-server")) and os.path.exists(heap_preload(build))
+    elif args.heap and not os.path.exists(heap_preload(build)):
+        print(f"proc_bench: --heap needs {heap_preload(build)} (build with libjemalloc-dev installed)", file=sys.stderr)
+        return 2
+    # A SIGTERM ends the run through the `finally` below, which kills everything it started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     work = tempfile.mkdtemp(prefix="dvr-proc-bench-", dir="/dev/shm")
-    b = Bench(os.path.abspath(args.build), work)
+    b = Bench(build, work)
     try:
         heap_store = os.path.join(work, "heap-store")
         anon = b.start(mib, os.path.join(work, "anon.status"))
@@ -296,6 +660,8 @@ def main():
         b.kill_wait(int(b.last_out.strip()))
         b.kill_all()
         shutil.rmtree(rss_store, ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)  # the memory the later figures need
+        shutil.rmtree(heap_store, ignore_errors=True)
 
         figures = [
             ("dump_anon", min(first_anon), "s", "criu dump (tmpfs)", min(criu_dump)),
@@ -312,16 +678,41 @@ def main():
         ]
         if not args.no_redis:
             figures += redis_figures(b, work, size, repeat)
+        figures = [fig + (None, None) for fig in figures]  # no targets, best of --repeat
+        if args.heap:
+            if not args.no_redis:
+                figures += heap_redis_figures(b, work, size, repeat)
+            figures += heap_python_figures(b, work, size, repeat)
+
+        def ratio(value, peer_value):
+            return value / peer_value if peer_value else float("nan")
+
+        def met(value, peer_value, target):
+            if not target:
+                return ""
+            bound = float(target.split()[1])
+            ok = ratio(value, peer_value) <= bound if target.startswith("<=") else ratio(value, peer_value) >= bound
+            return f"{target:>7} {'met' if ok else 'MISSED'}"
+
         if args.json:
-            for name, value, unit, peer, peer_value in figures:
-                print(json.dumps({"name": name, "value": value, "unit": unit, "peer": peer, "peer_value": peer_value,
-                                  "ratio": value / peer_value, "bytes": size}))
-        else:
-            print(f"proc-bench: three jobs of {size / 2**30:.2f} GiB each, store {work} (tmpfs), best of {repeat}\n")
-            print(f"  {'figure':18} {'value':>12}   {'peer':22} {'peer value':>12}   ratio (ours / peer)")
-            for name, value, unit, peer, peer_value in figures:
-                fmt = (lambda v: f"{v * 1000:9.1f} ms") if unit == "s" else (lambda v: f"{v / 2**20:8.1f} MiB")
-                print(f"  {name:18} {fmt(value):>12}   {peer:22} {fmt(peer_value):>12}   {value / peer_value:8.3f}")
+            for name, value, unit, peer, peer_value, target, samples in figures:
+                line = {"name": name, "value": value, "unit": unit, "peer": peer, "peer_value": peer_value,
+                        "ratio": ratio(value, peer_value), "bytes": size}
+                if target:
+                    line["target"] = target
+                if samples:
+                    line["samples"], line["peer_samples"] = samples
+                print(json.dumps(line))
+        # With --json the table goes to stderr (stdout stays JSON lines).
+        table = sys.stderr if args.json else sys.stdout
+        print(f"proc-bench: three jobs of {size / 2**30:.2f} GiB each, store {work} (tmpfs), best of {repeat}"
+              f"{f'; heap_* figures: median of {repeat}' if args.heap else ''}\n", file=table)
+        print(f"  {'figure':30} {'value':>13}   {'peer':24} {'peer value':>13}   {'ratio':>8}   target", file=table)
+        for name, value, unit, peer, peer_value, target, _ in figures:
+            fmt = {"s": lambda v: f"{v * 1000:9.1f} ms", "op/s": lambda v: f"{v:8.0f} op/s"}.get(
+                unit, lambda v: f"{v / 2**20:8.1f} MiB")
+            print(f"  {name:30} {fmt(value):>13}   {peer:24} {fmt(peer_value):>13}   {ratio(value, peer_value):8.3f}   "
+                  f"{met(value, peer_value, target)}", file=table)
     finally:
         b.kill_all()
         shutil.rmtree(work, ignore_errors=True)
