@@ -31,6 +31,17 @@ from test_tcp_servers import (MEMCACHED, REDIS_CLI, REDIS_SERVER, free_port, lis
                               wait_redis, wait_until_listening)
 
 HEAP_BASE = 0x200000000000
+
+
+def _preload():
+    # Where dvr looks first (libdvr/src/proc/run.cpp heap_preload()).
+    if os.environ.get("DVR_HEAP_PRELOAD"):
+        return Path(os.environ["DVR_HEAP_PRELOAD"])
+    return Path(os.environ.get("DVR_BIN", "build/dvr")).resolve().parent / "preload" / "libdvr_heap.so"
+
+
+pytestmark = pytest.mark.skipif(not _preload().is_file(),
+                                reason=f"{_preload()} is not built (it needs libjemalloc-dev: bash install-deps.sh)")
 PROBE_SRC = Path(__file__).resolve().parent / "heap_probe.c"
 GIB = 1024 * MIB
 
