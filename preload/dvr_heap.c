@@ -534,7 +534,11 @@ static int write_back_private_pages(void) {
 static void reshare(void) {
   g_nanon = 0;
   if (!find_private_pages(1)) return;
-  int gate = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY_);
+  // Not UFFD_USER_MODE_ONLY: the kernel's own writes into the heap (a read(2)
+  // or epoll_wait into a heap buffer) must wait at the gate too; with a
+  // user-mode-only userfaultfd they would fail with EFAULT. Without the
+  // privilege for that (a program that dropped root), the heap stays private.
+  int gate = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
   struct uffdio_api api = {.api = UFFD_API, .features = FEATURE_WP_UNPOPULATED};
   struct uffdio_register reg = {.range = {g_base, g_size}, .mode = UFFDIO_REGISTER_MODE_WP};
   struct uffdio_writeprotect wp = {.range = reg.range, .mode = UFFDIO_WRITEPROTECT_MODE_WP};

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dvrtest import MIB, alive, assert_failed, criu_dumps_inet_sockets, describe, proc_state, run, wait_gone, wait_until
+from dvrtest import MIB, alive, kill9, assert_failed, criu_dumps_inet_sockets, describe, run, wait_gone, wait_until
 from test_tcp_servers import (MEMCACHED, REDIS_CLI, REDIS_SERVER, free_port, listening, needs, redis_cli, resp,
                               wait_redis, wait_until_listening)
 
@@ -60,20 +60,6 @@ def compile_probe(out_dir, *extra):
 @pytest.fixture(scope="module")
 def probe_bin(tmp_path_factory):
     return compile_probe(tmp_path_factory.mktemp("heap-probe"))
-
-
-def kill9(pid):
-    """SIGKILL, then wait until every thread of the process is gone (a zombie
-    thread-group leader may wait for the others, which still hold its files
-    and sockets while they tear down its memory)."""
-    os.kill(pid, 9)
-
-    def dead():
-        try:
-            return proc_state(pid) in ("Z", "X", None) and len(os.listdir(f"/proc/{pid}/task")) <= 1
-        except FileNotFoundError:
-            return True
-    assert wait_until(dead, timeout=20), f"pid {pid} survived SIGKILL"
 
 
 def heap_file(work, session):
@@ -635,7 +621,11 @@ def test_redis_heap_bgsave_child_writes_a_consistent_rdb(work, tcp_dumps):
     def finished():
         info = redis_info(port, "persistence")
         return info if info["rdb_bgsave_in_progress"] == "0" else None
-    info = wait_until(finished, timeout=90, interval=0.1)
+    try:
+        info = wait_until(finished, timeout=90, interval=0.1)
+    except AssertionError:
+        print("redis-server's log:\n" + work.path("redis.out").read_text()[-20000:])
+        raise
     assert info, "BGSAVE did not finish within 90 s"
     assert info["rdb_last_bgsave_status"] == "ok", info
     wait_shared(pid, heap, timeout=5)

@@ -271,9 +271,25 @@ def alive(pid):
     return proc_state(pid) not in (None, "Z", "X")
 
 
+def threads_left(pid):
+    """Threads still listed in /proc/PID/task (0 once the process is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
 def wait_gone(pid, timeout=20):
-    """True once PID is gone (or a zombie); False if it still runs after `timeout` s."""
-    return wait_until(lambda: not alive(pid), timeout=timeout)
+    """True once PID is gone, or a zombie whose other threads are gone too (a
+    zombie thread-group leader's threads still hold its files and sockets
+    while they tear down its memory); False if it still runs after `timeout` s."""
+    return wait_until(lambda: not alive(pid) and threads_left(pid) <= 1, timeout=timeout)
+
+
+def kill9(pid, timeout=20):
+    """SIGKILL, then wait_gone (asserted)."""
+    os.kill(pid, 9)
+    assert wait_gone(pid, timeout), f"pid {pid} survived SIGKILL"
 
 
 def cmdline(pid):
