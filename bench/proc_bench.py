@@ -26,7 +26,7 @@ With CRIU >= 4.2, dvr is CRIU's page server at dump and its image streamer at
 restore, so page data never passes through image files ($DVR_PROC_PAGE_IMAGES=1
 makes dvr use files, to compare).
 
---heap (the default when redis-server and BUILD/preload/libdvr_heap.so exist;
+--heap (the default when redis-server or memcached, and BUILD/preload/libdvr_heap.so exist;
 --no-heap leaves it out): unmodified programs under `dvr run --heap`, whose heap
 is a file of the store mapped MAP_SHARED, so CRIU copies none of it and the
 plugin stores only the pages written since the last dump. Two redis-servers on
@@ -48,10 +48,16 @@ the median of --repeat (fresh servers each repeat):
                                 yet are not counted there)
   heap_redis_throughput_set/get redis-benchmark -t set,get -d 1000 on the restored --heap redis
                                 vs on the restored plain one (target: >= 0.9x)
+  heap_memcached_dump           dvr proc dump of a --heap memcached      vs criu dump of a plain one (target: <= 0.1x)
+  heap_memcached_redump_time    again after 1% of the keys rewritten (contiguous) vs criu dump of the plain one (<= 0.05x)
+  heap_memcached_redump_bytes   bytes that dump stored                   vs heap_memcached_dump's (target: <= 2%)
+  heap_memcached_restore        kill -9, dvr proc restore to a `get` answered vs criu restore of the plain one (<= 0.5x)
   heap_py_dump, heap_py_redump  a Python job holding a numpy array of --size (bench/heap_bench_fill.py) under
                                 --heap: dvr proc dump once loaded, again after 1% of the array was written,
                                 vs criu dump of the same program without --heap at the same moments
   heap_py_redump_bytes          bytes the second dump stored             vs the first's
+The heap_memcached_* figures (when memcached is installed; --no-redis keeps them): two memcached on TCP (-U 0,
+-t 4), one with --heap, loaded with the same --size of 1000-byte items (pipelined `set ... noreply`).
 --no-redis leaves every redis figure out (the --heap ones too).
 With --json, one object per line: {"name", "value", "unit", "peer", "peer_value", "ratio" (value/peer), "bytes",
 and for the --heap figures "target" (where there is one), "samples" and "peer_samples" (each repeat's)}, and
@@ -518,6 +524,227 @@ def heap_redis_figures(b, work, size, repeat):
     return figures
 
 
+MEMCACHED_VALUE = 1000  # bytes per value of the --heap memcached figures
+MEMCACHED_BASE = random.Random(11).randbytes((1 << 20) + MEMCACHED_VALUE)  # what values are cut from (high entropy)
+
+
+def memcached_value(i, tag):
+    """The value of key k:I as written with `tag`: MEMCACHED_VALUE bytes, "TAG-I-" then bytes of MEMCACHED_BASE."""
+    head = b"%s-%d-" % (tag.encode(), i)
+    off = (i * 4099) % (1 << 20)
+    return head + MEMCACHED_BASE[off:off + MEMCACHED_VALUE - len(head)]
+
+
+def memcached_load(port, indices, tag, timeout=300):
+    """`set k:I 0 0 LEN noreply` of memcached_value(I, tag) for each I, pipelined on one connection, then a meta
+    no-op (`mn`) whose MN says all of them were processed; anything else the server said is an error."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sk:
+        chunk, n = [], 0
+        for i in indices:
+            v = memcached_value(i, tag)
+            chunk.append(b"set k:%d 0 0 %d noreply\r\n%s\r\n" % (i, len(v), v))
+            n += len(v) + 40
+            if n >= 4 << 20:
+                sk.sendall(b"".join(chunk))
+                chunk, n = [], 0
+        chunk.append(b"mn\r\n")
+        sk.sendall(b"".join(chunk))
+        reply = b""
+        while not reply.endswith(b"MN\r\n"):
+            got = sk.recv(65536)
+            if not got:
+                break
+            reply += got
+    if reply != b"MN\r\n":
+        raise RuntimeError(f"memcached on port {port}: loading {tag} answered {reply[:500]!r}")
+
+
+def memcached_get(port, key, timeout=2.0):
+    """The value of `key` on 127.0.0.1:port (None when it is not there); OSError when nothing answers."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sk:
+        sk.sendall(b"get %s\r\n" % key.encode())
+        reply = b""
+        while not (reply == b"END\r\n" or reply.endswith(b"\r\nEND\r\n") or reply.startswith(b"ERROR")
+                   or reply.startswith(b"SERVER_ERROR") or reply.startswith(b"CLIENT_ERROR")):
+            got = sk.recv(65536)
+            if not got:
+                raise OSError(f"memcached on port {port} closed the connection")
+            reply += got
+    if reply == b"END\r\n":
+        return None
+    head, _, rest = reply.partition(b"\r\n")
+    words = head.split()
+    if len(words) != 4 or words[0] != b"VALUE":
+        raise RuntimeError(f"memcached on port {port}: get {key} answered {reply[:200]!r}")
+    return rest[:int(words[3])]
+
+
+def memcached_stats(port):
+    """`stats` of memcached on 127.0.0.1:port, by name (strings)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sk:
+        sk.sendall(b"stats\r\n")
+        reply = b""
+        while not reply.endswith(b"END\r\n"):
+            got = sk.recv(65536)
+            if not got:
+                break
+            reply += got
+    return {w[1]: w[2] for w in (l.split() for l in reply.decode().splitlines()) if len(w) == 3 and w[0] == "STAT"}
+
+
+def until_get(port, key, t0, log=None, timeout=120):
+    """Seconds from t0 (perf_counter) to the first answer of memcached on port to `get key` (with its value)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if memcached_get(port, key, timeout=0.5) is not None:
+                return time.perf_counter() - t0
+        except OSError:
+            pass
+        time.sleep(0.002)
+    said = open(log).read()[-2000:] if log and os.path.exists(log) else ""
+    raise RuntimeError(f"memcached on port {port} did not answer get {key}{': ' + said if said else ''}")
+
+
+def start_memcached(b, port, megabytes, log, store=None, session=None, max_bytes=0):
+    """memcached (TCP only, -t 4) with `dvr run --output LOG` on 127.0.0.1:port; with --heap in `store` when
+    `session` is given. Waits until it answers."""
+    args = [b.dvr]
+    if session:
+        args += ["--store", store, "run", "--heap", f"{max_bytes >> 20}M", "--heap-session", session]
+    else:
+        args += ["run"]
+    out, _ = b.run(*args, "--output", log, "--", shutil.which("memcached"), "-l", "127.0.0.1", "-p", port, "-U", "0",
+                   "-m", megabytes, "-t", "4", "-u", "root")
+    pid = int(out.strip())
+    b.pids.append(pid)
+    deadline = time.time() + 30
+    while True:
+        try:
+            memcached_get(port, "absent", timeout=0.5)
+            return pid
+        except OSError:
+            if time.time() > deadline or not os.path.exists(f"/proc/{pid}"):
+                said = open(log).read()[-2000:] if os.path.exists(log) else ""
+                raise RuntimeError(f"memcached on port {port} (pid {pid}) did not start: {said}")
+            time.sleep(0.01)
+
+
+def restore_tracked(b, pidfile, *args):
+    """b.run(*args) of a restore writing `pidfile`: its seconds and the restored PID, which is tracked (killed at
+    the end) even when the restore fails after it wrote the pidfile."""
+    pid = None
+    try:
+        _, took = b.run(*args)
+    finally:
+        try:
+            pid = int(open(pidfile).read())
+            b.pids.append(pid)
+        except (OSError, ValueError):
+            pass
+    if pid is None:
+        raise RuntimeError(f"{' '.join(map(str, args))} wrote no PID to {pidfile}")
+    return took, pid
+
+
+def heap_memcached_figures(b, work, size, repeat):
+    """Two memcached servers on TCP (-U 0, -t 4) loaded with the same `size` of items (MEMCACHED_VALUE bytes each,
+    pipelined `set ... noreply`), one under `dvr run --heap`, one without: the --heap one against plain CRIU on the
+    other, every figure's peer from the same repeat; the median of --repeat each."""
+    if not shutil.which("memcached"):
+        print("proc_bench: memcached missing: no --heap memcached figures (apt-get install memcached)", file=sys.stderr)
+        return []
+    keys = max(100, size // MEMCACHED_VALUE)
+    rewritten = max(1, keys // 100)
+    megabytes = max(64, (2 * size >> 20) + 64)  # items of a 1000-byte value take ~1.2 KB of slab
+    changed = keys // 3  # the first of the rewritten keys
+    rewrite = range(changed, changed + rewritten)
+    samples = sorted({0, 1, keys // 2, keys - 1, changed - 1, changed, changed + rewritten - 1, changed + rewritten})
+    f = {k: [] for k in ("dump", "criu_dump", "dump_bytes", "redump", "criu_redump", "redump_bytes", "restore",
+                         "criu_restore", "heap_bytes")}
+    load = [os.getloadavg()[0]]
+    used = 0
+    for r in range(repeat):
+        store = os.path.join(work, f"hm{r}")  # short: CRIU's image sockets live under the store (107 bytes a path)
+        img = os.path.join(work, f"hmc{r}")
+        session = f"bench-mc-{r}"
+        heap = os.path.join(store, "heaps", session, "heap")
+        os.mkdir(store)
+        hport, pport = free_port(), free_port()
+        while pport == hport:
+            pport = free_port()
+        hlog, plog = os.path.join(work, f"mc-heap-{r}.log"), os.path.join(work, f"mc-plain-{r}.log")
+        hpid = start_memcached(b, hport, megabytes, hlog, store, session, heap_max(size))
+        ppid = start_memcached(b, pport, megabytes, plog)
+        for port in (hport, pport):
+            memcached_load(port, range(keys), "L")
+        expect = {i: memcached_value(i, "L") for i in samples}
+        for port in (hport, pport):
+            stats = memcached_stats(port)
+            if int(stats.get("curr_items", -1)) != keys or int(stats.get("evictions", -1)) != 0:
+                raise RuntimeError(f"memcached on port {port} holds {stats.get('curr_items')} items of {keys} "
+                                   f"({stats.get('evictions')} evictions)")
+            for i, v in expect.items():
+                if memcached_get(port, f"k:{i}") != v:
+                    raise RuntimeError(f"memcached on port {port}: k:{i} is not what was set")
+        used = int(memcached_stats(hport)["bytes"])
+
+        # First dumps: plain CRIU of the plain memcached, dvr of the --heap one (a fresh store: everything is new).
+        f["criu_dump"].append(criu_dump_into(b, ppid, img))
+        info, took = b.dvr_json(store, "proc", "dump", hpid, "--name", "first", "--leave-running")
+        f["dump"].append(took)
+        f["dump_bytes"].append(info["stored_bytes"])
+
+        # 1% of the keys rewritten (both servers, contiguous in insertion order), then dumped again.
+        tag = f"w{r}"
+        for port in (hport, pport):
+            memcached_load(port, rewrite, tag)
+        expect.update({i: memcached_value(i, tag) for i in samples if i in rewrite})
+        f["criu_redump"].append(criu_dump_into(b, ppid, img))
+        info, took = b.dvr_json(store, "proc", "dump", hpid, "--name", "second", "--leave-running")
+        f["redump"].append(took)
+        f["redump_bytes"].append(info["stored_bytes"])
+        f["heap_bytes"].append(allocated(heap))
+
+        # kill -9, then restored (the --heap one with its heap file still there) until `get` of a key answers.
+        probe = f"k:{changed}"
+        b.kill_wait(hpid)
+        pidfile = os.path.join(work, f"mc-heap-restore-{r}.pid")
+        t0 = time.perf_counter()
+        _, hpid = restore_tracked(b, pidfile, b.dvr, "--store", store, "proc", "restore", "second", "--detach",
+                                  "--pidfile", pidfile)
+        f["restore"].append(until_get(hport, probe, t0, hlog))
+        b.kill_wait(ppid)
+        pidfile = os.path.join(work, f"mc-criu-restore-{r}.pid")
+        t0 = time.perf_counter()
+        _, ppid = restore_tracked(b, pidfile, "criu", "restore", "-D", img, "-d", "--pidfile", pidfile,
+                                  "-o", "restore.log")
+        f["criu_restore"].append(until_get(pport, probe, t0, plog))
+        for port in (hport, pport):
+            stats = memcached_stats(port)
+            if int(stats.get("curr_items", -1)) != keys:
+                raise RuntimeError(f"the restored memcached on port {port} holds {stats.get('curr_items')} items "
+                                   f"of {keys}")
+            for i, v in expect.items():
+                if memcached_get(port, f"k:{i}") != v:
+                    raise RuntimeError(f"the restored memcached on port {port} lost data: k:{i}")
+        load.append(os.getloadavg()[0])
+        b.kill_wait(hpid)
+        b.kill_wait(ppid)
+        shutil.rmtree(img, ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)
+
+    print(f"proc_bench: --heap memcached servers held {keys} items of {MEMCACHED_VALUE} B (-m {megabytes}, "
+          f"stats bytes {used / 2**30:.2f} GiB), heap {statistics.median(f['heap_bytes']) / 2**30:.2f} GiB; "
+          f"rewrites of {rewritten} keys; load average {', '.join(f'{x:.1f}' for x in load)}", file=sys.stderr)
+    return [
+        fig(f, "heap_memcached_dump", "dump", "s", "criu dump (memcached)", "criu_dump", "<= 0.1"),
+        fig(f, "heap_memcached_redump_time", "redump", "s", "criu dump (memcached)", "criu_redump", "<= 0.05"),
+        fig(f, "heap_memcached_redump_bytes", "redump_bytes", "B", "the first dump's bytes", "dump_bytes", "<= 0.02"),
+        fig(f, "heap_memcached_restore", "restore", "s", "criu restore to get", "criu_restore", "<= 0.5"),
+    ]
+
+
 def heap_python_figures(b, work, size, repeat):
     """A Python process holding a numpy array of `size` (bench/heap_bench_fill.py): under `dvr run --heap`, dumped
     by dvr, once loaded and again after 1% of the array was written, against plain CRIU dumps of the same program
@@ -570,7 +797,8 @@ def main():
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-redis", action="store_true", help="leave out the redis-server figures (--heap ones too)")
     ap.add_argument("--heap", dest="heap", action="store_true", default=None,
-                    help="the `dvr run --heap` figures (the default when redis-server and build/preload/libdvr_heap.so exist)")
+                    help="the `dvr run --heap` figures (the default when redis-server or memcached, and "
+                         "build/preload/libdvr_heap.so exist)")
     ap.add_argument("--no-heap", dest="heap", action="store_false", help="leave out the `dvr run --heap` figures")
     ap.add_argument("--build", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"))
     args = ap.parse_args()
@@ -582,7 +810,7 @@ def main():
         return 77
     build = os.path.abspath(args.build)
     if args.heap is None:
-        args.heap = bool(shutil.which("redis-server")) and os.path.exists(heap_preload(build))
+        args.heap = bool(shutil.which("redis-server") or shutil.which("memcached")) and os.path.exists(heap_preload(build))
     elif args.heap and not os.path.exists(heap_preload(build)):
         print(f"proc_bench: --heap needs {heap_preload(build)} (build with libjemalloc-dev installed)", file=sys.stderr)
         return 2
@@ -682,6 +910,7 @@ def main():
         if args.heap:
             if not args.no_redis:
                 figures += heap_redis_figures(b, work, size, repeat)
+            figures += heap_memcached_figures(b, work, size, repeat)
             figures += heap_python_figures(b, work, size, repeat)
 
         def ratio(value, peer_value):
