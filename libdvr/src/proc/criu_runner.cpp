@@ -36,14 +36,14 @@ namespace dvr::proc {
 
 namespace impl {
 
-namespace {
-
 std::string self_dir() {
   char buf[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
   if (n <= 0) return ".";
   return dir_of(std::string(buf, static_cast<std::size_t>(n)));
 }
+
+namespace {
 
 // The lines of a CRIU log that say what failed.
 std::string criu_errors(const std::string& log_path) {

@@ -16,6 +16,8 @@ inline constexpr const char* kPluginFile = "dvr_criu.so";
 bool is_file(const std::string& path);
 /// The directory part of `path` ("." for none).
 std::string dir_of(const std::string& path);
+/// The directory of the running program ("." if it cannot be told).
+std::string self_dir();
 /// Seconds since t0.
 double since(std::chrono::steady_clock::time_point t0);
 

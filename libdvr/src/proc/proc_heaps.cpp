@@ -491,7 +491,7 @@ struct HeapPlan {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> punch;  // file ranges that must read zero
 };
 
-HeapPlan plan_heap_file(SnapshotReader& reader, const Manifest& m, const ManifestRegion& mr, const HeapFile& h) {
+HeapPlan plan_heap_file(const Manifest& m, const ManifestRegion& mr, const HeapFile& h) {
   HeapPlan p;
   p.path = h.path;
   p.region = &mr;
@@ -533,7 +533,6 @@ HeapPlan plan_heap_file(SnapshotReader& reader, const Manifest& m, const Manifes
       differs[j] = !same;
     }
   });
-  (void)reader;
   for (std::uint64_t j = 0; j < mr.chunk_count; ++j)
     if (differs[j]) p.fetch.push_back(mr.first_chunk + j);
   return p;
@@ -649,7 +648,7 @@ void restore_heaps(const HeapImage& original, const std::string& preferred, std:
       for (auto& r : m.regions)
         if (r.name == h.region && r.size == h.bytes) mr = &r;
       if (!mr) throw Error(Errc::corrupt, "heap snapshot " + session + "/" + image.snapshot + " lost region " + h.region);
-      plans.push_back(plan_heap_file(reader, m, *mr, h));
+      plans.push_back(plan_heap_file(m, *mr, h));
     }
     // Every chunk to be written is read and checked before any file changes.
     std::vector<char> buf(m.chunk_size);

@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -23,6 +22,7 @@
 
 #include "base/os.hpp"
 #include "dvr/proc.hpp"
+#include "proc/criu_runner.hpp"
 #include "store/store_impl.hpp"
 
 extern char** environ;
@@ -34,15 +34,8 @@ namespace {
 constexpr const char* kHeapPreloadFile = "libdvr_heap.so";
 constexpr const char* kHeapRegion = "heap";
 
-std::string dir_of(const std::string& p) {
-  auto k = p.find_last_of('/');
-  return k == std::string::npos ? std::string(".") : p.substr(0, k);
-}
-
-bool is_regular(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
+using impl::dir_of;
+using impl::is_file;
 
 // The file execvp would run for `name`.
 std::string find_program(const std::string& name) {
@@ -52,7 +45,7 @@ std::string find_program(const std::string& name) {
   std::string d;
   while (std::getline(dirs, d, ':')) {
     std::string f = (d.empty() ? std::string(".") : d) + "/" + name;
-    if (is_regular(f) && ::access(f.c_str(), X_OK) == 0) return f;
+    if (is_file(f) && ::access(f.c_str(), X_OK) == 0) return f;
   }
   throw Error(Errc::not_found, "dvr run: '" + name + "' is not a program on PATH");
 }
@@ -109,14 +102,9 @@ void wait_for_heap(pid_t job, const std::string& heap) {
 std::string heap_path(const std::string& store, const std::string& session) { return store + "/heaps/" + session + "/" + kHeapRegion; }
 
 std::string heap_preload() {
-  if (const char* e = std::getenv("DVR_HEAP_PRELOAD"); e && *e) return is_regular(e) ? e : "";
-  std::vector<std::string> dirs;
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n > 0) {
-    std::string self = dir_of(std::string(buf, static_cast<std::size_t>(n)));
-    dirs = {self + "/preload", self + "/" DVR_HEAP_PRELOAD_RELDIR};
-  }
+  if (const char* e = std::getenv("DVR_HEAP_PRELOAD"); e && *e) return is_file(e) ? e : "";
+  const std::string self = impl::self_dir();
+  std::vector<std::string> dirs = {self + "/preload", self + "/" DVR_HEAP_PRELOAD_RELDIR};
   // Beside libdvr.so (a Python program: the running program is python).
   Dl_info info{};
   if (::dladdr(reinterpret_cast<void*>(&heap_preload), &info) && info.dli_fname) {
@@ -125,7 +113,7 @@ std::string heap_preload() {
     dirs.push_back(lib + "/../preload");
   }
   for (auto& d : dirs)
-    if (is_regular(d + "/" + kHeapPreloadFile)) return d + "/" + kHeapPreloadFile;
+    if (is_file(d + "/" + kHeapPreloadFile)) return d + "/" + kHeapPreloadFile;
   return "";
 }
 
