@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dvrtest import (MIB, PYTHON, Job, alive, criu_dumps_inet_sockets, criu_version, describe, free_pid,
+from dvrtest import (MIB, PYTHON, Job, alive, criu_dumps_inet_sockets, criu_version, data_extents, describe, free_pid,
                      kernel_version, ns_pid, pid_namespace, run, wait_gone)
 
 REDIS_SERVER = "/usr/bin/redis-server"
@@ -432,19 +432,9 @@ def test_restore_while_the_original_maps_its_heap_is_refused(work):
 def largest_data_extent(path):
     """(offset, length) of the longest data run of a sparse file past its first page."""
     best = (0, 0)
-    with open(path, "rb") as f:
-        fd = f.fileno()
-        size = os.fstat(fd).st_size
-        pos = 4096
-        while pos < size:
-            try:
-                start = os.lseek(fd, pos, os.SEEK_DATA)
-            except OSError:
-                break
-            end = os.lseek(fd, start, os.SEEK_HOLE)
-            if end - start > best[1]:
-                best = (start, end - start)
-            pos = end
+    for start, end in data_extents(path, 4096):
+        if end - start > best[1]:
+            best = (start, end - start)
     return best
 
 

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import pytest
-from dvrtest import MIB, alive, kill9, assert_failed, criu_dumps_inet_sockets, describe, run, wait_gone, wait_until
-from test_tcp_servers import (MEMCACHED, REDIS_CLI, REDIS_SERVER, free_port, listening, needs, redis_cli, resp,
-                              wait_redis, wait_until_listening)
+from dvrtest import MIB, alive, data_extents, flip_byte, kill9, assert_failed, criu_dumps_inet_sockets, describe, run, wait_gone, wait_until
+from test_tcp_servers import (MEMCACHED, REDIS_CLI, REDIS_SERVER, free_port, listening, memcached_set_all, needs,
+                              redis_cli, resp, wait_redis, wait_until_listening)
 
 HEAP_BASE = 0x200000000000
 
@@ -179,18 +179,9 @@ def file_data(path):
     """The data extents of a sparse file: [(offset, bytes)]."""
     out = []
     with open(path, "rb") as f:
-        fd = f.fileno()
-        size = os.fstat(fd).st_size
-        pos = 0
-        while pos < size:
-            try:
-                start = os.lseek(fd, pos, os.SEEK_DATA)
-            except OSError:
-                break
-            end = os.lseek(fd, start, os.SEEK_HOLE)
+        for start, end in data_extents(path):
             f.seek(start)
             out.append((start, f.read(end - start)))
-            pos = end
     return out
 
 
@@ -653,14 +644,6 @@ def test_redis_heap_bgsave_child_writes_a_consistent_rdb(work, tcp_dumps):
 
 # --- a damaged snapshot
 
-def flip_byte(path, at):
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x40]))
-
-
 def damaged_refs(work):
     out = work.dvr_json("verify", expect=None)
     return {d if isinstance(d, str) else f"{d.get('session')}/{d.get('name')}" for d in out.get("damaged", [])}, out
@@ -687,12 +670,12 @@ def test_damaged_heap_snapshot_is_refused_and_the_heap_file_left_alone(work, pro
             if len(chunk) < 64 * 1024:
                 continue
             for at in [start + len(chunk) * k // 16 + 1234 for k in range(16)]:
-                flip_byte(pack, at)
+                flip_byte(pack, at, 0x40)
                 refs, _ = damaged_refs(work)
                 if any(r.startswith("held/") for r in refs):
                     target = (pack, at, refs)
                     break
-                flip_byte(pack, at)
+                flip_byte(pack, at, 0x40)
             if target:
                 break
         if target:
@@ -719,7 +702,7 @@ def test_damaged_heap_snapshot_is_refused_and_the_heap_file_left_alone(work, pro
         assert not p.heap.exists() or not file_data(p.heap), "the refused restore half-wrote a heap file"
 
     # Repaired, the same snapshot restores with the heap of its time.
-    flip_byte(pack, at)
+    flip_byte(pack, at, 0x40)
     work.verify()
     pid = work.restore("dmg")
     with open(p.heap, "rb") as f:
@@ -750,10 +733,7 @@ def test_memcached_heap_keeps_its_keys(work, tcp_dumps):
     heap = heap_file(work, "memcached")
     values = {f"key:{i}": (f"<{i}:0>" + "m" * (i % 300)).encode() for i in range(5000)}
     values["big"] = os.urandom(512 * 1024)
-    client = pymemcache.Client(("127.0.0.1", port), connect_timeout=5, timeout=10)
-    assert client.set_many(values, noreply=False) == []
-    assert client.get("big") == values["big"]
-    client.close()  # a connected client would need --tcp-established
+    memcached_set_all(pymemcache, port, values)
     in_file = values_in_file(heap, 0)
     assert len(in_file) >= 0.95 * 5000, f"only {len(in_file)} of 5000 items are in the heap file"
 

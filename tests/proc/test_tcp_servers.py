@@ -61,6 +61,15 @@ def sigkill(pid):
     assert wait_gone(pid), f"pid {pid} survived SIGKILL"
 
 
+def memcached_set_all(pymemcache, port, values):
+    """Sets every (key, value) in memcached at 127.0.0.1:PORT and reads "big"
+    back, then disconnects (a connected client would need --tcp-established)."""
+    client = pymemcache.Client(("127.0.0.1", port), connect_timeout=5, timeout=10)
+    assert client.set_many(values, noreply=False) == []
+    assert client.get("big") == values["big"]
+    client.close()
+
+
 # --- redis: its own client (redis-cli), and a raw RESP connection
 
 def resp(*words):
@@ -279,10 +288,7 @@ def test_memcached_tcp_server_keeps_its_keys(work):
 
     values = {f"key:{i}": (f"{i}:" + "m" * (i % 300)).encode() for i in range(3000)}
     values["big"] = os.urandom(512 * 1024)
-    client = pymemcache.Client(("127.0.0.1", port), connect_timeout=5, timeout=10)
-    assert client.set_many(values, noreply=False) == []
-    assert client.get("big") == values["big"]
-    client.close()  # a connected client would need --tcp-established
+    memcached_set_all(pymemcache, port, values)
 
     info = work.dump(pid, "memcached")
     assert info["image_bytes"] > 0, info

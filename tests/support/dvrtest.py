@@ -271,6 +271,33 @@ def alive(pid):
     return proc_state(pid) not in (None, "Z", "X")
 
 
+def data_extents(path, start=0):
+    """The data runs of a sparse file from byte `start` on: [(offset, end)] (SEEK_DATA / SEEK_HOLE)."""
+    out = []
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        pos = start
+        while pos < size:
+            try:
+                begin = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data past pos
+                break
+            end = os.lseek(fd, begin, os.SEEK_HOLE)
+            out.append((begin, end))
+            pos = end
+    return out
+
+
+def flip_byte(path, offset, mask=0xFF):
+    """XORs the byte at `offset` of `path` with `mask` (damage on purpose)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ mask]))
+
+
 def threads_left(pid):
     """Threads still listed in /proc/PID/task (0 once the process is gone)."""
     try:

@@ -4,7 +4,7 @@ altered manifest, a missing pack. `dvr verify` must name every damaged snapshot
 `corrupt` naming the snapshot, and healthy snapshots must still restore."""
 
 import pytest
-from dvrtest import DVR_ERROR, describe, worker_error
+from dvrtest import DVR_ERROR, describe, flip_byte, worker_error
 
 
 def locate(store, head):
@@ -18,14 +18,6 @@ def locate(store, head):
             at = data.find(head, at + 1)
     assert len(found) == 1, f"expected one stored copy of chunk {head.hex()}, found {found}"
     return found[0]
-
-
-def flip_byte(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0xFF]))
 
 
 def damage_chunk_of(store, name, kind, region="r0"):
