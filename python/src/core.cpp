@@ -29,7 +29,7 @@ namespace {
 
 struct ExcTypes {
   PyObject* base = nullptr;
-  PyObject* by_code[8] = {};
+  PyObject* by_code[9] = {};
 };
 ExcTypes g_exc;
 
@@ -65,6 +65,7 @@ void register_exceptions(py::module_& m) {
       {dvr::Errc::io, "DvrIOError", PyExc_OSError, "Any other operating-system error."},
       {dvr::Errc::unsupported, "Unsupported", nullptr, "Newer store format, or a missing kernel or file-system feature."},
       {dvr::Errc::permission, "PermissionDenied", PyExc_PermissionError, "Store owned by another user, or not accessible."},
+      {dvr::Errc::cancelled, "Cancelled", nullptr, "A background snapshot was cancelled before it was published."},
   };
   for (const Def& d : defs) {
     py::tuple bases = d.builtin ? py::make_tuple(py::handle(g_exc.base), py::handle(d.builtin)) : py::make_tuple(py::handle(g_exc.base));

@@ -26,7 +26,8 @@ struct StringMaker<dvr_status> {
   static std::string convert(dvr_status s) {
     static const char* const names[] = {
         "DVR_OK",   "DVR_E_NOT_FOUND",   "DVR_E_ALREADY_EXISTS", "DVR_E_CORRUPT", "DVR_E_NO_SPACE", "DVR_E_INVALID_ARGUMENT",
-        "DVR_E_IO", "DVR_E_UNSUPPORTED", "DVR_E_PERMISSION",     "DVR_E_NOMEM",   "DVR_E_INTERNAL"};
+        "DVR_E_IO", "DVR_E_UNSUPPORTED", "DVR_E_PERMISSION",     "DVR_E_NOMEM",   "DVR_E_INTERNAL",
+        "DVR_E_CANCELLED"};
     auto i = static_cast<unsigned>(s);
     return i < std::size(names) ? names[i] : "dvr_status(" + std::to_string(i) + ")";
   }
@@ -466,6 +467,7 @@ TEST_CASE("c api: the guard turns every exception into a status and a message", 
       {Errc::io, DVR_E_IO},
       {Errc::unsupported, DVR_E_UNSUPPORTED},
       {Errc::permission, DVR_E_PERMISSION},
+      {Errc::cancelled, DVR_E_CANCELLED},
   };
   for (auto [code, status] : codes) {
     std::string text = std::string("message for ") + dvr::errc_name(code);

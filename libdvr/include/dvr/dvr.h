@@ -49,7 +49,8 @@ extern "C" {
  * A buffer of DVR_NAME_MAX + 1 bytes holds any name. */
 #define DVR_NAME_MAX 128
 
-/* What a call did. The codes after DVR_OK mirror dvr::Errc, in its order. */
+/* What a call did. The codes from DVR_E_NOT_FOUND to DVR_E_PERMISSION mirror
+ * dvr::Errc, in its order; codes added later come last, keeping the values. */
 typedef enum dvr_status {
   DVR_OK = 0,
   DVR_E_NOT_FOUND,        /* unknown session, snapshot, region or store */
@@ -61,7 +62,8 @@ typedef enum dvr_status {
   DVR_E_UNSUPPORTED,      /* newer store format, missing kernel or file-system feature */
   DVR_E_PERMISSION,       /* store owned by another user, or not accessible */
   DVR_E_NOMEM,            /* the library ran out of memory for its own bookkeeping */
-  DVR_E_INTERNAL          /* an unexpected failure inside the library (a bug: please report it) */
+  DVR_E_INTERNAL,         /* an unexpected failure inside the library (a bug: please report it) */
+  DVR_E_CANCELLED         /* a background snapshot was cancelled before it was published */
 } dvr_status;
 
 /* An open store (a directory holding every snapshot). */

@@ -22,6 +22,7 @@ enum class Errc {
   io,                // any other operating-system error
   unsupported,       // newer store format, missing kernel or file-system feature
   permission,        // store owned by another user, or not accessible
+  cancelled,         // a background snapshot was cancelled before it was published
 };
 
 /// Short stable name of a code ("not_found", "corrupt", ...), for logs and JSON.

@@ -3,7 +3,8 @@
 // A Session is one application's named set of memory regions inside a store.
 // snapshot() captures every region at once under a name; restore() puts them
 // back bit-exact. A Session is used from one thread at a time; the regions must
-// not be written by other threads while a snapshot or restore runs.
+// not be written by other threads while a snapshot or restore runs (a
+// background snapshot only blocks them while it starts).
 #pragma once
 
 #include <chrono>
@@ -72,6 +73,62 @@ struct SnapshotOptions {
   /// Replace an existing snapshot of the same name (atomically) instead of
   /// failing with already_exists.
   bool replace = false;
+  /// Return as soon as the regions are write-protected and copy them into the
+  /// store on other threads while the program runs on (Session::background()
+  /// is the handle). The snapshot is still exactly the memory at the call: a
+  /// write to a page not yet copied waits until that page is copied aside.
+  /// See Session::snapshot_background() for when it is taken at once instead.
+  bool background = false;
+};
+
+/// How far a background snapshot has got.
+struct SnapshotProgress {
+  std::uint64_t bytes_done = 0;   // region bytes read into the store so far
+  std::uint64_t bytes_total = 0;  // region bytes it reads in all
+  bool finished = false;          // published, failed or cancelled
+};
+
+namespace detail {
+struct BackgroundJob;
+}
+
+/// A snapshot being taken in the background (Session::snapshot_background()).
+/// Copies share one job; any thread may ask a handle about it. It stays valid
+/// after the session has moved on or ended.
+class DVR_EXPORT SnapshotJob {
+ public:
+  SnapshotJob() = default;
+  /// False for an empty handle (Session::background() when there is none).
+  explicit operator bool() const { return job_ != nullptr; }
+
+  /// The snapshot's name.
+  const std::string& name() const;
+  /// Whether it was taken in the background; false when it was taken at once
+  /// (note() says why: too little changed, or write-protection unavailable).
+  bool background() const;
+  const std::string& note() const;
+  /// How long the call that started it blocked the caller, in seconds.
+  double stall_seconds() const;
+  SnapshotProgress progress() const;
+  /// Published, failed or cancelled.
+  bool done() const;
+  /// Waits at most `timeout`; true when done.
+  bool wait_for(std::chrono::milliseconds timeout) const;
+  /// Waits until it is done and returns the published snapshot. Throws what
+  /// failed (no_space, io, cancelled, ...): then nothing was published and
+  /// earlier snapshots are intact.
+  SnapshotInfo wait() const;
+  /// Asks it to stop: when it has not published yet, nothing is published and
+  /// wait() throws cancelled. Returns at once.
+  void cancel() const;
+  /// Pages the program wrote before they were copied, which were copied aside
+  /// first (each such write waited for that).
+  std::uint64_t pages_copied_aside() const;
+
+ private:
+  friend class Session;
+  explicit SnapshotJob(std::shared_ptr<detail::BackgroundJob> job) : job_(std::move(job)) {}
+  std::shared_ptr<detail::BackgroundJob> job_;
 };
 
 struct AllocOptions {
@@ -130,7 +187,38 @@ class DVR_EXPORT Session {
   /// crash it is either fully there or not at all. Throws already_exists (unless
   /// options.replace), invalid_argument (no regions, bad name), no_space (store
   /// full: nothing is published, earlier snapshots are intact).
+  ///
+  /// With options.background, see snapshot_background(): this returns at once
+  /// with what is known of the snapshot (session, name, parent, label; pending
+  /// set) and background() is the handle.
   SnapshotInfo snapshot(const std::string& name, const SnapshotOptions& options = {});
+
+  /// Starts snapshot `name` in the background and returns once every region
+  /// is write-protected (userfaultfd in synchronous mode). Worker threads copy
+  /// the regions into the store while the program runs on; the program's
+  /// first write to a page not yet copied waits until that page is copied
+  /// aside, so the snapshot is exactly the memory at the call. Threads may
+  /// write the regions as soon as this returns (not while it runs).
+  ///
+  /// It is taken at once instead, and the handle is returned done, with
+  /// note() saying why, when that is quicker or the only way: when less
+  /// than a quarter of the regions' memory must be read (an incremental
+  /// snapshot of a few changed pages takes less than write-protecting
+  /// everything), when a region is not write-tracked (Tracking::hash), or when
+  /// the kernel or the process's privileges do not allow a userfaultfd that
+  /// catches the kernel's own writes (see docs/incremental.md).
+  ///
+  /// Errors known at the call are thrown at the call (bad name,
+  /// already_exists, no regions); failures while copying (no_space, io) are
+  /// reported by the handle's wait(), with nothing published. Until it is
+  /// done, restore(), snapshot(), base_on(), track(), alloc() and untrack()
+  /// first wait for it; destroying the session cancels it. Pages copied aside
+  /// take memory until it ends (at most the regions' size).
+  SnapshotJob snapshot_background(const std::string& name, const SnapshotOptions& options = {});
+
+  /// The background snapshot started last, while the session has not taken
+  /// another snapshot or restored since (an empty handle otherwise).
+  SnapshotJob background() const;
 
   /// Puts every region recorded in snapshot `name` back, bit-exact. With
   /// write_protect tracking only what differs is copied: the pages written

@@ -82,6 +82,9 @@ struct SnapshotInfo {
   /// cannot be restored. `dvr verify` also checks their chunk data.
   bool damaged = false;
   std::string damage;
+  /// Set in what Session::snapshot() returns for a background snapshot still
+  /// being written: only session, name, parent and label are known yet.
+  bool pending = false;
 };
 
 /// One problem found by Store::verify().

@@ -49,6 +49,8 @@ dvr_status status_of(dvr::Errc code) noexcept {
       return DVR_E_UNSUPPORTED;
     case dvr::Errc::permission:
       return DVR_E_PERMISSION;
+    case dvr::Errc::cancelled:
+      return DVR_E_CANCELLED;
   }
   return DVR_E_INTERNAL;
 }

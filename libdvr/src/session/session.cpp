@@ -23,6 +23,8 @@
 #include "store/store_impl.hpp"
 #include "store/reader.hpp"
 #include "store/writer.hpp"
+#include "session/background.hpp"
+#include "track/cow.hpp"
 
 namespace dvr {
 
@@ -48,6 +50,10 @@ struct RegionTrack {
   // since then is compared by hashing until one does.
   bool synced = false;
   std::string why;  // why it is not tracked
+  // Bytes written after a background snapshot that the tracker did not see
+  // (while the snapshot held the memory): region-relative, sorted; part of
+  // what changed since the base until the next snapshot or restore.
+  detail::ByteRanges after;
 };
 
 constexpr std::uintptr_t kPage = detail::kPageSize;  // (as an address)
@@ -75,6 +81,7 @@ struct RestorePlan {
 
 struct Session::State {
   explicit State(Store s) : store(std::move(s)) {}
+  ~State() { settle(true); }
   Store store;
   std::string name;
   SessionOptions options;
@@ -128,6 +135,22 @@ struct Session::State {
   // snapshot or restore, removed whenever the record they describe ends.
   void publish_notes();
   void drop_note(const Region& r);
+
+  // The background snapshot started last (track/cow.hpp, session/background.hpp)
+  // and its regions, in the order of its sources.
+  std::shared_ptr<detail::BackgroundJob> job;
+  std::vector<Region*> job_regions;
+  // Waits for it (asking it to stop first when `cancel`) and takes its
+  // outcome over: the new base and head, or, when nothing was published,
+  // hashing against the old base (its tracking marks are gone).
+  void settle(bool cancel);
+  void settle_if_done() {
+    if (job && !job->settled && job->worker.joinable()) {
+      std::lock_guard<std::mutex> l(job->mu);
+      if (!job->finished) return;
+    }
+    settle(false);
+  }
 };
 
 namespace {
@@ -170,7 +193,9 @@ void Session::State::publish_notes() {
   if (!base) return;
   for (auto& [region, file] : heap_files) {
     auto t = tracks.find(region);
-    if (t == tracks.end() || t->second.tracked.first == t->second.tracked.second || !t->second.synced || !base_region(*region)) {
+    // (Writes after a background snapshot are not all in the marks.)
+    if (t == tracks.end() || t->second.tracked.first == t->second.tracked.second || !t->second.synced || !t->second.after.empty() ||
+        !base_region(*region)) {
       ::unlink(detail::heaps::note_path(file).c_str());
       continue;
     }
@@ -240,8 +265,10 @@ bool Session::State::written_since_base(const Region& r, std::vector<std::pair<s
     return false;
   }
   pages.insert(pages.end(), it->second.edges.begin(), it->second.edges.end());
-  std::sort(pages.begin(), pages.end());
   auto b = reinterpret_cast<std::uintptr_t>(r.data()), e = b + r.size();
+  for (auto& [lo, hi] : it->second.after)
+    pages.emplace_back(b + lo, b + hi);
+  std::sort(pages.begin(), pages.end());
   for (auto& [pb, pe] : pages) {
     std::uintptr_t lo = std::max(pb, b), hi = std::min(pe, e);
     if (lo >= hi) continue;
@@ -269,6 +296,7 @@ void Session::State::rearm() {
   // but longer on two, because protecting pages while another CPU runs this
   // process makes every page-table walk interrupt that CPU to flush its TLB.
   for (auto& [region, t] : tracks) {
+    t.after.clear();
     if (t.tracked.first == t.tracked.second || tracker->reprotect(t.tracked)) continue;
     tracker->remove(t.tracked);
     t.tracked = {0, 0};
@@ -283,6 +311,7 @@ Session::Session(Store store, std::string name, const SessionOptions& options) :
 }
 
 Tracking Session::tracking(const std::string& name) const {
+  state_->settle_if_done();
   for (auto& r : state_->regions)
     if (r->name() == name) {
       auto& t = state_->tracks[r.get()];
@@ -292,6 +321,7 @@ Tracking Session::tracking(const std::string& name) const {
 }
 
 std::string Session::tracking_note() const {
+  state_->settle_if_done();
   std::string note;
   for (auto& r : state_->regions) {
     auto& t = state_->tracks[r.get()];
@@ -301,6 +331,7 @@ std::string Session::tracking_note() const {
 }
 
 Session::~Session() {
+  if (state_) state_->settle(true);
   if (state_)
     for (auto& [region, file] : state_->heap_files)
       state_->drop_note(*region);
@@ -311,7 +342,10 @@ Session& Session::operator=(Session&&) noexcept = default;
 
 const std::string& Session::name() const { return state_->name; }
 Store& Session::store() { return state_->store; }
-const std::string& Session::head() const { return state_->head; }
+const std::string& Session::head() const {
+  state_->settle_if_done();
+  return state_->head;
+}
 std::vector<SnapshotInfo> Session::list() const { return state_->store.list(state_->name); }
 
 namespace {
@@ -338,6 +372,11 @@ void Session::autosave(std::chrono::milliseconds every, std::size_t keep) {
 }
 
 std::optional<SnapshotInfo> Session::checkpoint_point() {
+  // A background snapshot still running: the autosave waits for the next point.
+  if (state_->job && !state_->job->settled) {
+    if (!SnapshotJob(state_->job).done()) return std::nullopt;
+    state_->settle(false);
+  }
   if (state_->autosave_every.count() == 0 || std::chrono::steady_clock::now() - state_->last_snapshot < state_->autosave_every) return std::nullopt;
   SnapshotInfo taken = snapshot(kAutosavePrefix + std::to_string(state_->autosave_next++), {.label = "autosave"});
   // Retention: the newest `keep` autosaves stay (by number; named ones are not
@@ -387,6 +426,7 @@ static void check_new_region(const std::vector<std::unique_ptr<Region>>& regions
 }
 
 Region& Session::track(const std::string& name, void* data, std::size_t size) {
+  state_->settle(false);
   if (!data) throw Error(Errc::invalid_argument, "region '" + name + "': pointer is null");
   check_new_region(state_->regions, state_->name, name, data, size);
   state_->regions.push_back(std::make_unique<Region>(name, data, size, false));
@@ -395,6 +435,7 @@ Region& Session::track(const std::string& name, void* data, std::size_t size) {
 }
 
 Region& Session::alloc(const std::string& name, std::size_t size) {
+  state_->settle(false);
   check_new_region(state_->regions, state_->name, name, nullptr, size);
   void* p = ::mmap(nullptr, detail::round_up_page(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw Error(Errc::no_space, "cannot allocate " + std::to_string(size) + " bytes for region '" + name + "': out of memory");
@@ -405,6 +446,7 @@ Region& Session::alloc(const std::string& name, std::size_t size) {
 
 Region& Session::alloc(const std::string& name, std::size_t size, const AllocOptions& options) {
   if (!options.persistent) return alloc(name, size);
+  state_->settle(false);
   check_new_region(state_->regions, state_->name, name, nullptr, size);
   StoreImpl& store = detail::impl_of(state_->store);
   const std::string dir = store.path + "/heaps/" + state_->name;
@@ -461,6 +503,7 @@ std::string Session::heap_path(const std::string& region) const {
 }
 
 void Session::base_on(const std::string& name) {
+  state_->settle(false);
   std::optional<Manifest> m;
   {
     detail::SnapshotReader reader(detail::impl_of(state_->store));
@@ -474,6 +517,7 @@ void Session::base_on(const std::string& name) {
 }
 
 void Session::untrack(const std::string& name) {
+  state_->settle(false);
   auto& rs = state_->regions;
   auto it = std::find_if(rs.begin(), rs.end(), [&](auto& r) { return r->name() == name; });
   if (it == rs.end()) throw Error(Errc::not_found, "session '" + state_->name + "' has no region '" + name + "'");
@@ -514,7 +558,173 @@ void Session::State::adopt(Manifest&& m) {
   publish_notes();
 }
 
+void Session::State::settle(bool cancel) {
+  if (!job || job->settled) return;
+  if (cancel) job->cancel = true;
+  job->wait();
+  if (job->worker.joinable()) job->worker.join();
+  job->settled = true;
+  if (!job->background) return;  // taken at once: adopted then
+  std::lock_guard<std::mutex> l(job->mu);
+  for (std::size_t r = 0; r < job_regions.size(); ++r) {
+    auto& t = tracks[job_regions[r]];
+    if (!job->lost[r].empty()) {
+      t.tracked = {0, 0};
+      t.edges.clear();
+      t.why = "region '" + job_regions[r]->name() + "': write tracking was lost after a background snapshot (" + job->lost[r] + ")";
+    }
+    // Published: live memory is the new snapshot except the pages the tracker
+    // marks from the hand-back on and those found written before it. Not
+    // published: the marks relative to the old base are gone, so the next
+    // snapshot or restore compares with it by hashing.
+    t.synced = job->published;
+    t.after = job->published ? std::move(job->written_after[r]) : detail::ByteRanges{};
+  }
+  if (job->published) {
+    head = job->manifest.name;
+    replace_base(std::move(job->manifest));
+    last_snapshot = std::chrono::steady_clock::now();
+  }
+  job_regions.clear();
+}
+
+SnapshotJob Session::background() const {
+  state_->settle_if_done();
+  return state_->job ? SnapshotJob(state_->job) : SnapshotJob();
+}
+
+namespace {
+constexpr std::uint64_t kCopyAtCall = 64u << 10;  // untracked regions up to this size are copied aside at the call
+}
+
+SnapshotJob Session::snapshot_background(const std::string& name, const SnapshotOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  State& st = *state_;
+  st.settle(false);
+  detail::check_name("snapshot", name);
+  if (st.regions.empty())
+    throw Error(Errc::invalid_argument, "session '" + st.name + "' has no regions to snapshot as '" + name + "'; track() or alloc() memory first");
+  StoreImpl& store = detail::impl_of(st.store);
+  const std::string ref = StoreImpl::ref(st.name, name);
+  if (!options.replace && detail::path_exists(store.manifest_path(st.name, name)))
+    throw Error(Errc::already_exists, "snapshot '" + ref + "' exists already; pick another name, pass replace, or `dvr rm " + ref + "` first");
+  auto job = std::make_shared<detail::BackgroundJob>();
+  job->name = name;
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  auto at_once = [&](const std::string& why) {
+    SnapshotOptions now = options;
+    now.background = false;
+    SnapshotInfo info = snapshot(name, now);
+    job->background = false;
+    job->note = why + "; it was taken at once";
+    job->bytes_total = info.logical_bytes;
+    job->finish_now(info);
+    job->stall_s = elapsed();
+    job->settled = true;
+    st.job = job;
+    return SnapshotJob(job);
+  };
+  // Every region must be under the guard: write-tracked (its whole pages can
+  // be protected), or small enough to copy aside now.
+  for (auto& r : st.regions) {
+    auto& t = st.tracks[r.get()];
+    if (t.tracked.first == t.tracked.second && r->size() > kCopyAtCall)
+      return at_once("region '" + r->name() + "' is not write-tracked (" + (t.why.empty() ? std::string("hash tracking was asked for") : t.why) + ")");
+  }
+  // What must be read: from the tracker's marks only (a region without them
+  // is hashed in the background, not here).
+  bool tracked_any = false;
+  std::vector<detail::RegionSource> sources;
+  std::uint64_t read = 0, total = 0;
+  const std::uint32_t cs = store.chunk_size;
+  for (auto& r : st.regions) {
+    detail::RegionSource src{r->name(), static_cast<const char*>(r->data()), r->size(), r->sdk_owned(), std::nullopt};
+    detail::ByteRanges ranges;
+    if (st.written_since_base(*r, ranges)) {
+      tracked_any = true;
+      std::uint64_t last_chunk = ~std::uint64_t(0);
+      for (auto& [lo, hi] : ranges)
+        for (std::uint64_t c = lo / cs; c * cs < hi; ++c)
+          if (c != last_chunk) {
+            read += std::min<std::uint64_t>(cs, r->size() - c * cs);
+            last_chunk = c;
+          }
+      src.written = std::move(ranges);
+    } else {
+      read += r->size();
+    }
+    total += r->size();
+    sources.push_back(std::move(src));
+  }
+  if (read * 4 < total)
+    return at_once("only " + std::to_string(read) + " of " + std::to_string(total) +
+                   " bytes are in chunks written since the last snapshot, which is quicker to copy than to write-protect");
+  std::string why;
+  job->guard = detail::CowGuard::open(&why);
+  if (!job->guard) return at_once(why);
+  // From here the memory moves from the tracker to the guard: the marks are
+  // consumed (in `sources`), and the notes describing them go first.
+  for (auto& [region, file] : st.heap_files)
+    st.drop_note(*region);
+  for (std::size_t i = 0; i < st.regions.size(); ++i) {
+    Region& r = *st.regions[i];
+    auto& t = st.tracks[&r];
+    if (t.tracked.first != t.tracked.second) st.tracker->remove(t.tracked);
+    int area = job->guard->add(t.tracked, static_cast<const char*>(r.data()), r.size(), cs, &why);
+    if (area < 0) {
+      // Undo: everything goes back to the tracker, compared by hashing next.
+      job->guard.reset();
+      for (std::size_t k = 0; k <= i; ++k) {
+        auto& tk = st.tracks[st.regions[k].get()];
+        std::string lost;
+        if (tk.tracked.first != tk.tracked.second && !st.tracker->add(tk.tracked, &lost)) {
+          tk.tracked = {0, 0};
+          tk.why = "region '" + st.regions[k]->name() + "': " + lost;
+        }
+        tk.synced = false;
+      }
+      return at_once("region '" + r.name() + "' cannot be protected for a background snapshot (" + why + ")");
+    }
+    job->area.push_back(area);
+  }
+  job->guard->start();
+  st.job_regions.clear();
+  for (auto& r : st.regions)
+    st.job_regions.push_back(r.get());
+  job->hand_back = [&st, regions = st.job_regions](std::size_t r) -> std::string {
+    auto& t = st.tracks.at(regions[r]);
+    std::string lost;
+    if (t.tracked.first != t.tracked.second && !st.tracker->add(t.tracked, &lost)) return lost;
+    return "";
+  };
+  job->store = &store;
+  job->session = st.name;
+  job->writer_options = {.label = options.label, .parent = st.head, .replace = options.replace};
+  job->sources = std::move(sources);
+  job->base = st.base ? &*st.base : nullptr;
+  job->tracked = tracked_any;
+  job->spare = std::move(st.spare);
+  st.spare = Manifest{};
+  job->bytes_total = read;
+  st.job = job;
+  job->start();
+  job->stall_s = elapsed();
+  return SnapshotJob(job);
+}
+
 SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& options) {
+  if (options.background) {
+    SnapshotJob job = snapshot_background(name, options);
+    if (!job.background()) return job.wait();
+    SnapshotInfo info;
+    info.session = state_->name;
+    info.name = name;
+    info.parent = state_->job->writer_options.parent;
+    info.label = options.label;
+    info.pending = true;
+    return info;
+  }
+  state_->settle(false);
   detail::check_name("snapshot", name);
   if (state_->regions.empty())
     throw Error(Errc::invalid_argument,
@@ -718,6 +928,7 @@ RestorePlan Session::State::plan_restore(const Manifest& m, const std::string& r
 }
 
 void Session::restore(const std::string& name) {
+  state_->settle(false);
   using detail::kPageSize;
   const std::string ref = StoreImpl::ref(state_->name, name);
   // Nobody can reuse the space of this snapshot's data while it is read.

@@ -43,6 +43,8 @@ const char* errc_name(Errc code) noexcept {
       return "unsupported";
     case Errc::permission:
       return "permission";
+    case Errc::cancelled:
+      return "cancelled";
   }
   return "unknown";
 }

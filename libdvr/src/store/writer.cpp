@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <memory>
 
 #include "base/memops.hpp"
 #include "base/os.hpp"
@@ -334,6 +335,9 @@ PageLoc SnapshotWriter::Lane::place(const char* from, std::uint64_t len, const s
 
 void SnapshotWriter::Lane::put_whole(std::size_t chunk, const char* data) {
   Manifest& m = w_.m_;
+  // Stored again (a background snapshot's chunk read torn): this lane's
+  // record of the first attempt no longer describes the chunk.
+  if (w_.from_[chunk] == From::whole) std::erase_if(mine_, [chunk](const auto& kv) { return kv.second.first == chunk; });
   ChunkRef& c = m.chunks[chunk];
   std::uint64_t* hashes = m.page_hashes.data() + m.first_page[chunk];
   left_ -= std::min(left_, round_up_page(c.length));
@@ -479,13 +483,13 @@ ChunkPlan plan_chunks(const Manifest& m, std::size_t first_region, const std::ve
 
 }  // namespace
 
-void write_snapshot(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked) {
+void write_snapshot(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked, ChunkGuard* guard) {
   w.seal();
   if (!w.use_base(base)) base = nullptr;
-  w.set_provenance(tracked, write_regions(w, regions, base));
+  w.set_provenance(tracked, write_regions(w, regions, base, guard));
 }
 
-std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base) {
+std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base, ChunkGuard* guard) {
   const std::size_t first_region = w.manifest().regions.size(), first_chunk = w.manifest().chunks.size();
   for (auto& r : regions)
     w.add_region(r.name, r.size, r.sdk_owned);
@@ -498,13 +502,25 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
   std::vector<std::size_t> todo;
   std::vector<std::uint64_t> slot{0};  // slot[k]: bytes todo[0..k) could need at most
   std::uint64_t total = 0;
+  // Chunk i is chunk i - first_of[region_of[i]] of its region (for the guard).
+  std::vector<std::uint32_t> region_of;
+  if (guard)
+    for (std::size_t ri = 0; ri < regions.size(); ++ri)
+      region_of.insert(region_of.end(), m.regions[first_region + ri].chunk_count, static_cast<std::uint32_t>(ri));
+  auto where = [&](std::size_t i) {
+    const std::uint32_t ri = region_of[i - first_chunk];
+    return std::make_pair(std::size_t{ri}, std::uint64_t{i - m.regions[first_region + ri].first_chunk});
+  };
   for (std::size_t i = first_chunk; i < m.chunks.size(); ++i) {
-    if (cp.plan[i] == Plan::inherit) {
-      w.inherit(i, cp.base_chunk[i]);
-      continue;
-    }
-    if (cp.plan[i] == Plan::zero) {
-      w.zero(i);
+    if (cp.plan[i] == Plan::inherit || cp.plan[i] == Plan::zero) {
+      if (cp.plan[i] == Plan::inherit)
+        w.inherit(i, cp.base_chunk[i]);
+      else
+        w.zero(i);
+      if (guard) {
+        auto [ri, j] = where(i);
+        guard->skip(ri, j);
+      }
       continue;
     }
     std::uint64_t need = cp.plan[i] == Plan::patch ? cp.patch_count(i) * kPageSize : round_up_page(m.chunks[i].length);
@@ -518,7 +534,17 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
   // block of free pack space while it is still in cache. The index is only
   // read here.
   parallel_for(todo.size(), total, [&](std::size_t b, std::size_t e) {
-    SnapshotWriter::Lane lane(w, slot[e] - slot[b], true);
+    // Guarded memory may change after a chunk is read: each copy is made
+    // before the next chunk is read (sources not stable).
+    SnapshotWriter::Lane lane(w, slot[e] - slot[b], guard == nullptr);
+    std::unique_ptr<char[]> scratch(guard ? new char[m.chunk_size] : nullptr);
+    auto put = [&](std::size_t i, const char* data) {
+      if (cp.plan[i] == Plan::patch)
+        lane.put_patch(
+            i, cp.pages.data() + cp.page_from[i], cp.patch_count(i), [data](std::uint32_t p) { return data + p * kPageSize; }, data);
+      else
+        lane.put_whole(i, data);
+    };
     for (std::size_t k = b; k < e; ++k) {
       const std::size_t i = todo[k];
       if (k + 1 < e && cp.plan[todo[k + 1]] == Plan::patch) {
@@ -529,13 +555,14 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
           for (std::uint64_t line = 0; line < 512; line += 64)
             __builtin_prefetch(cp.src[next] + cp.pages[x] * kPageSize + line);
       }
-      if (cp.plan[i] == Plan::patch) {
-        const char* data = cp.src[i];
-        lane.put_patch(
-            i, cp.pages.data() + cp.page_from[i], cp.patch_count(i), [data](std::uint32_t p) { return data + p * kPageSize; }, data);
-      } else {
-        lane.put_whole(i, cp.src[i]);
+      if (!guard) {
+        put(i, cp.src[i]);
+        continue;
       }
+      auto [ri, j] = where(i);
+      put(i, guard->begin(ri, j, cp.src[i], scratch.get()));
+      if (const char* as_was = guard->again(ri, j, scratch.get())) put(i, as_was);
+      guard->done(ri, j, cp.plan[i] == Plan::patch ? std::uint64_t{cp.patch_count(i)} * kPageSize : m.chunks[i].length);
     }
     lane.finish();
   });

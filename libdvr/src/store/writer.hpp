@@ -253,19 +253,44 @@ struct RegionSource {
   ByteRanges zero;
 };
 
+/// For memory that may change while it is read (a background snapshot): the
+/// writer asks before and after reading each chunk. `r` numbers the regions
+/// given to write_regions, `j` the chunk within the region.
+class ChunkGuard {
+ public:
+  virtual ~ChunkGuard() = default;
+  /// Chunk j of region r will not be read (inherited from the base, or known
+  /// zero).
+  virtual void skip(std::size_t r, std::uint64_t j) = 0;
+  /// Before chunk j of region r is read: the bytes to read, either `live` or
+  /// the chunk as it was, copied into `scratch` (chunk-size bytes). May throw
+  /// (cancelled): nothing is published then.
+  virtual const char* begin(std::size_t r, std::uint64_t j, const char* live, char* scratch) = 0;
+  /// After it was stored from what begin() returned: when that was live
+  /// memory and may have changed meanwhile, the chunk as it was, in
+  /// `scratch`, to store it again from there; else nullptr.
+  virtual const char* again(std::size_t r, std::uint64_t j, char* scratch) = 0;
+  /// The chunk is stored for good; `bytes` of region memory were read.
+  virtual void done(std::size_t r, std::uint64_t j, std::uint64_t bytes) = 0;
+};
+
 /// Writes memory as snapshot `name` of `session` in one pass on every core:
 /// chunks without written pages are inherited from `base` (when the writer
 /// accepts it), chunks with a few are patched, the rest are hashed and stored
 /// whole. `tracked` says that `written` came from write tracking (recorded in
 /// the manifest). The snapshot is not published: call batch.publish().
-void write_snapshot(SnapshotWriter& writer, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked);
+/// With a `guard`, every chunk read goes through it (and each copy is made
+/// before the next chunk is read).
+void write_snapshot(SnapshotWriter& writer, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked,
+                    ChunkGuard* guard = nullptr);
 
 /// The same for regions appended to the table of a writer already sealed
 /// (write_snapshot is seal(), use_base(), then this): `base` is used only
 /// when it is the writer's base(). Returns the chunks read; no provenance is
 /// set. Lets a producer write a snapshot a few regions at a time, holding
 /// only those in memory (a CRIU page stream).
-std::uint64_t write_regions(SnapshotWriter& writer, const std::vector<RegionSource>& regions, const Manifest* base);
+std::uint64_t write_regions(SnapshotWriter& writer, const std::vector<RegionSource>& regions, const Manifest* base,
+                            ChunkGuard* guard = nullptr);
 
 // ---- template -----------------------------------------------------------------
 
