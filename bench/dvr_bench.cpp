@@ -11,6 +11,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -86,6 +89,87 @@ void touch_every_page(char* p, std::size_t n, std::uint64_t v) {
     std::memcpy(p + off, &v, 8);
 }
 
+// A program that writes one byte in 1% of its pages (random ones) and then
+// computes for about 8 ms, tick after tick, on its own thread: its speed is
+// ticks per second. pause() stops it between ticks (to take the memory at a
+// known moment).
+class PacedWriter {
+ public:
+  PacedWriter(char* p, std::size_t n) : p_(p), n_(n) {
+    // Calibrate the compute part of a tick to about 8 ms.
+    double t0 = seconds_now();
+    compute(1u << 22);
+    iterations_ = static_cast<std::uint64_t>((1u << 22) * 0.008 / std::max(seconds_now() - t0, 1e-6));
+    thread_ = std::thread([this] { run(); });
+  }
+  ~PacedWriter() {
+    stop_ = true;
+    thread_.join();
+  }
+  void pause() {
+    pause_ = true;
+    while (!paused_.load())
+      std::this_thread::yield();
+  }
+  void resume() {
+    paused_ = false;
+    pause_ = false;
+  }
+  std::uint64_t ticks() const { return ticks_.load(); }
+
+ private:
+  std::uint64_t compute(std::uint64_t k) {
+    std::uint64_t x = 88172645463325252ull;
+    for (std::uint64_t i = 0; i < k; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+    }
+    sink_ += x;
+    return x;
+  }
+  void run() {
+    std::uint64_t x = 0x2545F4914F6CDD1Dull;
+    const std::size_t pages = n_ / 4096;
+    while (!stop_.load()) {
+      if (pause_.load()) {
+        paused_ = true;
+        while (pause_.load() && !stop_.load())
+          std::this_thread::yield();
+        continue;
+      }
+      for (std::size_t k = 0; k < pages / 100; ++k) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p_[(x % pages) * 4096 + (x >> 52)] ^= 1;
+      }
+      compute(iterations_);
+      ticks_.fetch_add(1);
+    }
+  }
+  char* p_;
+  std::size_t n_;
+  std::uint64_t iterations_ = 0;
+  std::atomic<bool> stop_{false}, pause_{false}, paused_{false};
+  std::atomic<std::uint64_t> ticks_{0}, sink_{0};
+  std::thread thread_;
+};
+
+// The writer's ticks per second over `seconds`.
+double ticks_per_second(const PacedWriter& w, double seconds) {
+  std::uint64_t k0 = w.ticks();
+  double t0 = seconds_now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  return static_cast<double>(w.ticks() - k0) / (seconds_now() - t0);
+}
+
+// Whether snapshot `name` of session `session` holds exactly `expect`.
+bool snapshot_equals(Store& store, const std::string& session, const std::string& name, const char* expect, std::size_t n) {
+  Clone c = store.open_snapshot(session, name);
+  return std::memcmp(c.region("data").data(), expect, n) == 0;
+}
+
 template <class F>
 double best_of(int repeat, F&& f) {
   double best = 1e30;
@@ -105,6 +189,7 @@ int main(int argc, char** argv) {
   bool json = false;
   std::string store_dir;
   std::uint32_t chunk_size = StoreOptions{}.chunk_size;
+  std::uint64_t background_large = 0;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
@@ -122,8 +207,11 @@ int main(int argc, char** argv) {
         store_dir = value();
       else if (a == "--chunk-size")
         chunk_size = static_cast<std::uint32_t>(parse_size(value()));
+      else if (a == "--background-large")
+        background_large = parse_size(value());
       else if (a == "-h" || a == "--help") {
-        std::cout << "usage: dvr-bench [--size 1G] [--repeat 5] [--json] [--store DIR] [--chunk-size 256K]\n";
+        std::cout << "usage: dvr-bench [--size 1G] [--repeat 5] [--json] [--store DIR] [--chunk-size 256K] [--background-large 8G]\n"
+                     "  --background-large SIZE  also measure the caller's stall of a background snapshot of SIZE\n";
         return 0;
       } else
         throw std::invalid_argument("unknown argument '" + a + "'");
@@ -259,6 +347,81 @@ int main(int argc, char** argv) {
                          "restore_full", "",
                          ",\"private_growth_bytes\":" + std::to_string(static_cast<std::uint64_t>(grown)) +
                              ",\"private_growth_fraction\":" + json_number(grown / static_cast<double>(n))});
+    }
+
+    // Background snapshots (Session::snapshot_background) of all-new data:
+    // the caller's stall, the total time and the speed of a program writing
+    // 1% of its pages per tick meanwhile. Peers: the blocking full snapshot
+    // of the same bytes above, and the program's own speed just before.
+    {
+      auto full_round = [&](const std::string& name, std::uint64_t seed) {
+        touch_every_page(data, n, seed);
+        std::memcpy(scratch, data, n);  // the memory at the call
+        double t0 = seconds_now();
+        SnapshotJob job = s.snapshot_background(name);
+        if (!job.background()) throw std::runtime_error("background snapshot taken at once: " + job.note());
+        job.wait();
+        double total = seconds_now() - t0;
+        if (!snapshot_equals(store, "bench", name, scratch, n)) throw std::runtime_error("background snapshot was not bit-exact");
+        return std::make_pair(job.stall_seconds(), total);
+      };
+      std::string prev = last;
+      double stall_s = 1e30, total_s = 1e30;
+      for (int i = 0; i < repeat; ++i) {
+        std::string name = "bg-" + std::to_string(i);
+        auto [st, tt] = full_round(name, 0xB0000000ull + static_cast<std::uint64_t>(i));
+        stall_s = std::min(stall_s, st);
+        total_s = std::min(total_s, tt);
+        store.remove("bench", prev);
+        prev = name;
+      }
+      figures.push_back({"background_stall", stall_s, snap_s, "caller blocked while every region is write-protected (target <= 5 ms at 1 GiB)",
+                         "snapshot_full"});
+      figures.push_back({"background_total", total_s, snap_s, "call to published, bit-exact (target: ratio >= 0.67, i.e. <= 1.5x)",
+                         "snapshot_full"});
+
+      // A program writing 1% of its pages per ~10 ms tick, while a background
+      // snapshot runs; the snapshot is checked against the memory at the call.
+      touch_every_page(data, n, 0xC0000000ull);
+      PacedWriter writer(data, n);
+      double own = ticks_per_second(writer, 1.0);
+      writer.pause();
+      std::memcpy(scratch, data, n);
+      std::uint64_t k0 = writer.ticks();
+      double t0 = seconds_now();
+      SnapshotJob job = s.snapshot_background("bg-writer");
+      writer.resume();
+      job.wait();
+      double during_s = seconds_now() - t0;
+      double during = static_cast<double>(writer.ticks() - k0) / during_s;
+      std::uint64_t aside = job.bytes_copied_aside();
+      if (!snapshot_equals(store, "bench", "bg-writer", scratch, n)) throw std::runtime_error("background snapshot under a writer was not bit-exact");
+      store.remove("bench", prev);
+      figures.push_back({"background_writer_speed", 1.0 / during, 1.0 / own,
+                         "seconds per tick of a program writing 1% of its pages per tick (~10 ms) while the snapshot runs (" + json_number(during_s) +
+                             " s, " + std::to_string(aside) + " bytes copied aside first); peer: the same program just before; bit-exact (target: ratio >= 0.8)",
+                         "own_speed", "", ",\"bytes_copied_aside\":" + std::to_string(aside) + ",\"exact\":true"});
+    }
+    if (background_large) {
+      // The stall at a larger size, in a session of its own.
+      char* big = prefaulted(background_large);
+      fill_unique(big, background_large, 77);
+      Session l(store, "bench-large");
+      l.track("data", big, background_large);
+      double t0 = seconds_now();
+      l.snapshot("blocking");
+      double blocking_s = seconds_now() - t0;
+      touch_every_page(big, background_large, 78);
+      SnapshotJob job = l.snapshot_background("bg");
+      if (!job.background()) throw std::runtime_error("background snapshot taken at once: " + job.note());
+      job.wait();
+      figures.push_back({"background_stall_" + format_bytes(static_cast<double>(background_large)), job.stall_seconds(), blocking_s,
+                         "caller blocked, " + json_number(job.stall_seconds() * 1e3 / (static_cast<double>(background_large) / (1u << 30))) +
+                             " ms per GiB (target <= 1 ms per GiB at 8 GiB); peer: a blocking first snapshot of it",
+                         "snapshot_first", "", ",\"region_bytes\":" + std::to_string(background_large)});
+      store.remove("bench-large", "blocking");
+      store.remove("bench-large", "bg");
+      ::munmap(big, background_large);
     }
 
     if (json) {

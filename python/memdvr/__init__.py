@@ -27,7 +27,7 @@ import os
 import pickle
 import re
 import struct
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from ._core import (  # noqa: F401  (re-exported)
     InvalidArgument,
     NoSpace,
     NotFound,
+    Cancelled,
     PermissionDenied,
     Unsupported,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "Session",
     "Clone",
     "SnapshotInfo",
+    "SnapshotJob",
     "RegionInfo",
     "default_path",
     "DvrError",
@@ -62,6 +64,7 @@ __all__ = [
     "DvrIOError",
     "Unsupported",
     "PermissionDenied",
+    "Cancelled",
 ]
 
 # (dtype, shape) of a region, when known.
@@ -376,11 +379,31 @@ class Session:
         """The live regions of the session."""
         return [RegionInfo(**r) for r in self._core.regions()]
 
-    def snapshot(self, name: str, label: str = "", replace: bool = False) -> SnapshotInfo:
+    @overload
+    def snapshot(self, name: str, label: str = ..., replace: bool = ..., *, wait: Literal[True] = ...) -> SnapshotInfo: ...
+
+    @overload
+    def snapshot(self, name: str, label: str = ..., replace: bool = ..., *, wait: Literal[False]) -> "SnapshotJob": ...
+
+    def snapshot(self, name: str, label: str = "", replace: bool = False, *, wait: bool = True) -> Union[SnapshotInfo, "SnapshotJob"]:
         """Captures every region as snapshot ``name`` (the GIL is released meanwhile).
 
+        With ``wait=False`` it returns a :class:`SnapshotJob` as soon as the
+        regions are write-protected, and the regions are copied into the store
+        in the background while the program goes on (its first write to memory
+        not yet copied waits until that memory is copied aside, so the
+        snapshot is the memory at the call). It is taken at once instead (the
+        job says why in ``note``) when little changed, a region is not
+        write-tracked, or the process may not use a userfaultfd that catches
+        the kernel's writes. restore(), snapshot(), put() and the like wait for
+        it; close() cancels it.
+
         Raises AlreadyExists unless ``replace``; InvalidArgument with no regions.
+        Failures while copying in the background (NoSpace, ...) are raised by
+        ``SnapshotJob.wait()``.
         """
+        if not wait:
+            return SnapshotJob(self._core.snapshot_background(name, label, replace))
         return SnapshotInfo._from_dict(self._core.snapshot(name, label, replace))
 
     def restore(self, name: str) -> None:
@@ -606,6 +629,72 @@ class Session:
         dtype, shape = self._layouts[name]
         buf = self._core.buffer(name)
         self._arrays[name] = np.frombuffer(buf, dtype=dtype, count=math.prod(shape)).reshape(shape)
+
+
+class SnapshotJob:
+    """A snapshot being taken in the background (``Session.snapshot(..., wait=False)``).
+
+    It stays valid after the session moved on or closed.
+    """
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+
+    @property
+    def name(self) -> str:
+        """The snapshot's name."""
+        return str(self._core.name)
+
+    @property
+    def background(self) -> bool:
+        """False when it was taken at once (``note`` says why)."""
+        return bool(self._core.background)
+
+    @property
+    def note(self) -> str:
+        """Why it was taken at once ("" when it ran in the background)."""
+        return str(self._core.note)
+
+    @property
+    def stall_seconds(self) -> float:
+        """How long the call that started it blocked the caller."""
+        return float(self._core.stall_seconds)
+
+    @property
+    def bytes_copied_aside(self) -> int:
+        """Bytes copied aside because the program wrote them first (known once done)."""
+        return int(self._core.bytes_copied_aside)
+
+    @property
+    def progress(self) -> Tuple[int, int]:
+        """(bytes read into the store so far, bytes to read in all)."""
+        done, total, _ = self._core.progress()
+        return int(done), int(total)
+
+    @property
+    def done(self) -> bool:
+        """Published, failed or cancelled."""
+        return bool(self._core.done())
+
+    def wait(self, timeout: Optional[float] = None) -> SnapshotInfo:
+        """Waits until it is published and returns its info (the GIL is released meanwhile).
+
+        Raises what failed (NoSpace, Cancelled, ...): then nothing was
+        published. With ``timeout`` (seconds), raises TimeoutError if it is
+        still running by then.
+        """
+        if timeout is not None and not self._core.wait_for(timeout):
+            raise TimeoutError(f"background snapshot '{self.name}' is still running after {timeout} s")
+        return SnapshotInfo._from_dict(self._core.wait())
+
+    def cancel(self) -> None:
+        """Asks it to stop; unless it has published already, nothing is published."""
+        self._core.cancel()
+
+    def __repr__(self) -> str:
+        done, total = self.progress
+        state = "done" if self.done else f"{done}/{total} bytes"
+        return f"<SnapshotJob {self.name!r} {'background' if self.background else 'taken at once'}, {state}>"
 
 
 class Clone:

@@ -1,6 +1,9 @@
 """IPython/Jupyter magics for memdvr: ``%load_ext memdvr`` then ``%dvr ...``.
 
-    %dvr snapshot NAME [VAR ...]   snapshot notebook variables (default: the last ones)
+    %dvr snapshot NAME [VAR ...] [--background]
+                                   snapshot notebook variables (default: the last ones);
+                                   --background returns at once and copies while you work on
+    %dvr wait                      wait for a background snapshot and say how it went
     %dvr restore NAME              restore them into the user namespace
     %dvr ls                        list this session's snapshots
     %dvr diff A B                  per-region differences between two snapshots
@@ -113,8 +116,10 @@ class DvrMagics(Magics):
         print(f"memdvr session '{s.name}' in store {s.store.path}")
 
     def _do_snapshot(self, rest: List[str]) -> None:
+        background = any(a in ("--background", "-b") for a in rest)
+        rest = [a for a in rest if a not in ("--background", "-b")]
         if not rest:
-            raise UsageError("usage: %dvr snapshot NAME [VAR ...]")
+            raise UsageError("usage: %dvr snapshot NAME [VAR ...] [--background]")
         name, names = rest[0], list(dict.fromkeys(rest[1:])) or list(self._last_vars)
         if not names:
             raise UsageError(f"%dvr snapshot {name}: name the variables to snapshot "
@@ -153,11 +158,37 @@ class DvrMagics(Magics):
         s.put(_META, meta)
         replaced = any(i.name == name for i in s.list())
         t0 = time.perf_counter()
-        info = s.snapshot(name, label="%dvr snapshot " + " ".join(names), replace=True)
+        label = "%dvr snapshot " + " ".join(names)
+        if background:
+            job = s.snapshot(name, label=label, replace=True, wait=False)
+            self._last_vars = names
+            if job.background:
+                self._job = job
+                print(f"snapshot '{name}' started in the background: {', '.join(parts)}; "
+                      f"you waited {job.stall_seconds * 1e3:.1f} ms; `%dvr wait` waits for it")
+                return
+            info = job.wait()
+            print(f"snapshot '{name}' taken at once ({job.note}): {_mib(info.logical_bytes)} "
+                  f"in {job.stall_seconds * 1e3:.1f} ms")
+            return
+        info = s.snapshot(name, label=label, replace=True)
         dt = time.perf_counter() - t0
         self._last_vars = names
         print(f"snapshot '{name}'{' (replaced)' if replaced else ''}: {', '.join(parts)}; "
               f"{_mib(info.logical_bytes)} in {dt * 1e3:.1f} ms")
+
+    def _do_wait(self, rest: List[str]) -> None:
+        if rest:
+            raise UsageError("usage: %dvr wait")
+        job = getattr(self, "_job", None)
+        if job is None:
+            print("no background snapshot was started")
+            return
+        t0 = time.perf_counter()
+        self._job = None
+        info = job.wait()
+        print(f"snapshot '{info.name}' is in the store: {_mib(info.logical_bytes)}, "
+              f"waited {(time.perf_counter() - t0) * 1e3:.1f} ms")
 
     def _meta_of(self, s: Session, name: str) -> Dict[str, Any]:
         """The magics' metadata recorded in snapshot ``name`` ({} if none)."""

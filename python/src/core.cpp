@@ -15,6 +15,8 @@
 
 #include "regions.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
@@ -309,6 +311,15 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("name"), py::arg("label") = "", py::arg("replace") = false)
       .def(
+          "snapshot_background",
+          [](PySession& s, const std::string& name, const std::string& label, bool replace) {
+            dvr::Session& session = s.get();
+            py::gil_scoped_release nogil;
+            return session.snapshot_background(name, {.label = label, .replace = replace});
+          },
+          py::arg("name"), py::arg("label") = "", py::arg("replace") = false,
+          "Starts a background snapshot (see dvr::Session::snapshot_background); returns a SnapshotJob.")
+      .def(
           "restore",
           [](PySession& s, const std::string& name) {
             dvr::Session& session = s.get();
@@ -358,6 +369,37 @@ PYBIND11_MODULE(_core, m) {
             s.regions.clear();
           },
           "Ends the session: forgets every region and releases the tracked buffers.");
+
+  // ---- SnapshotJob
+  py::class_<dvr::SnapshotJob>(m, "SnapshotJob", "A snapshot being taken in the background (dvr::SnapshotJob).")
+      .def_property_readonly("name", &dvr::SnapshotJob::name)
+      .def_property_readonly("background", &dvr::SnapshotJob::background)
+      .def_property_readonly("note", &dvr::SnapshotJob::note)
+      .def_property_readonly("stall_seconds", &dvr::SnapshotJob::stall_seconds)
+      .def_property_readonly("bytes_copied_aside", &dvr::SnapshotJob::bytes_copied_aside)
+      .def("progress",
+           [](const dvr::SnapshotJob& j) {
+             dvr::SnapshotProgress p = j.progress();
+             return py::make_tuple(p.bytes_done, p.bytes_total, p.finished);
+           })
+      .def("done", &dvr::SnapshotJob::done)
+      .def(
+          "wait_for",
+          [](const dvr::SnapshotJob& j, double seconds) {
+            py::gil_scoped_release nogil;
+            return j.wait_for(std::chrono::milliseconds(static_cast<std::int64_t>(std::max(0.0, seconds) * 1000)));
+          },
+          py::arg("seconds"))
+      .def("wait",
+           [](const dvr::SnapshotJob& j) {
+             dvr::SnapshotInfo info;
+             {
+               py::gil_scoped_release nogil;
+               info = j.wait();
+             }
+             return snapshot_info_dict(info);
+           })
+      .def("cancel", &dvr::SnapshotJob::cancel);
 
   // ---- Clone
   py::class_<PyClone>(m, "Clone",

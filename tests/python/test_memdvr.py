@@ -377,3 +377,60 @@ def test_gil_released_during_snapshot(session):
     inside = [t0] + [x for x in stamps if t0 <= x <= t1] + [t1]
     gap = max(b - a for a, b in zip(inside, inside[1:]))
     assert gap < d / 3, (d, gap, len(inside))
+
+
+def test_background_snapshot_is_the_array_at_the_call(session):
+    """snapshot(wait=False): returns a job; a thread writing the array meanwhile does not leak into it."""
+    a = np.random.default_rng(7).random((8 << 20) // 8)  # 8 MiB, tracked in place
+    session.track("a", a)
+    at_call = a.copy()
+    job = session.snapshot("bg", label="background", wait=False)
+    assert isinstance(job, memdvr.SnapshotJob)
+    assert job.name == "bg"
+    if not job.background and "userfaultfd" in job.note:
+        job.wait()
+        pytest.skip("background snapshots unavailable here: " + job.note)
+    assert job.background, job.note
+    stop = threading.Event()
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            a[(i * 4099) % a.size] = -1.0
+            i += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        info = job.wait(timeout=60)
+    finally:
+        stop.set()
+        t.join()
+    assert info.name == "bg" and info.label == "background"
+    assert job.done
+    done, total = job.progress
+    assert done == total == a.nbytes
+    assert job.stall_seconds >= 0
+    assert "bg" in repr(job)
+    later = a.copy()
+    session.snapshot("after")
+    a[:] = 0
+    session.restore("bg")
+    assert np.array_equal(a, at_call)
+    session.restore("after")
+    assert np.array_equal(a, later)
+
+
+def test_background_snapshot_taken_at_once_and_errors(session):
+    a = np.zeros(1 << 20)
+    session.track("a", a)
+    session.snapshot("base")
+    a[3] = 1.0  # little changed: quicker at once
+    job = session.snapshot("small", wait=False)
+    assert not job.background
+    assert "quicker" in job.note
+    assert job.wait().name == "small"
+    with pytest.raises(memdvr.AlreadyExists):
+        session.snapshot("small", wait=False)
+    assert issubclass(memdvr.Cancelled, memdvr.DvrError)
+    assert memdvr.Cancelled.code == "cancelled"

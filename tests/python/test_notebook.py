@@ -162,3 +162,21 @@ def test_notebook_runs_in_real_kernel(tmp_path, monkeypatch):
     # The snapshot landed in the store the test chose.
     store = memdvr.Store(tmp_path / "store", create=False)
     assert [i.name for i in store.list("notebook")] == ["loaded"]
+
+
+def test_magics_background_snapshot(shell, capsys):
+    ns = shell.user_ns
+    ns["big"] = np.random.default_rng(3).random((16 << 20) // 8)
+    at_call = ns["big"].copy()
+    shell.run_line_magic("dvr", "snapshot bg big --background")
+    out = capsys.readouterr().out
+    assert "snapshot 'bg'" in out
+    ns["big"][:] = 0  # right after: not in the snapshot
+    shell.run_line_magic("dvr", "wait")
+    out2 = capsys.readouterr().out
+    if "started in the background" in out:
+        assert "is in the store" in out2
+    else:
+        assert "taken at once" in out and "no background snapshot" in out2
+    shell.run_line_magic("dvr", "restore bg")
+    assert np.array_equal(ns["big"], at_call)

@@ -102,9 +102,9 @@ TEST_CASE("background: the snapshot is the memory at the call while threads writ
     CHECK(info.label == "under fire");
     CHECK(info.logical_bytes == a.size() + b_size);
     CHECK(ha.writes.load() > 0);
-    copied = job.pages_copied_aside();
+    copied = job.bytes_copied_aside();
   }
-  INFO("pages copied aside: " << copied << ", stall " << job.stall_seconds() << " s");
+  INFO("bytes copied aside: " << copied << ", stall " << job.stall_seconds() << " s");
   CHECK(job.done());
   auto p = job.progress();
   CHECK(p.finished);

@@ -94,6 +94,40 @@ TEST_CASE("c api: track, snapshot and restore round-trip caller memory bit-exact
   CHECK(store.info("sess", "two").label == "");
 }
 
+TEST_CASE("c api: a background snapshot is waited on, reports progress, and restores bit-exact", "[c_api][background]") {
+  CFixture f;
+  void* mem = nullptr;
+  const std::size_t n = 16u << 20;
+  REQUIRE(dvr_alloc(f.session, "a", n, &mem) == DVR_OK);
+  dvrtest::fill_random(mem, n, 7300);
+  std::vector<unsigned char> at_call(static_cast<unsigned char*>(mem), static_cast<unsigned char*>(mem) + n);
+  dvr_snapshot_job* job = nullptr;
+  REQUIRE(dvr_snapshot_background(f.session, "bg", "in the background", &job) == DVR_OK);
+  REQUIRE(job != nullptr);
+  INFO("note: " << dvr_snapshot_job_note(job));
+  // Written right after the call: not in the snapshot.
+  std::memset(mem, 0xEE, n / 2);
+  CHECK(dvr_snapshot_job_wait(job) == DVR_OK);
+  CHECK(dvr_snapshot_job_done(job) == 1);
+  std::uint64_t done = 0, total = 0;
+  dvr_snapshot_job_progress(job, &done, &total);
+  CHECK(total == n);
+  CHECK(done == total);
+  CHECK(dvr_snapshot_job_stall(job) >= 0.0);
+  if (dvr_snapshot_job_background(job)) CHECK(std::string(dvr_snapshot_job_note(job)).empty());
+  dvr_snapshot_job_free(job);
+  REQUIRE(dvr_restore(f.session, "bg") == DVR_OK);
+  CHECK(diff(mem, at_call.data(), n) == "");
+
+  job = reinterpret_cast<dvr_snapshot_job*>(1);
+  CHECK(dvr_snapshot_background(f.session, "bg", nullptr, &job) == DVR_E_ALREADY_EXISTS);
+  CHECK(job == nullptr);
+  CHECK(errmsg().find("bg") != std::string::npos);
+  CHECK(dvr_snapshot_background(f.session, "x", nullptr, nullptr) == DVR_E_INVALID_ARGUMENT);
+  CHECK(dvr_snapshot_job_wait(nullptr) == DVR_E_INVALID_ARGUMENT);
+  dvr_snapshot_job_free(nullptr);
+}
+
 TEST_CASE("c api: alloc gives a page-aligned, zero-filled region that snapshots, restores and untracks", "[c_api]") {
   CFixture f;
   void* p = reinterpret_cast<void*>(1);

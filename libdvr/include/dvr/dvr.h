@@ -188,6 +188,53 @@ DVR_EXPORT dvr_status dvr_snapshot(dvr_session* session, const char* name, const
  * the session or has another size now), IO. */
 DVR_EXPORT dvr_status dvr_restore(dvr_session* session, const char* name);
 
+/* A snapshot being taken in the background (dvr_snapshot_background). */
+typedef struct dvr_snapshot_job dvr_snapshot_job;
+
+/* Starts snapshot `name` (optional `label`, NULL = none) in the background and
+ * returns once every region is write-protected: threads of the library copy
+ * the regions into the store while the program runs on, and the program's
+ * first write to memory not yet copied waits until it is copied aside, so the
+ * snapshot is exactly the memory at the call. It is taken at once instead
+ * (dvr_snapshot_job_background says 0, dvr_snapshot_job_note why) when less
+ * than a quarter of the memory changed since the last snapshot, when a region
+ * is not write-tracked, or when the process may not use a userfaultfd that
+ * catches the kernel's writes (root, CAP_SYS_PTRACE,
+ * vm.unprivileged_userfaultfd=1 or /dev/userfaultfd). dvr_snapshot,
+ * dvr_restore, dvr_track, dvr_alloc and dvr_untrack on the session first wait
+ * for it; dvr_session_close cancels it. *job receives a handle, freed with
+ * dvr_snapshot_job_free (which does not stop the snapshot); on failure NULL.
+ * Errors at the call: ALREADY_EXISTS, INVALID_ARGUMENT (NULL argument, bad
+ * name, no regions). Failures while copying are dvr_snapshot_job_wait's. */
+DVR_EXPORT dvr_status dvr_snapshot_background(dvr_session* session, const char* name, const char* label, dvr_snapshot_job** job);
+
+/* Waits until the snapshot is published (DVR_OK) or has failed: NO_SPACE, IO,
+ * CANCELLED (nothing was published; earlier snapshots are intact). */
+DVR_EXPORT dvr_status dvr_snapshot_job_wait(dvr_snapshot_job* job);
+
+/* 1 when it is published, failed or cancelled; 0 while it runs. */
+DVR_EXPORT int dvr_snapshot_job_done(const dvr_snapshot_job* job);
+
+/* Region bytes read into the store so far, and in all (NULL = not wanted). */
+DVR_EXPORT void dvr_snapshot_job_progress(const dvr_snapshot_job* job, uint64_t* done, uint64_t* total);
+
+/* Asks it to stop; returns at once. When it has not published yet, nothing is
+ * published and dvr_snapshot_job_wait returns DVR_E_CANCELLED. */
+DVR_EXPORT void dvr_snapshot_job_cancel(dvr_snapshot_job* job);
+
+/* 1 when it runs (ran) in the background, 0 when it was taken at once. */
+DVR_EXPORT int dvr_snapshot_job_background(const dvr_snapshot_job* job);
+
+/* Why it was taken at once ("" when it ran in the background). Valid until
+ * dvr_snapshot_job_free. */
+DVR_EXPORT const char* dvr_snapshot_job_note(const dvr_snapshot_job* job);
+
+/* Seconds the call that started it blocked the caller. */
+DVR_EXPORT double dvr_snapshot_job_stall(const dvr_snapshot_job* job);
+
+/* Frees the handle (NULL is ignored). The snapshot goes on. */
+DVR_EXPORT void dvr_snapshot_job_free(dvr_snapshot_job* job);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -121,9 +121,10 @@ class DVR_EXPORT SnapshotJob {
   /// Asks it to stop: when it has not published yet, nothing is published and
   /// wait() throws cancelled. Returns at once.
   void cancel() const;
-  /// Pages the program wrote before they were copied, which were copied aside
-  /// first (each such write waited for that).
-  std::uint64_t pages_copied_aside() const;
+  /// Bytes of memory copied aside because the program wrote to them before
+  /// they were read (each such first write waited for the copy of its chunk).
+  /// Known once done.
+  std::uint64_t bytes_copied_aside() const;
 
  private:
   friend class Session;

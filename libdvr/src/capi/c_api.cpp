@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
@@ -248,6 +249,49 @@ dvr_status dvr_snapshot(dvr_session* session, const char* name, const char* labe
     session->session.snapshot(name, options);
   });
 }
+
+dvr_status dvr_snapshot_background(dvr_session* session, const char* name, const char* label, dvr_snapshot_job** job) {
+  const char* const fn = __func__;
+  if (job) *job = nullptr;
+  return guarded(fn, [&] {
+    require(fn, session, "session");
+    require(fn, name, "name");
+    require(fn, job, "job");
+    dvr::SnapshotOptions options;
+    if (label) options.label = label;
+    auto handle = std::make_unique<dvr_snapshot_job>();
+    handle->job = session->session.snapshot_background(name, options);
+    *job = handle.release();
+  });
+}
+
+dvr_status dvr_snapshot_job_wait(dvr_snapshot_job* job) {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
+    require(fn, job, "job");
+    job->job.wait();
+  });
+}
+
+int dvr_snapshot_job_done(const dvr_snapshot_job* job) { return job && job->job.done() ? 1 : 0; }
+
+void dvr_snapshot_job_progress(const dvr_snapshot_job* job, uint64_t* done, uint64_t* total) {
+  dvr::SnapshotProgress p = job ? job->job.progress() : dvr::SnapshotProgress{};
+  if (done) *done = p.bytes_done;
+  if (total) *total = p.bytes_total;
+}
+
+void dvr_snapshot_job_cancel(dvr_snapshot_job* job) {
+  if (job) job->job.cancel();
+}
+
+int dvr_snapshot_job_background(const dvr_snapshot_job* job) { return job && job->job.background() ? 1 : 0; }
+
+const char* dvr_snapshot_job_note(const dvr_snapshot_job* job) { return job ? job->job.note().c_str() : ""; }
+
+double dvr_snapshot_job_stall(const dvr_snapshot_job* job) { return job ? job->job.stall_seconds() : 0.0; }
+
+void dvr_snapshot_job_free(dvr_snapshot_job* job) { delete job; }
 
 dvr_status dvr_restore(dvr_session* session, const char* name) {
   const char* const fn = __func__;

@@ -30,6 +30,10 @@ struct dvr_session {
   bool borrowed() const { return !owned; }
 };
 
+struct dvr_snapshot_job {
+  dvr::SnapshotJob job;
+};
+
 namespace dvr::detail {
 
 // The one place C calls meet C++ exceptions (c_api.cpp): runs body(context),

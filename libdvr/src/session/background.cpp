@@ -18,18 +18,17 @@ class Guarded final : public ChunkGuard {
       staged_[r].reset(new std::atomic<std::uint8_t>[(job.sources[r].size + job.store->chunk_size - 1) / job.store->chunk_size]());
   }
   void skip(std::size_t r, std::uint64_t j) override { job_.guard->skip(job_.area[r], j); }
-  const char* begin(std::size_t r, std::uint64_t j, const char* live, char* scratch) override {
+  const char* begin(std::size_t r, std::uint64_t j, const char* live) override {
     if (job_.cancel.load(std::memory_order_relaxed))
       throw Error(Errc::cancelled, "background snapshot '" + StoreImpl::ref(job_.session, job_.name) + "' was cancelled; nothing was published");
-    if (!job_.guard->begin(job_.area[r], j)) return live;
-    job_.guard->stage(job_.area[r], j, scratch);
+    const char* as_was = job_.guard->begin(job_.area[r], j);
+    if (!as_was) return live;
     staged_[r][j].store(1, std::memory_order_relaxed);
-    return scratch;
+    return as_was;
   }
-  const char* again(std::size_t r, std::uint64_t j, char* scratch) override {
-    if (staged_[r][j].load(std::memory_order_relaxed) || !job_.guard->touched(job_.area[r], j)) return nullptr;
-    job_.guard->stage(job_.area[r], j, scratch);
-    return scratch;
+  const char* again(std::size_t r, std::uint64_t j) override {
+    if (staged_[r][j].load(std::memory_order_relaxed)) return nullptr;
+    return job_.guard->again(job_.area[r], j);
   }
   void done(std::size_t r, std::uint64_t j, std::uint64_t) override {
     job_.guard->done(job_.area[r], j);
@@ -69,7 +68,7 @@ void BackgroundJob::run() {
         written_after[r] = pages_differing(*taken, taken->regions[r], sources[r].data, sources[r].size);
     }
     faults = guard->faults();
-    copied = guard->copied();
+    copied = guard->copied() * store->chunk_size;
     guard.reset();  // stops the handler; the copies aside are freed
   };
   try {
@@ -169,7 +168,7 @@ SnapshotInfo SnapshotJob::wait() const {
 
 void SnapshotJob::cancel() const { need(job_).cancel = true; }
 
-std::uint64_t SnapshotJob::pages_copied_aside() const {
+std::uint64_t SnapshotJob::bytes_copied_aside() const {
   auto& j = need(job_);
   std::lock_guard<std::mutex> l(j.mu);
   return j.copied;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
-#include <memory>
 
 #include "base/memops.hpp"
 #include "base/os.hpp"
@@ -537,7 +536,6 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
     // Guarded memory may change after a chunk is read: each copy is made
     // before the next chunk is read (sources not stable).
     SnapshotWriter::Lane lane(w, slot[e] - slot[b], guard == nullptr);
-    std::unique_ptr<char[]> scratch(guard ? new char[m.chunk_size] : nullptr);
     auto put = [&](std::size_t i, const char* data) {
       if (cp.plan[i] == Plan::patch)
         lane.put_patch(
@@ -560,8 +558,8 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
         continue;
       }
       auto [ri, j] = where(i);
-      put(i, guard->begin(ri, j, cp.src[i], scratch.get()));
-      if (const char* as_was = guard->again(ri, j, scratch.get())) put(i, as_was);
+      put(i, guard->begin(ri, j, cp.src[i]));
+      if (const char* as_was = guard->again(ri, j)) put(i, as_was);
       guard->done(ri, j, cp.plan[i] == Plan::patch ? std::uint64_t{cp.patch_count(i)} * kPageSize : m.chunks[i].length);
     }
     lane.finish();

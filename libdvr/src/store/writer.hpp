@@ -263,13 +263,13 @@ class ChunkGuard {
   /// zero).
   virtual void skip(std::size_t r, std::uint64_t j) = 0;
   /// Before chunk j of region r is read: the bytes to read, either `live` or
-  /// the chunk as it was, copied into `scratch` (chunk-size bytes). May throw
+  /// a copy of the chunk as it was (valid until the batch ends). May throw
   /// (cancelled): nothing is published then.
-  virtual const char* begin(std::size_t r, std::uint64_t j, const char* live, char* scratch) = 0;
+  virtual const char* begin(std::size_t r, std::uint64_t j, const char* live) = 0;
   /// After it was stored from what begin() returned: when that was live
-  /// memory and may have changed meanwhile, the chunk as it was, in
-  /// `scratch`, to store it again from there; else nullptr.
-  virtual const char* again(std::size_t r, std::uint64_t j, char* scratch) = 0;
+  /// memory and may have changed meanwhile, a copy of the chunk as it was,
+  /// to store it again from there; else nullptr.
+  virtual const char* again(std::size_t r, std::uint64_t j) = 0;
   /// The chunk is stored for good; `bytes` of region memory were read.
   virtual void done(std::size_t r, std::uint64_t j, std::uint64_t bytes) = 0;
 };

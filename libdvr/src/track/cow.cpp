@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -90,12 +91,9 @@ int CowGuard::add(AddrRange range, const char* data, std::uint64_t size, std::ui
   ar->data = data;
   ar->size = size;
   ar->chunk_size = chunk_size;
-  const auto b = reinterpret_cast<std::uintptr_t>(data);
-  ar->page0 = b & ~(kPage - 1);
-  ar->pages = (((b + size + kPage - 1) & ~(kPage - 1)) - ar->page0) / kPage;
-  ar->slot = std::make_unique<std::atomic<std::uint32_t>[]>(ar->pages);
+  ar->slot = std::make_unique<std::atomic<std::uint32_t>[]>(ar->chunks());
   ar->state = std::make_unique<std::atomic<std::uint8_t>[]>(ar->chunks());
-  ar->hit = std::make_unique<std::atomic<std::uint8_t>[]>(ar->chunks());
+  ar->group = std::make_unique<std::atomic<std::uint32_t>[]>((ar->chunks() + kGroup - 1) / kGroup);
   if (range.first < range.second) {
     uffdio_register reg{};
     reg.range.start = range.first;
@@ -116,60 +114,87 @@ int CowGuard::add(AddrRange range, const char* data, std::uint64_t size, std::ui
       return -1;
     }
   }
-  pool_pages_ += static_cast<std::uint32_t>(ar->pages);
+  pool_chunk_ = chunk_size;
+  pool_slots_ += ar->chunks();
   areas_.push_back(std::move(ar));
   return static_cast<int>(areas_.size() - 1);
 }
 
 void CowGuard::start() {
-  // Room for a copy of every page: reserved address space, committed only as
-  // pages are copied aside.
-  pool_ = Mapping::anonymous(std::size_t{std::max<std::uint32_t>(pool_pages_, 1)} * kPage, "for pages copied aside during a background snapshot");
-  // Partial pages at unaligned ends are not protected: copy them now.
+  // Room for a copy of every chunk: reserved address space, committed only
+  // as chunks are copied aside.
+  pool_ = Mapping::anonymous(std::max<std::size_t>(pool_slots_ * pool_chunk_, 1), "for memory copied aside during a background snapshot");
+  // Bytes outside the protected pages (partial pages at unaligned ends) can
+  // change at any time: their chunks are copied now.
   for (auto& ar : areas_) {
-    for (std::size_t p = 0; p < ar->pages; ++p) {
-      const std::uintptr_t page = ar->page0 + p * kPage;
-      if (page >= ar->range.first && page < ar->range.second) continue;
-      copy_aside(*ar, p);
+    const auto b = reinterpret_cast<std::uintptr_t>(ar->data);
+    auto sticks_out = [&](std::uint64_t j) {
+      const std::uintptr_t lo = b + j * ar->chunk_size, hi = lo + ar->chunk_len(j);
+      return lo < ar->range.first || hi > ar->range.second;
+    };
+    if (ar->range.first >= ar->range.second) {
+      for (std::uint64_t j = 0; j < ar->chunks(); ++j)
+        copy_aside(*ar, j);
+      continue;
     }
+    // Only the first and the last chunk can reach past the whole pages.
+    if (sticks_out(0)) copy_aside(*ar, 0);
+    if (ar->chunks() > 1 && sticks_out(ar->chunks() - 1)) copy_aside(*ar, ar->chunks() - 1);
   }
-  handler_ = std::thread([this] { run(); });
+  handler_ = std::thread([this] {
+    ::pthread_setname_np(::pthread_self(), "dvr-cow");
+    run();
+  });
 }
 
-const char* CowGuard::copy_of(const Area& ar, std::size_t page) const {
-  std::uint32_t s = ar.slot[page].load(std::memory_order_acquire);
-  return s ? pool_.bytes() + std::size_t{s - 1} * kPage : nullptr;
+const char* CowGuard::copy_of(const Area& ar, std::uint64_t j) const {
+  std::uint32_t s = ar.slot[j].load(std::memory_order_acquire);
+  return s ? pool_.bytes() + std::size_t{s - 1} * pool_chunk_ : nullptr;
 }
 
-void CowGuard::copy_aside(Area& ar, std::size_t page) {
-  if (ar.slot[page].load(std::memory_order_relaxed)) return;
-  const std::uintptr_t addr = ar.page0 + page * kPage;
-  // The region's bytes in this page (an end page holds fewer).
-  const auto b = reinterpret_cast<std::uintptr_t>(ar.data), e = b + ar.size;
-  const std::uintptr_t lo = std::max(addr, b), hi = std::min(addr + kPage, e);
-  // Its chunks (a page of an unaligned region may straddle two).
-  const std::uint64_t c0 = (lo - b) / ar.chunk_size, c1 = (hi - 1 - b) / ar.chunk_size;
-  bool wanted = false;
-  for (std::uint64_t c = c0; c <= c1; ++c)
-    wanted = wanted || ar.state[c].load(std::memory_order_acquire) != 2;
-  if (!wanted) return;
-  char* to = pool_.bytes() + std::size_t{pool_used_} * kPage;
-  std::memcpy(to + (lo - addr), reinterpret_cast<const char*>(lo), hi - lo);
-  ar.slot[page].store(++pool_used_, std::memory_order_release);
-  for (std::uint64_t c = c0; c <= c1; ++c)
-    ar.hit[c].store(1, std::memory_order_release);
+void CowGuard::copy_aside(Area& ar, std::uint64_t j) {
+  if (ar.slot[j].load(std::memory_order_relaxed) || ar.state[j].load(std::memory_order_acquire) == 2) return;
+  // Every protected page of the chunk still holds its bytes of the moment of
+  // protection: pages are unprotected only once their chunks are copied or
+  // done.
+  const std::uint32_t s = pool_used_.fetch_add(1) + 1;
+  char* to = pool_.bytes() + std::size_t{s - 1} * pool_chunk_;
+  std::memcpy(to, ar.data + j * ar.chunk_size, ar.chunk_len(j));
+  ar.slot[j].store(s, std::memory_order_release);
   copied_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void CowGuard::unprotect(const Area& ar, std::uint64_t lo, std::uint64_t hi) {
+  const auto b = reinterpret_cast<std::uintptr_t>(ar.data);
+  std::uintptr_t from = std::max<std::uintptr_t>((b + lo + kPage - 1) & ~(kPage - 1), ar.range.first);
+  std::uintptr_t to = std::min<std::uintptr_t>((b + hi) & ~(kPage - 1), ar.range.second);
+  if (from >= to) return;
+  uffdio_writeprotect wp{};
+  wp.range.start = from;
+  wp.range.len = to - from;
+  wp.mode = 0;
+  ::ioctl(uffd_, UFFDIO_WRITEPROTECT, &wp);  // fails only for memory released meanwhile
 }
 
 void CowGuard::handle(std::uintptr_t address) {
   const std::uintptr_t page = address & ~(kPage - 1);
-  for (auto& ar : areas_) {
-    if (page < ar->range.first || page >= ar->range.second) continue;
-    copy_aside(*ar, (page - ar->page0) / kPage);
+  for (auto& arp : areas_) {
+    Area& ar = *arp;
+    if (page < ar.range.first || page >= ar.range.second) continue;
+    const auto b = reinterpret_cast<std::uintptr_t>(ar.data);
+    // The chunks this page holds bytes of (two where a chunk boundary of an
+    // unaligned region falls inside it): copied aside unless done; then
+    // their pages, this one included, may be written.
+    const std::uint64_t c0 = (std::max(page, b) - b) / ar.chunk_size;
+    const std::uint64_t c1 = (std::min<std::uintptr_t>(page + kPage, b + ar.size) - 1 - b) / ar.chunk_size;
+    for (std::uint64_t c = c0; c <= c1; ++c)
+      copy_aside(ar, c);
+    for (std::uint64_t c = c0; c <= c1; ++c)
+      unprotect(ar, c * ar.chunk_size, c * ar.chunk_size + ar.chunk_len(c));
     break;
   }
-  // Lifting the protection wakes the writer. It fails only for memory no
-  // longer registered (released meanwhile): that woke the writer already.
+  // Lifting the protection of the page wakes the writer (a page straddling
+  // two chunks is not inside either's whole pages).
   uffdio_writeprotect wp{};
   wp.range.start = page;
   wp.range.len = kPage;
@@ -187,46 +212,54 @@ void CowGuard::run() {
       return;
     }
     if (fds[1].revents) return;
-    ssize_t n = ::read(uffd_, msgs, sizeof msgs);
-    if (n <= 0) continue;  // EAGAIN: another wake-up took it
-    for (ssize_t i = 0; i < n / static_cast<ssize_t>(sizeof(uffd_msg)); ++i)
-      if (msgs[i].event == UFFD_EVENT_PAGEFAULT) handle(static_cast<std::uintptr_t>(msgs[i].arg.pagefault.address));
+    // Faults come in bursts: keep reading for a moment before sleeping again
+    // (waking a sleeping thread costs more than the fault itself).
+    for (int idle = 0; idle < 200;) {
+      ssize_t n = ::read(uffd_, msgs, sizeof msgs);
+      if (n <= 0) {
+        ++idle;
+        continue;
+      }
+      idle = 0;
+      for (ssize_t i = 0; i < n / static_cast<ssize_t>(sizeof(uffd_msg)); ++i)
+        if (msgs[i].event == UFFD_EVENT_PAGEFAULT) handle(static_cast<std::uintptr_t>(msgs[i].arg.pagefault.address));
+    }
   }
 }
 
-void CowGuard::skip(int a, std::uint64_t j) { areas_[static_cast<std::size_t>(a)]->state[j].store(2, std::memory_order_release); }
+void CowGuard::count_done(Area& ar, std::uint64_t j) {
+  const std::uint64_t g = j / kGroup;
+  const std::uint64_t first = g * kGroup, last = std::min(first + kGroup, ar.chunks());
+  if (ar.group[g].fetch_add(1) + 1 != last - first) return;
+  // The whole group is stored: its pages need no protection any more.
+  unprotect(ar, first * ar.chunk_size, (last - 1) * ar.chunk_size + ar.chunk_len(last - 1));
+}
 
-bool CowGuard::begin(int a, std::uint64_t j) {
+void CowGuard::skip(int a, std::uint64_t j) {
+  Area& ar = *areas_[static_cast<std::size_t>(a)];
+  ar.state[j].store(2, std::memory_order_release);
+  count_done(ar, j);
+}
+
+const char* CowGuard::begin(int a, std::uint64_t j) {
   Area& ar = *areas_[static_cast<std::size_t>(a)];
   ar.state[j].store(1, std::memory_order_seq_cst);
-  return ar.hit[j].load(std::memory_order_seq_cst) != 0;
+  return copy_of(ar, j);
 }
 
-bool CowGuard::touched(int a, std::uint64_t j) const {
+const char* CowGuard::again(int a, std::uint64_t j) const {
   // Everything read from live memory before this point is ordered before the
-  // load: a page written before we read it was copied aside (and marked)
-  // before its protection was lifted.
+  // load: a chunk written before we read it was copied aside before any of
+  // its pages became writable.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  return areas_[static_cast<std::size_t>(a)]->hit[j].load(std::memory_order_acquire) != 0;
+  return copy_of(*areas_[static_cast<std::size_t>(a)], j);
 }
 
-void CowGuard::stage(int a, std::uint64_t j, char* out) const {
-  const Area& ar = *areas_[static_cast<std::size_t>(a)];
-  const auto b = reinterpret_cast<std::uintptr_t>(ar.data);
-  const std::uint64_t lo = j * ar.chunk_size, hi = std::min<std::uint64_t>(lo + ar.chunk_size, ar.size);
-  std::memcpy(out, ar.data + lo, hi - lo);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  // Pages copied aside by now include every page written before memcpy read it.
-  for (std::size_t p = (b + lo - ar.page0) / kPage; p * kPage + ar.page0 < b + hi; ++p) {
-    const char* copy = copy_of(ar, p);
-    if (!copy) continue;
-    const std::uintptr_t addr = ar.page0 + p * kPage;
-    const std::uintptr_t from = std::max<std::uintptr_t>(addr, b + lo), to = std::min<std::uintptr_t>(addr + kPage, b + hi);
-    std::memcpy(out + (from - b - lo), copy + (from - addr), to - from);
-  }
+void CowGuard::done(int a, std::uint64_t j) {
+  Area& ar = *areas_[static_cast<std::size_t>(a)];
+  ar.state[j].store(2, std::memory_order_release);
+  count_done(ar, j);
 }
-
-void CowGuard::done(int a, std::uint64_t j) { areas_[static_cast<std::size_t>(a)]->state[j].store(2, std::memory_order_release); }
 
 void CowGuard::release(int a) {
   Area& ar = *areas_[static_cast<std::size_t>(a)];

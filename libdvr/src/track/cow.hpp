@@ -44,67 +44,73 @@ class CowGuard {
 
   /// Puts region memory under the guard: `data`, `size` are the region's
   /// bytes, `range` the whole pages inside them, which are registered and
-  /// write-protected (nothing else may have them registered). Partial pages
-  /// at unaligned ends cannot be protected: their bytes are copied aside now.
-  /// `chunk_size` is the snapshot's chunk grid, counted from `data`. Returns
-  /// the area's number; -1 (with *why) when the memory cannot be protected
-  /// (the registration is undone).
+  /// write-protected (nothing else may have them registered). `chunk_size`
+  /// is the snapshot's chunk grid, counted from `data` (a multiple of the
+  /// page size). Partial pages at unaligned ends cannot be protected: the
+  /// chunks holding them are copied aside by start(). Returns the area's
+  /// number; -1 (with *why) when the memory cannot be protected (nothing
+  /// stays registered).
   int add(AddrRange range, const char* data, std::uint64_t size, std::uint32_t chunk_size, std::string* why);
-  /// Starts the handler thread (after every add()).
+  /// Copies the chunks with unprotected ends aside and starts the handler
+  /// thread (after every add()).
   void start();
 
   // ---- the snapshot worker, chunk `j` of area `a` --------------------------
-  /// The chunk will not be read (inherited from a base, or known zero): its
-  /// pages need not be copied aside any more.
+  /// The chunk will not be read (inherited from a base, or known zero).
   void skip(int a, std::uint64_t j);
-  /// Before the chunk is read: from here on every page of it written is
-  /// copied aside. True when a page of it was copied aside already: read it
-  /// through stage().
-  bool begin(int a, std::uint64_t j);
-  /// After it was read from live memory: true when a page of it has been
-  /// copied aside since begin(), so the read may mix old and new bytes.
-  bool touched(int a, std::uint64_t j) const;
-  /// The chunk's bytes as they were at protection, into `out` (the chunk's
-  /// length): the live bytes with every page copied aside put back. Exact
-  /// between begin() and done().
-  void stage(int a, std::uint64_t j, char* out) const;
-  /// The chunk is stored for good: its pages are no longer copied aside.
+  /// Before the chunk is read. Returns its bytes as they were at protection
+  /// when they were copied aside already (read those), else nullptr (read
+  /// live memory, then ask again()).
+  const char* begin(int a, std::uint64_t j);
+  /// After it was read from live memory: the bytes as they were, when the
+  /// chunk was copied aside meanwhile (the read may mix old and new bytes:
+  /// store it again from these); else nullptr.
+  const char* again(int a, std::uint64_t j) const;
+  /// The chunk is stored for good. Its pages are no longer protected once the
+  /// chunks around it are done too (writes to them are not seen: the caller
+  /// compares the memory with the snapshot afterwards).
   void done(int a, std::uint64_t j);
 
   /// Unregisters area `a` (its pages are writable again, untracked): the
   /// caller hands the range back to the session's tracker.
   void release(int a);
 
-  /// Protection faults handled so far, and pages copied aside.
+  /// Protection faults handled so far, and chunks copied aside because the
+  /// program wrote to them before they were read.
   std::uint64_t faults() const { return faults_.load(std::memory_order_relaxed); }
   std::uint64_t copied() const { return copied_.load(std::memory_order_relaxed); }
 
  private:
   CowGuard(int uffd, int wake);
+  static constexpr std::uint64_t kGroup = 64;  // chunks unprotected together once done
   struct Area {
     AddrRange range;          // registered whole pages
     const char* data;         // the region
     std::uint64_t size;
     std::uint32_t chunk_size;
-    std::uintptr_t page0;     // first memory page holding region bytes
-    std::size_t pages;        // memory pages from page0 holding region bytes
-    std::unique_ptr<std::atomic<std::uint32_t>[]> slot;  // per memory page: 1 + its copy in pool_, 0 = none
-    std::unique_ptr<std::atomic<std::uint8_t>[]> state;  // per chunk: 0 waiting, 1 being read, 2 done
-    std::unique_ptr<std::atomic<std::uint8_t>[]> hit;    // per chunk: a page of it was copied aside
+    std::unique_ptr<std::atomic<std::uint32_t>[]> slot;   // per chunk: 1 + its copy in pool_, 0 = none
+    std::unique_ptr<std::atomic<std::uint8_t>[]> state;   // per chunk: 0 waiting, 1 being read, 2 done
+    std::unique_ptr<std::atomic<std::uint32_t>[]> group;  // per kGroup chunks: how many are done
     bool registered = false;
     std::uint64_t chunks() const { return (size + chunk_size - 1) / chunk_size; }
+    std::uint64_t chunk_len(std::uint64_t j) const { return std::min<std::uint64_t>(chunk_size, size - j * chunk_size); }
   };
   void run();
   void handle(std::uintptr_t address);
-  // Copies memory page `page` of area `ar` aside (once), marking its chunks.
-  void copy_aside(Area& ar, std::size_t page);
-  const char* copy_of(const Area& ar, std::size_t page) const;
+  // Copies chunk j of `ar` aside (once, and only while it is still wanted).
+  void copy_aside(Area& ar, std::uint64_t j);
+  const char* copy_of(const Area& ar, std::uint64_t j) const;
+  // Lifts the protection of the whole pages inside region bytes [lo, hi).
+  void unprotect(const Area& ar, std::uint64_t lo, std::uint64_t hi);
+  void count_done(Area& ar, std::uint64_t j);
 
   int uffd_;
   int wake_;  // eventfd: stops the handler
   std::vector<std::unique_ptr<Area>> areas_;
-  Mapping pool_;  // copies of pages, 4 KiB each, taken in order (reserved, not committed)
-  std::uint32_t pool_used_ = 0, pool_pages_ = 0;
+  Mapping pool_;  // copies of chunks, chunk_size each, taken in order (reserved, not committed)
+  std::uint64_t pool_chunk_ = 0;
+  std::atomic<std::uint32_t> pool_used_{0};
+  std::uint64_t pool_slots_ = 0;
   std::thread handler_;
   std::atomic<std::uint64_t> faults_{0}, copied_{0};
 };
