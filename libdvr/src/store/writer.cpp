@@ -265,9 +265,10 @@ void SnapshotWriter::assemble() {
 
 // ---- Lane ---------------------------------------------------------------------
 
-SnapshotWriter::Lane::Lane(SnapshotWriter& writer, std::uint64_t expected, bool stable_sources)
+SnapshotWriter::Lane::Lane(SnapshotWriter& writer, std::uint64_t expected, bool stable_sources, bool keep_mapped)
     : w_(writer),
       stable_(stable_sources),
+      keep_mapped_(keep_mapped),
       left_(expected),
       block_size_(round_up_page(std::clamp(expected / 8, kMinBlock, kMaxBlock))),
       step_(kMinReserveStep) {}
@@ -293,7 +294,7 @@ void SnapshotWriter::Lane::close_block() {
   // snapshot fills without faulting its pages in again (gc punches it).
   block_.writer->finish();  // on this thread: drains its own non-temporal stores
   // A stream writes each block once: its pages need not stay mapped here.
-  if (!stable_ || w_.release_written_) block_.writer->release();
+  if ((!stable_ && !keep_mapped_) || w_.release_written_) block_.writer->release();
   block_.writer.reset();
 }
 
@@ -535,7 +536,7 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
   parallel_for(todo.size(), total, [&](std::size_t b, std::size_t e) {
     // Guarded memory may change after a chunk is read: each copy is made
     // before the next chunk is read (sources not stable).
-    SnapshotWriter::Lane lane(w, slot[e] - slot[b], guard == nullptr);
+    SnapshotWriter::Lane lane(w, slot[e] - slot[b], guard == nullptr, true);
     auto put = [&](std::size_t i, const char* data) {
       if (cp.plan[i] == Plan::patch)
         lane.put_patch(

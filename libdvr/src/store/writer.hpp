@@ -172,7 +172,10 @@ class SnapshotWriter {
     /// finish() (live memory), so copies may be merged and deferred and
     /// duplicates compared with the source; otherwise (a receive buffer
     /// reused for the next chunk) every copy is made before put_* returns.
-    Lane(SnapshotWriter& writer, std::uint64_t expected, bool stable_sources);
+    /// Blocks written from unstable sources are unmapped as they are complete
+    /// (a stream writes each once) unless `keep_mapped` (memory that may
+    /// change while it is read: the next snapshot reuses the space).
+    Lane(SnapshotWriter& writer, std::uint64_t expected, bool stable_sources, bool keep_mapped = false);
     ~Lane();
     Lane(const Lane&) = delete;
     Lane& operator=(const Lane&) = delete;
@@ -202,6 +205,7 @@ class SnapshotWriter {
 
     SnapshotWriter& w_;
     bool stable_;
+    bool keep_mapped_;
     std::uint64_t left_, block_size_, step_;
     struct Block {
       StoreImpl::Placement at;
