@@ -131,6 +131,36 @@ def test_restore_after_one_percent_change_is_exact(session, mode):
     np.testing.assert_array_equal(a, want)
 
 
+@pytest.mark.parametrize("head", [1, 16, 4095])
+def test_tracked_array_off_a_page_boundary_rolls_back_exactly(session, head):
+    # A numpy array starts 16 bytes past a page (its allocator's header): each
+    # of the region's pages spans two memory pages. Rollbacks after scattered
+    # writes are exact, and the bytes around the array (here: guard bytes in
+    # the same buffer) are never written.
+    size = 3 * (256 << 10) + 5 * 4096 + 123
+    buf = np.full(size + 3 * 4096, 0xA5, dtype=np.uint8)
+    start = (-buf.ctypes.data) % 4096 + head
+    a = buf[start:start + size]
+    a[:] = np.random.default_rng(head).integers(0, 256, size, dtype=np.uint8)
+    session.track("a", a)
+    want = a.copy()
+    session.snapshot("base")
+    buf[:start] = 0x5A  # the application's own bytes next to the array
+    buf[start + size:] = 0x3C
+    guards = np.concatenate([buf[:start], buf[start + size:]])
+    first = 4096 - (start % 4096)  # region offset of the second memory page
+    for trial in range(3):
+        a[first + trial * 4096::3 * 4096] ^= np.uint8(1 + trial)  # one byte in every third memory page
+        a[0] ^= 1
+        a[-1] ^= 1
+        assert not np.array_equal(a, want)
+        session.restore("base")
+        np.testing.assert_array_equal(a, want)
+        np.testing.assert_array_equal(np.concatenate([buf[:start], buf[start + size:]]), guards)
+    with session.clone("base") as c:
+        np.testing.assert_array_equal(c["a"], want)
+
+
 def test_bytearray_and_memoryview(session):
     ba = bytearray(b"hello world" * 1000)
     raw = bytearray(8192)

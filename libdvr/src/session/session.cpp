@@ -62,12 +62,16 @@ constexpr std::uintptr_t kPage = detail::kPageSize;  // (as an address)
 
 namespace {
 
-// What a restore copies: pages [p0, p1) of chunk `chunk` of the target, into
-// live memory at dst[chunk]. Every check happens before the first byte of
-// live memory changes.
+// What a restore copies: bytes [lo, hi) of chunk `chunk` of the target, into
+// live memory at dst[chunk]; pages [p0, p1) are the pages holding them, all
+// checked before the first byte of live memory changes. A job copies only
+// the bytes that may differ, not whole pages: a page of an unaligned region
+// spans two memory pages, and writing the one that was not written would
+// cost a protection fault (and a copy) for bytes already right.
 struct RestoreJob {
   std::size_t chunk;
   std::uint32_t p0, p1;
+  std::uint64_t lo, hi;
 };
 struct RestorePlan {
   std::vector<RestoreJob> jobs;
@@ -784,11 +788,16 @@ void check_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& p
     detail::parallel_for(jobs.size(), work, [&](std::size_t b, std::size_t e) {
       for (std::size_t k = b; k < e && bad.load() == SIZE_MAX; ++k) {
         if (k + 1 < e) {
-          // Scattered pages: start loading the next job's while this one is hashed.
-          detail::PageLoc next = detail::view_of(m, jobs[k + 1].chunk).location(jobs[k + 1].p0);
-          if (const char* ahead = next.pack ? packs.mapped(next.pack, next.offset, kPageSize) : nullptr)
-            for (std::uint64_t line = 0; line < 512; line += 64)
-              __builtin_prefetch(ahead + line);
+          // Scattered pages: start loading the next job's while this one is
+          // hashed (its first two pages: a written page of an unaligned
+          // region spans two of the region's).
+          detail::ChunkView nv = detail::view_of(m, jobs[k + 1].chunk);
+          for (std::uint32_t p = jobs[k + 1].p0; p < std::min(jobs[k + 1].p1, jobs[k + 1].p0 + 2); ++p) {
+            detail::PageLoc next = nv.location(p);
+            if (const char* ahead = next.pack ? packs.mapped(next.pack, next.offset, kPageSize) : nullptr)
+              for (std::uint64_t line = 0; line < 512; line += 64)
+                __builtin_prefetch(ahead + line);
+          }
         }
         detail::ChunkView v = detail::view_of(m, jobs[k].chunk);
         for (std::uint32_t p = jobs[k].p0; p < jobs[k].p1; ++p) {
@@ -821,24 +830,24 @@ void copy_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& pl
     for (std::size_t k = b; k < e; ++k) {
       const RestoreJob& j = plan.jobs[k];
       detail::ChunkView v = detail::view_of(m, j.chunk);
-      const std::uint64_t end = std::min<std::uint64_t>(j.p1 * kPageSize, v.ref->length);
       if (!v.overlay_count) {
         // Pages stored together: one copy.
-        char* to = plan.dst[j.chunk] + j.p0 * kPageSize;
+        char* to = plan.dst[j.chunk] + j.lo;
         if (v.ref->is_zero())
-          detail::zero_nt(to, end - j.p0 * kPageSize);
+          detail::zero_nt(to, j.hi - j.lo);
         else
-          detail::copy_nt(to, packs.mapped(v.ref->pack, v.ref->offset + j.p0 * kPageSize, end - j.p0 * kPageSize), end - j.p0 * kPageSize);
+          detail::copy_nt(to, packs.mapped(v.ref->pack, v.ref->offset + j.lo, j.hi - j.lo), j.hi - j.lo);
         continue;
       }
       for (std::uint32_t p = j.p0; p < j.p1; ++p) {
         detail::PageLoc at = v.location(p);
-        std::uint32_t len = v.page_length(p);
-        char* to = plan.dst[j.chunk] + p * kPageSize;
+        const std::uint64_t page = std::uint64_t{p} * kPageSize;
+        const std::uint64_t lo = std::max(j.lo, page), hi = std::min(j.hi, page + v.page_length(p));
+        char* to = plan.dst[j.chunk] + lo;
         if (at.pack)
-          detail::copy_nt(to, packs.mapped(at.pack, at.offset, len), len);
+          detail::copy_nt(to, packs.mapped(at.pack, at.offset + (lo - page), hi - lo), hi - lo);
         else
-          detail::zero_nt(to, len);
+          detail::zero_nt(to, hi - lo);
       }
     }
   });
@@ -882,12 +891,23 @@ RestorePlan Session::State::plan_restore(const Manifest& m, const std::string& r
       br = base_region(*live);
       w.emplace(ranges, mr.size, m.chunk_size);
     }
+    std::size_t next_written = 0;  // first of `ranges` that may reach the page at hand
     for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
       const std::size_t i = mr.first_chunk + j;
       const std::uint32_t n = detail::pages_in(m.chunks[i].length);  // (older formats have no page hashes)
+      // Bytes [lo, hi) of the chunk, joined to the previous job when they touch.
+      auto add_bytes = [&](std::uint64_t lo, std::uint64_t hi) {
+        const auto p1 = static_cast<std::uint32_t>((hi + kPageSize - 1) / kPageSize);
+        if (!plan.jobs.empty() && plan.jobs.back().chunk == i && plan.jobs.back().hi >= lo) {
+          plan.jobs.back().hi = std::max(plan.jobs.back().hi, hi);
+          plan.jobs.back().p1 = std::max(plan.jobs.back().p1, p1);
+        } else {
+          plan.jobs.push_back({i, static_cast<std::uint32_t>(lo / kPageSize), p1, lo, hi});
+        }
+        copy_bytes += hi - lo;
+      };
       auto add = [&](std::uint32_t p0, std::uint32_t p1) {
-        plan.jobs.push_back({i, p0, p1});
-        copy_bytes += std::min<std::uint64_t>(p1 * kPageSize, m.chunks[i].length) - p0 * kPageSize;
+        add_bytes(std::uint64_t{p0} * kPageSize, std::min<std::uint64_t>(std::uint64_t{p1} * kPageSize, m.chunks[i].length));
       };
       if (!br) {
         add(0, n);
@@ -900,20 +920,22 @@ RestorePlan Session::State::plan_restore(const Manifest& m, const std::string& r
         add(0, n);
         continue;
       }
-      // Page by page: differing page hashes, or written since the base.
+      // Page by page: differing page hashes (the whole page), or written
+      // since the base (the written bytes only).
       const std::uint64_t *th = m.paged ? m.hashes_of(i) : nullptr, *bh = m.paged ? base_m->hashes_of(br->first_chunk + j) : nullptr;
       const bool chunk_same = t.hash == b.hash;
-      for (std::uint32_t p = 0; p < n;) {
-        auto needed = [&](std::uint32_t q) { return w->page[j * pages_per_chunk + q] || (!chunk_same && th[q] != bh[q]); };
-        if (!needed(p)) {
-          ++p;
-          continue;
+      const std::uint64_t chunk_at = j * m.chunk_size;
+      for (std::uint32_t p = 0; p < n; ++p) {
+        if (!chunk_same && th[p] != bh[p]) {
+          add(p, p + 1);
+        } else if (w->page[j * pages_per_chunk + p]) {
+          const std::uint64_t pb = chunk_at + std::uint64_t{p} * kPageSize;
+          const std::uint64_t pe = chunk_at + std::min<std::uint64_t>(std::uint64_t{p + 1} * kPageSize, t.length);
+          while (next_written < ranges.size() && ranges[next_written].second <= pb)
+            ++next_written;
+          for (std::size_t x = next_written; x < ranges.size() && ranges[x].first < pe; ++x)
+            add_bytes(std::max(ranges[x].first, pb) - chunk_at, std::min(ranges[x].second, pe) - chunk_at);
         }
-        std::uint32_t q = p + 1;
-        while (q < n && needed(q))
-          ++q;
-        add(p, q);
-        p = q;
       }
     }
     // Writing most of a tracked region page by page would take one protection
