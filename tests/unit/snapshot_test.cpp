@@ -606,7 +606,8 @@ TEST_CASE("snapshot: new pack space (pwrite) and reused space (the mapping) read
         CHECK(diff(c.region("r").data(), a0.data(), size) == "");
       }
       // While "a" lives, "c" goes to new space as well; "d" then reuses the
-      // space "a" leaves, which this process wrote before: through the mapping.
+      // space "a" leaves, which this process wrote before: on tmpfs through
+      // the mapping (on disk every copy is a pwrite).
       dvrtest::fill_random(live.data(), size, 1802);
       const auto c0 = live;
       s.snapshot("c");

@@ -71,11 +71,14 @@ struct Packs::WriteMap {
   // New space is written with pwrite rather than through this mapping, on
   // page-granularity media (tmpfs, a disk file system): the file system then
   // allocates the pages as it copies into them, with no page fault per page,
-  // and reports a full disk as an error rather than a SIGBUS. Space reused
-  // later is mapped once (populated) and copied into non-temporally, which is
-  // faster from the second use on. Byte-persistent media (PMem) keep
-  // libpmem2's copies throughout. (docs/format.md, "Writing pack space".)
+  // and reports a full disk as an error rather than a SIGBUS. On tmpfs, space
+  // reused later is mapped once (populated) and copied into non-temporally,
+  // which is faster from the second use on; on a disk file system every copy
+  // is a pwrite, persisted with one fdatasync per block instead of an msync
+  // per copy. Byte-persistent media (PMem) keep libpmem2's copies
+  // throughout. (docs/format.md, "Writing pack space".)
   bool write_new_by_fd = false;
+  bool write_all_by_fd = false;
   // Per page, one bit each: this mapping has populated its page-table entry
   // (a snapshot that reuses free space skips the populate call), and this
   // process wrote it with pwrite (it exists in the file: populating it
@@ -213,6 +216,12 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
     // (Re)map the whole pack once; later snapshots that reuse its free space
     // find their pages already mapped. A replaced mapping may still be in use
     // by another writer of this batch: it is released by end_writes().
+    // The same file grown: which pages this process wrote stays true.
+    std::vector<std::uint64_t> in_file;
+    if (slot && slot->ino == static_cast<std::uint64_t>(st.st_ino)) {
+      std::lock_guard<std::mutex> lock(slot->mu);
+      in_file = slot->in_file;
+    }
     if (slot) retired_.push_back(std::move(slot));
     if (writes_.size() > kMaxWriteMaps) {
       // Keep a bounded number of pack files open for writing.
@@ -231,8 +240,13 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
     w->ino = static_cast<std::uint64_t>(st.st_ino);
     w->map = std::make_unique<Pmem2Map>(w->fd.get(), 0, w->size, path);
     w->write_new_by_fd = pmem2_map_get_store_granularity(w->map->get()) == PMEM2_GRANULARITY_PAGE;
+    struct statfs fs {};
+    const bool in_memory = ::fstatfs(w->fd.get(), &fs) == 0 &&
+                           (static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC);
+    w->write_all_by_fd = w->write_new_by_fd && !in_memory;
     w->populated.assign((w->size / kPageSize + 63) / 64, 0);
-    w->in_file = w->populated;
+    in_file.resize(w->populated.size(), 0);
+    w->in_file = std::move(in_file);
     slot = std::move(w);
   }
   slot->last_use = ++write_clock_;
@@ -288,11 +302,11 @@ void PackWriter::reserve(std::uint64_t rel, std::uint64_t len) {
       all = all && ((map_->populated[p / 64] >> (p % 64)) & 1);
       existing = existing && ((map_->in_file[p / 64] >> (p % 64)) & 1);
     }
-    fresh = !all && !existing && map_->write_new_by_fd;
+    fresh = map_->write_all_by_fd || (!all && !existing && map_->write_new_by_fd);
     if (fresh) {
-      // Space that may be new: copies into it are pwrites, which allocate as
-      // they go (a full file system is an error they return). Nothing to
-      // reserve on the file system first.
+      // Space that may be new (or any space, on disk): copies into it are
+      // pwrites, which allocate as they go (a full file system is an error
+      // they return). Nothing to reserve on the file system first.
       for (std::uint64_t p = first; p <= last; ++p)
         map_->in_file[p / 64] |= 1ull << (p % 64);
       if (!by_fd_.empty() && by_fd_.back().second == rel)
@@ -410,10 +424,11 @@ void Packs::refresh_mappings() {
                 static_cast<std::uint64_t>(st.st_size) == it->second.size();
     it = same ? std::next(it) : reads_.erase(it);
   }
+  // A write mapping of a file that only changed size is kept: writer() maps
+  // it again, keeping what it knows of the file's pages.
   for (auto it = writes_.begin(); it != writes_.end();) {
     struct stat st {};
-    bool same = it->second && ::stat(path_of(it->first).c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == it->second->ino &&
-                static_cast<std::uint64_t>(st.st_size) == it->second->size;
+    bool same = it->second && ::stat(path_of(it->first).c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == it->second->ino;
     it = same ? std::next(it) : writes_.erase(it);
   }
 }

@@ -1,5 +1,7 @@
-// Pack files: chunk data stored page-aligned and written through libpmem2
-// (non-temporal copies, then persisted). Layout: docs/format.md, "Pack files".
+// Pack files: chunk data stored page-aligned, written through libpmem2
+// (non-temporal copies, then persisted) or, on page-granularity media, with
+// pwrite where that avoids a page fault per new page. Layout and write paths:
+// docs/format.md, "Pack files".
 //
 // A pack is a sparse file; chunk data occupies ranges of it and everything
 // else is free space. Which ranges are live is known only
