@@ -1,6 +1,7 @@
 // Unit tests of snapshot and restore: bit-exact round trips over sizes and
 // alignments, many snapshots, zero chunks, dedup, replace, the timeline.
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 
 #include <csignal>
@@ -11,6 +12,8 @@
 #include <chrono>
 #include <random>
 
+#include "base/hash.hpp"
+#include "format/pack.hpp"
 #include "test_support.hpp"
 
 using dvr::Errc;
@@ -579,6 +582,129 @@ TEST_CASE("snapshot: a snapshot the store cannot hold is no_space, and nothing i
   // With room again, the same snapshot works.
   s.track("big", big.p, big_size);
   CHECK(s.snapshot("too-big").logical_bytes == big_size + small.size());
+}
+
+TEST_CASE("snapshot: new pack space (pwrite) and reused space (the mapping) read back exactly on tmpfs and on disk, with their page hashes",
+          "[snapshot][pack_space]") {
+  for (const std::string base : {"/dev/shm", "/var/tmp"}) {
+    INFO("store under " << base);
+    TempDir dir(base);
+    const std::size_t size = (6u << 20) + 777, pages = (size + 4095) / 4096;
+    auto live = dvrtest::random_bytes(size, 1800);
+    const auto a0 = live;
+    {
+      Store store = Store::open(dir.store());
+      Session s(store, "space");
+      s.track("r", live.data(), size);
+      CHECK(s.snapshot("a").stored_bytes >= size);  // into a new pack: every page new to the file system
+      CHECK(store.verify().ok());
+      dvrtest::fill_random(live.data(), size, 1801);
+      s.restore("a");
+      CHECK(diff(live, a0) == "");
+      {
+        dvr::Clone c = s.clone("a");
+        CHECK(diff(c.region("r").data(), a0.data(), size) == "");
+      }
+      // While "a" lives, "c" goes to new space as well; "d" then reuses the
+      // space "a" leaves, which this process wrote before: on tmpfs through
+      // the mapping (on disk every copy is a pwrite).
+      dvrtest::fill_random(live.data(), size, 1802);
+      const auto c0 = live;
+      s.snapshot("c");
+      store.remove("space", "a");
+      dvrtest::fill_random(live.data(), size, 1803);
+      const auto d0 = live;
+      s.snapshot("d");
+      CHECK(store.verify().ok());
+      s.restore("c");
+      CHECK(diff(live, c0) == "");
+      s.restore("d");
+      CHECK(diff(live, d0) == "");
+      store.remove("space", "c");
+      store.remove("space", "d");
+      store.gc();
+      live = a0;
+      s.snapshot("a");  // into space gc gave back: new again
+    }
+    // The page hash files hold the hash of every page written (in some order:
+    // lanes place chunks side by side), read back by a new Store.
+    Store store = Store::open(dir.store());
+    std::vector<std::uint64_t> expect(pages), got;
+    dvr::detail::hash_pages(reinterpret_cast<const char*>(a0.data()), size, expect.data());
+    const auto packs = dvrtest::pack_files(store);
+    REQUIRE(packs.size() == 1);
+    dvr::detail::Packs reader(dvrtest::fs::path(packs[0]).parent_path().string(), "");
+    const std::size_t span = static_cast<std::size_t>(reader.size_of(1) / 4096) - 1;
+    std::vector<std::uint64_t> stored(span);
+    REQUIRE(reader.stored_hashes(1, dvr::detail::kPackHeaderSize, span, stored.data()));
+    for (std::uint64_t h : stored)
+      if (h) got.push_back(h);
+    std::sort(expect.begin(), expect.end());
+    std::sort(got.begin(), got.end());
+    CHECK(got == expect);
+    // And a snapshot hashed against them stores just the three pages changed.
+    Session s(store, "space", {.tracking = dvr::Tracking::hash});
+    s.track("r", live.data(), size);
+    s.base_on("a");
+    for (std::size_t page : {3u, 700u, 1500u})
+      live[page * 4096 + 9] ^= 0x5a;
+    const auto b0 = live;
+    CHECK(s.snapshot("b").stored_bytes == 3 * 4096);
+    dvrtest::fill_random(live.data(), size, 1804);
+    s.restore("b");
+    CHECK(diff(live, b0) == "");
+    s.restore("a");
+    CHECK(diff(live, a0) == "");
+    CHECK(store.verify().ok());
+  }
+}
+
+TEST_CASE("snapshot: on a full tmpfs a snapshot is no_space, nothing is published, its space is given back and earlier ones stay intact",
+          "[snapshot][no_space]") {
+  // A real full file system (the pwrite of new pack space fails with ENOSPC),
+  // not a file-size limit: a tmpfs of 8 MiB mounted for this case.
+  TempDir dir;
+  const std::string mnt = dir / "mnt";
+  dvrtest::fs::create_directory(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=8m,mode=0700") != 0)
+    DVR_SKIP("cannot mount a tmpfs here (" << std::strerror(errno) << "): needs root");
+  struct Unmount {
+    std::string at;
+    ~Unmount() { ::umount2(at.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  {
+    Store store = Store::open(mnt + "/store");
+    auto small = dvrtest::random_bytes(1u << 20, 1900);
+    const auto small0 = small;
+    Session s(store, "full");
+    s.track("small", small.data(), small.size());
+    s.snapshot("before");
+    auto big = dvrtest::random_bytes(12u << 20, 1901);  // more than the tmpfs holds
+    s.track("big", big.data(), big.size());
+    auto e = catch_error([&] { s.snapshot("too-big"); });
+    INFO(e.what);
+    CHECK(e.code == Errc::no_space);
+    CHECK_THAT(e.what, Catch::Contains("full") && Catch::Contains(mnt));
+    CHECK(catch_error([&] { store.info("full", "too-big"); }).code == Errc::not_found);
+    CHECK(s.list().size() == 1);
+    // The space it had written is free again at once, not at the next gc.
+    struct statfs st {};
+    REQUIRE(::statfs(mnt.c_str(), &st) == 0);
+    CHECK(static_cast<std::uint64_t>(st.f_bavail) * st.f_bsize >= (5u << 20));
+    s.untrack("big");
+    dvrtest::fill_random(small.data(), small.size(), 1902);
+    s.restore("before");
+    CHECK(diff(small, small0) == "");
+    CHECK(store.verify().ok());
+    // With room again, a snapshot of new data works.
+    auto more = dvrtest::random_bytes(2u << 20, 1903);
+    const auto more0 = more;
+    s.track("more", more.data(), more.size());
+    s.snapshot("after");
+    dvrtest::fill_random(more.data(), more.size(), 1904);
+    s.restore("after");
+    CHECK(diff(more, more0) == "");
+  }
 }
 
 namespace {

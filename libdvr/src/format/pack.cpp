@@ -68,9 +68,22 @@ struct Packs::WriteMap {
   std::uint64_t size = 0;
   std::uint64_t ino = 0;
   std::unique_ptr<Pmem2Map> map;
-  // Pages whose page-table entries this mapping has already populated, so a
-  // snapshot that reuses free space skips the populate call.
-  std::vector<std::uint64_t> populated;
+  // New space is written with pwrite rather than through this mapping, on
+  // page-granularity media (tmpfs, a disk file system): the file system then
+  // allocates the pages as it copies into them, with no page fault per page,
+  // and reports a full disk as an error rather than a SIGBUS. On tmpfs, space
+  // reused later is mapped once (populated) and copied into non-temporally,
+  // which is faster from the second use on; on a disk file system every copy
+  // is a pwrite, persisted with one fdatasync per block instead of an msync
+  // per copy. Byte-persistent media (PMem) keep libpmem2's copies
+  // throughout. (docs/format.md, "Writing pack space".)
+  bool write_new_by_fd = false;
+  bool write_all_by_fd = false;
+  // Per page, one bit each: this mapping has populated its page-table entry
+  // (a snapshot that reuses free space skips the populate call), and this
+  // process wrote it with pwrite (it exists in the file: populating it
+  // allocates nothing).
+  std::vector<std::uint64_t> populated, in_file;
   std::mutex mu;
   std::uint64_t last_use = 0;
 
@@ -80,8 +93,10 @@ struct Packs::WriteMap {
     if (length == 0) return;
     std::uint64_t first = offset / kPageSize, last = (offset + length - 1) / kPageSize;
     std::lock_guard<std::mutex> lock(mu);
-    for (std::uint64_t p = first; p <= last && p / 64 < populated.size(); ++p)
+    for (std::uint64_t p = first; p <= last && p / 64 < populated.size(); ++p) {
       populated[p / 64] &= ~(1ull << (p % 64));
+      in_file[p / 64] &= ~(1ull << (p % 64));
+    }
   }
 };
 
@@ -201,6 +216,12 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
     // (Re)map the whole pack once; later snapshots that reuse its free space
     // find their pages already mapped. A replaced mapping may still be in use
     // by another writer of this batch: it is released by end_writes().
+    // The same file grown: which pages this process wrote stays true.
+    std::vector<std::uint64_t> in_file;
+    if (slot && slot->ino == static_cast<std::uint64_t>(st.st_ino)) {
+      std::lock_guard<std::mutex> lock(slot->mu);
+      in_file = slot->in_file;
+    }
     if (slot) retired_.push_back(std::move(slot));
     if (writes_.size() > kMaxWriteMaps) {
       // Keep a bounded number of pack files open for writing.
@@ -218,7 +239,14 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
     w->size = file_size(w->fd.get(), path);
     w->ino = static_cast<std::uint64_t>(st.st_ino);
     w->map = std::make_unique<Pmem2Map>(w->fd.get(), 0, w->size, path);
+    w->write_new_by_fd = pmem2_map_get_store_granularity(w->map->get()) == PMEM2_GRANULARITY_PAGE;
+    struct statfs fs {};
+    const bool in_memory = ::fstatfs(w->fd.get(), &fs) == 0 &&
+                           (static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC);
+    w->write_all_by_fd = w->write_new_by_fd && !in_memory;
     w->populated.assign((w->size / kPageSize + 63) / 64, 0);
+    in_file.resize(w->populated.size(), 0);
+    w->in_file = std::move(in_file);
     slot = std::move(w);
   }
   slot->last_use = ++write_clock_;
@@ -251,7 +279,10 @@ void Packs::punch(std::uint32_t pack, std::uint64_t offset, std::uint64_t length
 
 void Packs::forget_populated() {
   for (auto& [id, w] : writes_)
-    if (w) std::fill(w->populated.begin(), w->populated.end(), 0);
+    if (w) {
+      std::fill(w->populated.begin(), w->populated.end(), 0);
+      std::fill(w->in_file.begin(), w->in_file.end(), 0);
+    }
 }
 
 PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd)
@@ -263,7 +294,31 @@ PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t
 void PackWriter::reserve(std::uint64_t rel, std::uint64_t len) {
   if (len == 0) return;
   if (rel + len > length_) throw Error(Errc::io, "internal error: reservation outside the pack extent");
-  auto off = static_cast<off_t>(offset_ + rel);
+  const std::uint64_t first = (offset_ + rel) / kPageSize, last = (offset_ + rel + len - 1) / kPageSize;
+  bool all = true, existing = true, fresh = false;
+  {
+    std::lock_guard<std::mutex> lock(map_->mu);
+    for (std::uint64_t p = first; p <= last && (all || existing); ++p) {
+      all = all && ((map_->populated[p / 64] >> (p % 64)) & 1);
+      existing = existing && ((map_->in_file[p / 64] >> (p % 64)) & 1);
+    }
+    fresh = map_->write_all_by_fd || (!all && !existing && map_->write_new_by_fd);
+    if (fresh) {
+      // Space that may be new (or any space, on disk): copies into it are
+      // pwrites, which allocate as they go (a full file system is an error
+      // they return). Nothing to reserve on the file system first.
+      for (std::uint64_t p = first; p <= last; ++p)
+        map_->in_file[p / 64] |= 1ull << (p % 64);
+      if (!by_fd_.empty() && by_fd_.back().second == rel)
+        by_fd_.back().second = rel + len;
+      else
+        by_fd_.emplace_back(rel, rel + len);
+    }
+  }
+  if (fresh) {
+    reserve_hashes(rel, len);
+    return;
+  }
   // Reserve on the file system first: a store through a mapping into space the
   // file system cannot provide would kill the process with SIGBUS instead of
   // failing. (Cheap when the range is allocated already, e.g. space of a
@@ -271,29 +326,32 @@ void PackWriter::reserve(std::uint64_t rel, std::uint64_t len) {
   // the range to the next hole.)
   {
     FileSizeSignalGuard guard;
-    int err = ::posix_fallocate(map_->fd.get(), off, static_cast<off_t>(len));
+    int err = ::posix_fallocate(map_->fd.get(), static_cast<off_t>(offset_ + rel), static_cast<off_t>(len));
     if (err != 0) throw_errno(err, "cannot reserve " + std::to_string(len) + " bytes in " + map_->path);
-    // The page hashes of the range, likewise (8 bytes per page). They are
-    // best effort: without room for them, readers hash the data instead.
-    if (hashes_) {
-      std::uint64_t hb = (offset_ + rel) / kPageSize * 8 / kPageSize * kPageSize;
-      std::uint64_t he = round_up_page((offset_ + rel + len + kPageSize - 1) / kPageSize * 8);
-      if (::posix_fallocate(hash_fd_, static_cast<off_t>(hb), static_cast<off_t>(he - hb)) != 0) hashes_ = nullptr;
-    }
   }
-  // Populate the page tables in one call rather than one fault per page.
-  std::uint64_t first = (offset_ + rel) / kPageSize, last = (offset_ + rel + len - 1) / kPageSize;
-  bool all = true;
-  {
-    std::lock_guard<std::mutex> lock(map_->mu);
-    for (std::uint64_t p = first; p <= last && all; ++p)
-      all = (map_->populated[p / 64] >> (p % 64)) & 1;
-  }
+  reserve_hashes(rel, len);
   if (all) return;
+  // Populate the page tables in one call rather than one fault per page.
   if (::madvise(base_ + rel, len, MADV_POPULATE_WRITE) != 0) return;  // pages fault in one by one instead
   std::lock_guard<std::mutex> lock(map_->mu);
   for (std::uint64_t p = first; p <= last; ++p)
     map_->populated[p / 64] |= 1ull << (p % 64);
+}
+
+void PackWriter::reserve_hashes(std::uint64_t rel, std::uint64_t len) {
+  // The page hashes of the range (8 bytes per page). They are best effort:
+  // without room for them, readers hash the data instead.
+  if (!hashes_) return;
+  FileSizeSignalGuard guard;
+  std::uint64_t hb = (offset_ + rel) / kPageSize * 8 / kPageSize * kPageSize;
+  std::uint64_t he = round_up_page((offset_ + rel + len + kPageSize - 1) / kPageSize * 8);
+  if (::posix_fallocate(hash_fd_, static_cast<off_t>(hb), static_cast<off_t>(he - hb)) != 0) hashes_ = nullptr;
+}
+
+bool PackWriter::by_fd(std::uint64_t rel, std::uint64_t len) const {
+  for (auto& [lo, hi] : by_fd_)
+    if (lo < rel + len && rel < hi) return true;
+  return false;
 }
 
 void PackWriter::copy(std::uint64_t rel, const void* src, std::size_t len) {
@@ -303,6 +361,13 @@ void PackWriter::copy(std::uint64_t rel, const void* src, std::size_t len) {
   // memmove, ~20% slower for a full snapshot). Small ones (pages stored
   // apart): non-temporal too, but flushed all together in finish() — one
   // msync per page would cost more than the copy.
+  if (by_fd(rel, len)) {
+    // Into new space: one pwrite, complete when it returns (a reused source
+    // buffer may change right after); persisted by finish().
+    write_all_at(map_->fd.get(), src, len, offset_ + rel, std::to_string(len) + " bytes at offset " + std::to_string(offset_ + rel) + " of " + map_->path);
+    unsynced_ = true;
+    return;
+  }
   if (len < kSmallCopy) {
     copy_nt(base_ + rel, src, len);  // streaming stores, like libpmem2's
     unflushed_lo_ = std::min(unflushed_lo_, rel);
@@ -335,6 +400,12 @@ void PackWriter::finish() {
   unflushed_lo_ = UINT64_MAX;
   unflushed_hi_ = 0;
   pmem2_get_drain_fn(map_->map->get())();
+  if (unsynced_) {
+    // Data written with pwrite, and the file system's record of the space it
+    // allocated (a no-op on tmpfs).
+    if (::fdatasync(map_->fd.get()) != 0) throw_errno(errno, "cannot persist data written to " + map_->path);
+    unsynced_ = false;
+  }
 }
 
 void Packs::refresh_mappings() {
@@ -353,10 +424,11 @@ void Packs::refresh_mappings() {
                 static_cast<std::uint64_t>(st.st_size) == it->second.size();
     it = same ? std::next(it) : reads_.erase(it);
   }
+  // A write mapping of a file that only changed size is kept: writer() maps
+  // it again, keeping what it knows of the file's pages.
   for (auto it = writes_.begin(); it != writes_.end();) {
     struct stat st {};
-    bool same = it->second && ::stat(path_of(it->first).c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == it->second->ino &&
-                static_cast<std::uint64_t>(st.st_size) == it->second->size;
+    bool same = it->second && ::stat(path_of(it->first).c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == it->second->ino;
     it = same ? std::next(it) : writes_.erase(it);
   }
 }

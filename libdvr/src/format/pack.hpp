@@ -1,5 +1,7 @@
-// Pack files: chunk data stored page-aligned and written through libpmem2
-// (non-temporal copies, then persisted). Layout: docs/format.md, "Pack files".
+// Pack files: chunk data stored page-aligned, written through libpmem2
+// (non-temporal copies, then persisted) or, on page-granularity media, with
+// pwrite where that avoids a page fault per new page. Layout and write paths:
+// docs/format.md, "Pack files".
 //
 // A pack is a sparse file; chunk data occupies ranges of it and everything
 // else is free space. Which ranges are live is known only
@@ -13,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/hash.hpp"
@@ -130,15 +133,22 @@ class Packs {
 /// makes everything copied persistent. Offsets are relative to the extent.
 class PackWriter {
  public:
-  /// Makes [rel, rel+len) writable: reserves it on the file system (throws
-  /// no_space, leaving it free space) and populates its page tables.
+  /// Makes [rel, rel+len) writable. Space this pack's write mapping holds
+  /// already is reserved on the file system (throws no_space, leaving it free
+  /// space) and its page tables populated; new space on page-granularity
+  /// media (tmpfs, disk) is left to the copies, which write it with pwrite.
   void reserve(std::uint64_t rel, std::uint64_t len);
-  /// Copies into a reserved range (large copies non-temporal and flushed as
-  /// they go, small ones flushed together by finish()); finish() completes
+  /// Copies into a reserved range. Into new space on page-granularity media:
+  /// a pwrite (throws no_space when the file system is full). Otherwise
+  /// through the mapping: large copies non-temporal and flushed as they go,
+  /// small ones flushed together by finish(). Either way the copy is complete
+  /// when it returns (the source may change after); finish() completes
   /// persistence.
   void copy(std::uint64_t rel, const void* src, std::size_t len);
   /// Records the page hashes of the pages copied at rel (page-aligned).
   void set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count);
+  /// Makes everything copied persistent (throws when the file system cannot
+  /// write it back).
   void finish();
   /// After finish(): drops this process's page-table entries of the extent
   /// (the data stays in the file), so that a long stream of writes keeps a
@@ -151,6 +161,8 @@ class PackWriter {
  private:
   friend class Packs;
   PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd);
+  void reserve_hashes(std::uint64_t rel, std::uint64_t len);
+  bool by_fd(std::uint64_t rel, std::uint64_t len) const;  // overlaps space written with pwrite
   Packs::WriteMap* map_;
   std::uint64_t offset_, length_;
   char* base_;
@@ -161,6 +173,8 @@ class PackWriter {
   std::uint64_t* hashes_;                                       // the same while there is room to write hashes, else nullptr
   int hash_fd_;
   std::uint64_t hash_lo_ = UINT64_MAX, hash_hi_ = 0;  // pages whose hashes were set
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> by_fd_;  // reserved ranges written with pwrite, ascending
+  bool unsynced_ = false;                                       // pwrites not yet persisted
 };
 
 /// True when libpmem2, asked for PAGE granularity on `fd` (a file of at least
