@@ -282,16 +282,11 @@ TEST_CASE("background: a store that fills up fails the job with no_space and pub
     std::memcpy(big.p + off + 8, &off, sizeof off);
   }
   s.track("big", big.p, big.size);
-  struct rlimit old {};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-  auto old_sigxfsz = ::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit lim = old;
-  lim.rlim_cur = 32u << 20;
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &lim) == 0);
-  SnapshotJob job = s.snapshot_background("too-big");
-  auto e = catch_error([&] { job.wait(); });
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
-  ::signal(SIGXFSZ, old_sigxfsz);
+  auto e = [&] {
+    dvrtest::FileSizeLimit limit(32u << 20);
+    SnapshotJob job = s.snapshot_background("too-big");
+    return catch_error([&] { job.wait(); });
+  }();
   INFO(e.what);
   CHECK(e.code == Errc::no_space);
   CHECK(catch_error([&] { store.info("full", "too-big"); }).code == Errc::not_found);

@@ -558,15 +558,10 @@ TEST_CASE("snapshot: a snapshot the store cannot hold is no_space, and nothing i
   }
   s.track("big", big.p, big_size);
 
-  struct rlimit old {};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-  auto old_sigxfsz = ::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit lim = old;
-  lim.rlim_cur = 64u << 20;
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &lim) == 0);
-  auto e = catch_error([&] { s.snapshot("too-big"); });
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
-  ::signal(SIGXFSZ, old_sigxfsz);
+  auto e = [&] {
+    dvrtest::FileSizeLimit limit(64u << 20);
+    return catch_error([&] { s.snapshot("too-big"); });
+  }();
 
   INFO(e.what);
   CHECK(e.code == Errc::no_space);

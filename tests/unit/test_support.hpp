@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -183,6 +184,30 @@ Caught catch_error(F&& f) {
   }
   return c;
 }
+
+/// A file-size limit of `bytes` for this process while it lives, standing in
+/// for a full file system: growing a pack past it fails with EFBIG (SIGXFSZ is
+/// ignored meanwhile), which the store reports as no_space.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(std::uint64_t bytes) {
+    if (::getrlimit(RLIMIT_FSIZE, &old_) != 0) throw std::runtime_error("getrlimit failed");
+    old_sigxfsz_ = ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = old_;
+    lim.rlim_cur = bytes;
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) throw std::runtime_error("setrlimit failed");
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    ::signal(SIGXFSZ, old_sigxfsz_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  struct rlimit old_ {};
+  void (*old_sigxfsz_)(int) = SIG_DFL;
+};
 
 /// Deterministic pseudo-random bytes (splitmix64), different for every seed.
 inline void fill_random(void* dst, std::size_t len, std::uint64_t seed) {
