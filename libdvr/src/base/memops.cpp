@@ -75,6 +75,16 @@ bool all_zero(const void* data, std::size_t len) noexcept {
   return len == 0 || (p[0] == 0 && std::memcmp(p, p + 1, len - 1) == 0);
 }
 
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
+RacyReads::RacyReads() noexcept { __tsan_ignore_thread_begin(); }
+RacyReads::~RacyReads() { __tsan_ignore_thread_end(); }
+#else
+RacyReads::RacyReads() noexcept = default;
+RacyReads::~RacyReads() = default;
+#endif
+
 void parallel_for(std::size_t count, std::size_t work_bytes, const std::function<void(std::size_t, std::size_t)>& fn) {
   constexpr std::size_t kMinBytesPerThread = 8u << 20;
   std::size_t threads = std::max(1u, std::thread::hardware_concurrency());

@@ -16,6 +16,19 @@ void zero_nt(void* dst, std::size_t len) noexcept;
 /// True when all `len` bytes are zero.
 bool all_zero(const void* data, std::size_t len) noexcept;
 
+/// While it lives, this thread's memory accesses are not checked by
+/// ThreadSanitizer (a no-op in other builds): for reading memory that the
+/// program may be writing at the same time by design — a background snapshot,
+/// where the kernel's write protection orders the writes after the reads they
+/// must follow, which ThreadSanitizer cannot see.
+class RacyReads {
+ public:
+  RacyReads() noexcept;
+  ~RacyReads();
+  RacyReads(const RacyReads&) = delete;
+  RacyReads& operator=(const RacyReads&) = delete;
+};
+
 /// Runs fn(begin, end) over [0, count) split into contiguous slices, one per
 /// hardware thread, when `work_bytes` is large enough to pay for the threads.
 /// Exceptions from fn are rethrown (the first one).

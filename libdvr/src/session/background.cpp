@@ -65,7 +65,7 @@ void BackgroundJob::run() {
       guard->release(area[r]);
       lost[r] = hand_back(r);
       if (taken && lost[r].empty())
-        written_after[r] = pages_differing(*taken, taken->regions[r], sources[r].data, sources[r].size);
+        written_after[r] = pages_differing(*taken, taken->regions[r], sources[r].data, sources[r].size, {}, true);
     }
     faults = guard->faults();
     copied = guard->copied() * store->chunk_size;

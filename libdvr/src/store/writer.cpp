@@ -40,7 +40,8 @@ bool inside(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi) {
   return it != ranges.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
 }
 
-ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size, const ByteRanges& zero) {
+ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size, const ByteRanges& zero,
+                           bool racy) {
   // The region's pages are consecutive in the base's page hash table.
   const std::uint64_t* expect = base.page_hashes.data() + base.first_page[region.first_chunk];
   const std::size_t pages = pages_in(size);
@@ -49,6 +50,8 @@ ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, c
     for (std::uint64_t p = (lo + kPageSize - 1) / kPageSize; p < pages && (p + 1) * kPageSize <= hi; ++p)
       known_zero[p] = 1;
   parallel_for(pages, size, [&](std::size_t b, std::size_t e) {
+    std::optional<RacyReads> ignore;
+    if (racy) ignore.emplace();
     for (std::size_t p = b; p < e; ++p) {
       std::size_t len = std::min<std::uint64_t>(kPageSize, size - p * kPageSize);
       differs[p] = (known_zero[p] ? zero_page_hash(len) : page_hash(data + p * kPageSize, len)) != expect[p];
@@ -537,6 +540,8 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
     // Guarded memory may change after a chunk is read: each copy is made
     // before the next chunk is read (sources not stable).
     SnapshotWriter::Lane lane(w, slot[e] - slot[b], guard == nullptr, true);
+    std::optional<RacyReads> racy;  // guarded memory is written by the program meanwhile
+    if (guard) racy.emplace();
     auto put = [&](std::size_t i, const char* data) {
       if (cp.plan[i] == Plan::patch)
         lane.put_patch(

@@ -65,8 +65,9 @@ bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::
 bool inside(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi);
 
 /// Pages inside `zero` (sorted byte ranges) are taken to be zero, not read.
+/// `racy`: the program may be writing `data` meanwhile (see RacyReads).
 ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size,
-                           const ByteRanges& zero = {});
+                           const ByteRanges& zero = {}, bool racy = false);
 
 class SnapshotWriter;
 

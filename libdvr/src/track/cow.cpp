@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "base/hash.hpp"
+#include "base/memops.hpp"
 #include "base/os.hpp"
 #include "dvr/error.hpp"
 
@@ -159,7 +160,10 @@ void CowGuard::copy_aside(Area& ar, std::uint64_t j) {
   // done.
   const std::uint32_t s = pool_used_.fetch_add(1) + 1;
   char* to = pool_.bytes() + std::size_t{s - 1} * pool_chunk_;
-  std::memcpy(to, ar.data + j * ar.chunk_size, ar.chunk_len(j));
+  {
+    RacyReads racy;  // the program writes its other chunks meanwhile
+    std::memcpy(to, ar.data + j * ar.chunk_size, ar.chunk_len(j));
+  }
   ar.slot[j].store(s, std::memory_order_release);
   copied_.fetch_add(1, std::memory_order_relaxed);
 }
