@@ -4,6 +4,7 @@
 // and the cases taken at once.
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@ using dvr::Errc;
 using dvr::Session;
 using dvr::SnapshotJob;
 using dvr::Store;
+using dvrtest::Caught;
 using dvrtest::catch_error;
 using dvrtest::diff;
 using dvrtest::TempDir;
@@ -385,4 +387,44 @@ TEST_CASE("background: a persistent heap region is snapshotted in the background
   CHECK(diff(bytes, at_call.data(), h.size()) == "");
   s.restore("q");
   CHECK(diff(bytes, later.data(), h.size()) == "");
+}
+
+TEST_CASE("background: on a full tmpfs the job fails with no_space while the program writes, nothing is published", "[background][no_space]") {
+  // A real full file system, not a file-size limit: a tmpfs of 8 MiB.
+  TempDir dir;
+  const std::string mnt = dir / "mnt";
+  dvrtest::fs::create_directory(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=8m,mode=0700") != 0)
+    DVR_SKIP("cannot mount a tmpfs here (" << std::strerror(errno) << "): needs root");
+  struct Unmount {
+    std::string at;
+    ~Unmount() { ::umount2(at.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  {
+    Store store = Store::open(mnt + "/store");
+    Session s(store, "full");
+    auto small = dvrtest::random_bytes(1u << 20, 70);
+    const auto small0 = small;
+    s.track("small", small.data(), small.size());
+    s.snapshot("before");
+    Pages big(12u << 20);  // more than the tmpfs holds
+    dvrtest::fill_random(big.p, big.size, 71);
+    s.track("big", big.p, big.size);
+    SnapshotJob job = s.snapshot_background("too-big");
+    REQUIRE_BACKGROUND(job);
+    Caught e;
+    {
+      Hammer h(big.p, big.size, 1);
+      e = catch_error([&] { job.wait(); });
+    }
+    INFO(e.what);
+    CHECK(e.code == Errc::no_space);
+    CHECK(catch_error([&] { store.info("full", "too-big"); }).code == Errc::not_found);
+    CHECK(s.head() == "before");
+    s.untrack("big");
+    dvrtest::fill_random(small.data(), small.size(), 72);
+    s.restore("before");
+    CHECK(diff(small, small0) == "");
+    CHECK(store.verify().ok());
+  }
 }
