@@ -200,7 +200,7 @@ TEST_CASE("background: little changed, hash tracking, or an empty session: taken
   CHECK(catch_error([&] { SnapshotJob().wait(); }).code == Errc::invalid_argument);
 }
 
-TEST_CASE("background: snapshot(..., {.background = true}) returns pending info; restore and the next snapshot wait for it", "[background]") {
+TEST_CASE("background: snapshot(..., {.background = true}) returns pending info, and restore and the next snapshot wait for it", "[background]") {
   TempDir dir;
   Store store = Store::open(dir.store());
   Session s(store, "wait");

@@ -185,7 +185,7 @@ TEST_CASE("pack: a writer's large and small copies are in the file after finish,
   CHECK(dvrtest::diff(bytes_at(d.packs, 2, kPackHeaderSize, y.size()), y) == "");
 }
 
-TEST_CASE("pack: new space is written with pwrite, reused space through the mapping; both read back exactly through every view", "[pack]") {
+TEST_CASE("pack: new space is written with pwrite, reused space through the mapping, and both read back exactly through every view", "[pack]") {
   PackDir d;
   d.packs.create(1, 8 << 20, 1 << 20);
   const std::string path = d.packs.path_of(1);
