@@ -214,7 +214,9 @@ class DVR_EXPORT Session {
   /// reported by the handle's wait(), with nothing published. Until it is
   /// done, restore(), snapshot(), base_on(), track(), alloc() and untrack()
   /// first wait for it; destroying the session cancels it. Pages copied aside
-  /// take memory until it ends (at most the regions' size).
+  /// take memory until it ends (at most the regions' size). A child forked
+  /// while it runs must not use the session (its worker threads are not in
+  /// the child).
   SnapshotJob snapshot_background(const std::string& name, const SnapshotOptions& options = {});
 
   /// The background snapshot started last, while the session has not taken
