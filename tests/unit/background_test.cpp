@@ -4,7 +4,6 @@
 // and the cases taken at once.
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -393,13 +392,8 @@ TEST_CASE("background: on a full tmpfs the job fails with no_space while the pro
   // A real full file system, not a file-size limit: a tmpfs of 8 MiB.
   TempDir dir;
   const std::string mnt = dir / "mnt";
-  dvrtest::fs::create_directory(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=8m,mode=0700") != 0)
-    DVR_SKIP("cannot mount a tmpfs here (" << std::strerror(errno) << "): needs root");
-  struct Unmount {
-    std::string at;
-    ~Unmount() { ::umount2(at.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  dvrtest::MountedTmpfs tmpfs(mnt, "8m");
+  if (!tmpfs) DVR_SKIP("cannot mount a tmpfs here (" << tmpfs.error() << "): needs root");
   {
     Store store = Store::open(mnt + "/store");
     Session s(store, "full");

@@ -660,13 +660,8 @@ TEST_CASE("snapshot: on a full tmpfs a snapshot is no_space, nothing is publishe
   // not a file-size limit: a tmpfs of 8 MiB mounted for this case.
   TempDir dir;
   const std::string mnt = dir / "mnt";
-  dvrtest::fs::create_directory(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=8m,mode=0700") != 0)
-    DVR_SKIP("cannot mount a tmpfs here (" << std::strerror(errno) << "): needs root");
-  struct Unmount {
-    std::string at;
-    ~Unmount() { ::umount2(at.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  dvrtest::MountedTmpfs tmpfs(mnt, "8m");
+  if (!tmpfs) DVR_SKIP("cannot mount a tmpfs here (" << tmpfs.error() << "): needs root");
   {
     Store store = Store::open(mnt + "/store");
     auto small = dvrtest::random_bytes(1u << 20, 1900);

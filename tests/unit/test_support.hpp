@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -184,6 +185,31 @@ Caught catch_error(F&& f) {
   }
   return c;
 }
+
+/// A tmpfs of `size` (mount's size=, e.g. "8m") mounted at the new directory
+/// `at` while it lives: a real file system that fills up. Needs root; false
+/// (with error()) where it cannot be mounted.
+class MountedTmpfs {
+ public:
+  MountedTmpfs(const std::string& at, const std::string& size) : at_(at) {
+    fs::create_directory(at_);
+    if (::mount("tmpfs", at_.c_str(), "tmpfs", 0, ("size=" + size + ",mode=0700").c_str()) == 0)
+      mounted_ = true;
+    else
+      error_ = std::strerror(errno);
+  }
+  ~MountedTmpfs() {
+    if (mounted_) ::umount2(at_.c_str(), MNT_DETACH);
+  }
+  MountedTmpfs(const MountedTmpfs&) = delete;
+  MountedTmpfs& operator=(const MountedTmpfs&) = delete;
+  explicit operator bool() const { return mounted_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string at_, error_;
+  bool mounted_ = false;
+};
 
 /// A file-size limit of `bytes` for this process while it lives, standing in
 /// for a full file system: growing a pack past it fails with EFBIG (SIGXFSZ is

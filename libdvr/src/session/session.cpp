@@ -148,6 +148,13 @@ struct Session::State {
   // outcome over: the new base and head, or, when nothing was published,
   // hashing against the old base (its tracking marks are gone).
   void settle(bool cancel);
+  // Throws invalid_argument for a bad snapshot name, or when there are no
+  // regions to snapshot.
+  void check_regions(const std::string& snapshot) const {
+    detail::check_name("snapshot", snapshot);
+    if (regions.empty())
+      throw Error(Errc::invalid_argument, "session '" + name + "' has no regions to snapshot as '" + snapshot + "'; track() or alloc() memory first");
+  }
   void settle_if_done() {
     if (job && !job->settled && job->worker.joinable()) {
       std::lock_guard<std::mutex> l(job->mu);
@@ -605,13 +612,9 @@ SnapshotJob Session::snapshot_background(const std::string& name, const Snapshot
   const auto t0 = std::chrono::steady_clock::now();
   State& st = *state_;
   st.settle(false);
-  detail::check_name("snapshot", name);
-  if (st.regions.empty())
-    throw Error(Errc::invalid_argument, "session '" + st.name + "' has no regions to snapshot as '" + name + "'; track() or alloc() memory first");
+  st.check_regions(name);
   StoreImpl& store = detail::impl_of(st.store);
-  const std::string ref = StoreImpl::ref(st.name, name);
-  if (!options.replace && detail::path_exists(store.manifest_path(st.name, name)))
-    throw Error(Errc::already_exists, "snapshot '" + ref + "' exists already; pick another name, pass replace, or `dvr rm " + ref + "` first");
+  detail::check_new_snapshot(store, st.name, name, options.replace);
   auto job = std::make_shared<detail::BackgroundJob>();
   job->name = name;
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -729,10 +732,7 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
     return info;
   }
   state_->settle(false);
-  detail::check_name("snapshot", name);
-  if (state_->regions.empty())
-    throw Error(Errc::invalid_argument,
-                "session '" + state_->name + "' has no regions to snapshot as '" + name + "'; track() or alloc() memory first");
+  state_->check_regions(name);
   // What changed since the base: asked of the tracker, or found by hashing,
   // before the store is locked.
   bool tracked = false;

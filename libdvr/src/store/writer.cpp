@@ -128,14 +128,18 @@ std::vector<SnapshotInfo> WriteBatch::publish(const std::vector<SnapshotWriter*>
 
 // ---- SnapshotWriter -----------------------------------------------------------
 
-SnapshotWriter::SnapshotWriter(WriteBatch& batch, const std::string& session, const std::string& name, const WriterOptions& options, Manifest* reuse)
-    : batch_(batch) {
+void check_new_snapshot(StoreImpl& store, const std::string& session, const std::string& name, bool replace) {
   check_name("session", session);
   check_name("snapshot", name);
-  StoreImpl& store = batch_.store();
   const std::string ref = StoreImpl::ref(session, name);
-  if (!options.replace && path_exists(store.manifest_path(session, name)))
+  if (!replace && path_exists(store.manifest_path(session, name)))
     throw Error(Errc::already_exists, "snapshot '" + ref + "' exists already; pick another name, pass replace, or `dvr rm " + ref + "` first");
+}
+
+SnapshotWriter::SnapshotWriter(WriteBatch& batch, const std::string& session, const std::string& name, const WriterOptions& options, Manifest* reuse)
+    : batch_(batch) {
+  StoreImpl& store = batch_.store();
+  check_new_snapshot(store, session, name, options.replace);
   if (reuse) m_ = std::move(*reuse);
   m_.regions.clear();
   m_.chunks.clear();

@@ -71,6 +71,11 @@ ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, c
 
 class SnapshotWriter;
 
+/// Throws invalid_argument for bad names and already_exists when snapshot
+/// `name` of `session` exists and `replace` is false (what SnapshotWriter
+/// checks first; callers that start work before the batch check it early).
+void check_new_snapshot(StoreImpl& store, const std::string& session, const std::string& name, bool replace);
+
 /// The exclusive right to add snapshots to a store, from construction to
 /// destruction. While it lives this thread holds the store's mutex and the
 /// writers' lock (other writers and gc wait; readers do not), the
