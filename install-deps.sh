@@ -38,7 +38,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config git ninja-build
-  libpmem2-dev libxxhash-dev libzstd-dev zstd
+  libpmem2-dev libxxhash-dev libzstd-dev zstd xxhash
   libjemalloc-dev
   catch2
   python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-pip

@@ -11,6 +11,7 @@
 //    "ratio":...}   ratio = peer time / our time (above 1: faster than the peer)
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -202,6 +203,72 @@ double pwrite_peer(int fd, const char* data, std::size_t n) {
   return seconds_now() - t0;
 }
 
+// Runs `args` (stdout and stderr to /dev/null unless `out` is given, which
+// gets stdout); seconds from fork to exit. Throws when it fails.
+double run_timed(const std::vector<std::string>& args, std::string* out = nullptr) {
+  int pipefd[2] = {-1, -1};
+  if (out && ::pipe2(pipefd, O_CLOEXEC) != 0) throw std::runtime_error("pipe: " + std::string(std::strerror(errno)));
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  double t0 = seconds_now();
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
+  if (pid == 0) {
+    int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(out ? pipefd[1] : null, 1);
+    ::dup2(null, 2);
+    ::execvp(argv[0], argv.data());
+    ::_exit(127);
+  }
+  if (out) {
+    ::close(pipefd[1]);
+    char buf[4096];
+    ssize_t r;
+    while ((r = ::read(pipefd[0], buf, sizeof buf)) > 0)
+      out->append(buf, static_cast<std::size_t>(r));
+    ::close(pipefd[0]);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  double t = seconds_now() - t0;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error(args[0] + " failed (status " + std::to_string(status) + ")");
+  return t;
+}
+
+// Drops the page cache of every regular file under `path` (clean pages only:
+// the files were synced), so that the next read comes from the device.
+void drop_cache(const std::string& path) {
+  std::error_code ec;
+  auto drop = [](const std::filesystem::path& p) {
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  };
+  if (std::filesystem::is_regular_file(path, ec)) {
+    drop(path);
+    return;
+  }
+  for (auto& e : std::filesystem::recursive_directory_iterator(path, ec))
+    if (e.is_regular_file(ec)) drop(e.path());
+}
+
+// The files under `dir` whose names end in `suffix`, sorted.
+std::vector<std::string> files_ending(const std::string& dir, const std::string& suffix) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::string p = e.path().string();
+    if (p.size() >= suffix.size() && p.compare(p.size() - suffix.size(), suffix.size(), suffix) == 0) out.push_back(p);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 template <class F>
 double best_of(int repeat, F&& f) {
   double best = 1e30;
@@ -222,6 +289,7 @@ int main(int argc, char** argv) {
   std::string store_dir;
   std::uint32_t chunk_size = StoreOptions{}.chunk_size;
   std::uint64_t background_large = 0;
+  bool disk_only = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
@@ -239,11 +307,16 @@ int main(int argc, char** argv) {
         store_dir = value();
       else if (a == "--chunk-size")
         chunk_size = static_cast<std::uint32_t>(parse_size(value()));
+      else if (a == "--disk-only")
+        disk_only = true;
       else if (a == "--background-large")
         background_large = parse_size(value());
       else if (a == "-h" || a == "--help") {
-        std::cout << "usage: dvr-bench [--size 1G] [--repeat 5] [--json] [--store DIR] [--chunk-size 256K] [--background-large 8G]\n"
-                     "  --background-large SIZE  also measure the caller's stall of a background snapshot of SIZE\n";
+        std::cout << "usage: dvr-bench [--size 1G] [--repeat 5] [--json] [--store DIR] [--chunk-size 256K] [--background-large 8G] [--disk-only]\n"
+                     "  --store DIR              the store to measure (default: a new one in /dev/shm); on a disk file system the\n"
+                     "                           figures disk_* compare it with dd and xxhsum of the same bytes on that file system\n"
+                     "  --background-large SIZE  also measure the caller's stall of a background snapshot of SIZE\n"
+                     "  --disk-only              only the full snapshot, restore and the disk_* figures\n";
         return 0;
       } else
         throw std::invalid_argument("unknown argument '" + a + "'");
@@ -338,7 +411,7 @@ int main(int argc, char** argv) {
     // the full restore above. Measured with write-protect tracking (when the
     // kernel allows it) and with tracking off (hash).
     const std::string wp_mode = tracking_name(s.tracking("data"));
-    for (Tracking mode : {Tracking::write_protect, Tracking::hash}) {
+    for (Tracking mode : disk_only ? std::vector<Tracking>{} : std::vector<Tracking>{Tracking::write_protect, Tracking::hash}) {
       std::optional<Session> hashed;
       if (mode == Tracking::hash) {
         hashed.emplace(store, "bench-hash", SessionOptions{.tracking = Tracking::hash});
@@ -375,7 +448,7 @@ int main(int argc, char** argv) {
     // A thin clone of the last full snapshot: time to open it (no checksum
     // pass), and the private memory it costs after reading everything and
     // writing 1% of its pages. Peer: the full restore (the copy it avoids).
-    {
+    if (!disk_only) {
       std::uint64_t anon0 = rss_anon();
       double t0 = seconds_now();
       Clone c = s.clone(last, {.verify = false});
@@ -399,7 +472,7 @@ int main(int argc, char** argv) {
     // the caller's stall, the total time and the speed of a program writing
     // 1% of its pages per tick meanwhile. Peers: the blocking full snapshot
     // of the same bytes above, and the program's own speed just before.
-    {
+    if (!disk_only) {
       auto full_round = [&](const std::string& name, std::uint64_t seed) {
         touch_every_page(data, n, seed);
         std::memcpy(scratch, data, n);  // the memory at the call
@@ -449,7 +522,7 @@ int main(int argc, char** argv) {
                              " s, " + std::to_string(aside) + " bytes copied aside first); peer: the same program just before; bit-exact (target: ratio >= 0.8)",
                          "own_speed", "", ",\"bytes_copied_aside\":" + std::to_string(aside) + ",\"exact\":true"});
     }
-    if (background_large) {
+    if (background_large && !disk_only) {
       // The stall at a larger size, in a session of its own.
       char* big = prefaulted(background_large);
       fill_unique(big, background_large, 77);
@@ -469,6 +542,141 @@ int main(int argc, char** argv) {
                          "snapshot_first", "", ",\"region_bytes\":" + std::to_string(background_large)});
       store.remove("bench-large", "bg");
       ::munmap(big, background_large);
+    }
+
+    if (store.medium() == Medium::disk) {
+      // A disk store against the tools that move the same bytes through the
+      // same file system, measured alternately in this run (docs/performance.md,
+      // "Disk stores"):
+      //   snapshot into new space   vs dd bs=4M conv=fsync into a new file
+      //   snapshot into reused space vs the same dd over an existing file (notrunc)
+      //   restore (cold, hot)        vs dd reading that file to /dev/null
+      //   verify (cold, hot)         vs xxhsum -H2 of the packs
+      // "cold": the files' pages dropped from the page cache first, so every
+      // byte comes from the device. The source of dd is a tmpfs copy of the bytes.
+      char* disk = prefaulted(n);
+      std::memcpy(disk, data, n);
+      touch_every_page(disk, n, 0xD15C0000ull);
+      std::memcpy(scratch, disk, n);
+      char src_tmpl[] = "/dev/shm/dvr-bench-src-XXXXXX";
+      int src_fd = ::mkostemp(src_tmpl, O_CLOEXEC);
+      if (src_fd < 0) throw std::runtime_error("cannot create a tmpfs file for dd's input");
+      const std::string src = src_tmpl;
+      struct Cleanup {
+        std::vector<std::string> paths;
+        ~Cleanup() {
+          std::error_code ec;
+          for (auto& p : paths)
+            std::filesystem::remove_all(p, ec);
+        }
+      } cleanup;
+      cleanup.paths.push_back(src);
+      (void)pwrite_peer(src_fd, disk, n);
+      ::close(src_fd);
+      const std::string dd_file = store_dir + "/.dvr-bench-dd";
+      cleanup.paths.push_back(dd_file);
+      const std::string bs = "bs=4M";
+      double dd_new_s = 1e30, new_s = 1e30, dd_over_s = 1e30;
+      std::optional<Store> fresh;
+      std::optional<Session> fs;
+      std::string fresh_dir;
+      for (int i = 0; i < repeat; ++i) {
+        ::unlink(dd_file.c_str());
+        ::sync();
+        dd_new_s = std::min(dd_new_s, run_timed({"dd", "if=" + src, "of=" + dd_file, bs, "conv=fsync", "status=none"}));
+        fs.reset();
+        fresh.reset();
+        if (!fresh_dir.empty()) std::filesystem::remove_all(fresh_dir);
+        fresh_dir = store_dir + "/.dvr-bench-new-" + std::to_string(i);
+        cleanup.paths.push_back(fresh_dir);
+        ::sync();
+        fresh.emplace(Store::open(fresh_dir, StoreOptions{.chunk_size = chunk_size}));
+        fs.emplace(*fresh, "disk");
+        fs->track("data", disk, n);
+        double t0 = seconds_now();
+        fs->snapshot("full");
+        new_s = std::min(new_s, seconds_now() - t0);
+        ::sync();
+        dd_over_s = std::min(dd_over_s, run_timed({"dd", "if=" + src, "of=" + dd_file, bs, "conv=fsync,notrunc", "status=none"}));
+      }
+      figures.push_back({"disk_snapshot_new", new_s, dd_new_s, "full snapshot into a new store on this file system (target: ratio >= 0.9)", "dd_fsync_new"});
+      figures.push_back({"dd_fsync_new", dd_new_s, memcpy_s, "dd bs=4M conv=fsync of the same bytes (from tmpfs) into a new file"});
+      figures.push_back({"disk_snapshot_reused", snap_s, dd_over_s, "snapshot_full above: into reused store space (target: ratio >= 0.9)",
+                         "dd_fsync_over"});
+      figures.push_back({"dd_fsync_over", dd_over_s, memcpy_s, "the same dd over the existing file (conv=fsync,notrunc)"});
+
+      // Cold: as a new process would find it. The store is closed first (pages
+      // a process has mapped stay in the page cache), then opened again.
+      auto close_and_drop = [&] {
+        fs.reset();
+        fresh.reset();
+        drop_cache(fresh_dir);
+      };
+      auto reopen = [&](bool drop) {
+        if (drop)
+          close_and_drop();
+        else
+          fs.reset(), fresh.reset();
+        fresh.emplace(Store::open(fresh_dir));
+        fs.emplace(*fresh, "disk");
+        fs->track("data", disk, n);
+      };
+      double restore_cold = 1e30, dd_cold = 1e30, restore_hot = 1e30, dd_hot = 1e30;
+      for (int i = 0; i < repeat; ++i) {
+        for (bool cold : {true, false}) {
+          fill_unique(disk, n, 500 + static_cast<std::uint64_t>(i));  // ruin the live data
+          reopen(cold);
+          double t0 = seconds_now();
+          fs->restore("full");
+          double t = seconds_now() - t0;
+          if (std::memcmp(scratch, disk, n) != 0) throw std::runtime_error("restore from the disk store was not bit-exact");
+          (cold ? restore_cold : restore_hot) = std::min(cold ? restore_cold : restore_hot, t);
+          if (cold) drop_cache(dd_file);
+          double d = run_timed({"dd", "if=" + dd_file, "of=/dev/null", bs, "status=none"});
+          (cold ? dd_cold : dd_hot) = std::min(cold ? dd_cold : dd_hot, d);
+        }
+      }
+      figures.push_back({"disk_restore_cold", restore_cold, dd_cold, "full restore, pack pages dropped from the page cache first (target: ratio >= 0.9)",
+                         "dd_read_cold"});
+      figures.push_back({"dd_read_cold", dd_cold, memcpy_s, "dd bs=4M of the same bytes in one file to /dev/null, its pages dropped first"});
+      figures.push_back({"disk_restore_hot", restore_hot, dd_hot, "full restore, packs in the page cache", "dd_read_hot"});
+      figures.push_back({"dd_read_hot", dd_hot, memcpy_s, "the same dd with the file in the page cache"});
+
+      std::vector<std::string> xxh{"xxhsum", "-H2"};
+      for (auto& f : files_ending(fresh_dir + "/packs", ".pack"))
+        xxh.push_back(f);
+      std::uint64_t pack_bytes = 0;
+      for (std::size_t k = 2; k < xxh.size(); ++k)
+        pack_bytes += std::filesystem::file_size(xxh[k]);
+      double verify_cold = 1e30, xxh_cold = 1e30, verify_hot = 1e30, xxh_hot = 1e30;
+      bool have_xxhsum = ::access("/usr/bin/xxhsum", X_OK) == 0;
+      for (int i = 0; i < repeat; ++i) {
+        for (bool cold : {true, false}) {
+          reopen(cold);
+          double t0 = seconds_now();
+          VerifyReport report = fresh->verify();
+          double t = seconds_now() - t0;
+          if (!report.problems.empty()) throw std::runtime_error("verify of the disk store found problems");
+          (cold ? verify_cold : verify_hot) = std::min(cold ? verify_cold : verify_hot, t);
+          if (!have_xxhsum) continue;
+          if (cold) close_and_drop();
+          double x = run_timed(xxh);
+          (cold ? xxh_cold : xxh_hot) = std::min(cold ? xxh_cold : xxh_hot, x);
+        }
+      }
+      if (!have_xxhsum) {
+        std::cerr << "dvr-bench: xxhsum not found (Debian package xxhash): verify has no peer\n";
+        xxh_cold = xxh_hot = 0;
+      }
+      const std::string packs_note = " (" + format_bytes(static_cast<double>(pack_bytes)) + " of pack files)";
+      figures.push_back({"disk_verify_cold", verify_cold, xxh_cold, "verify every chunk, packs dropped from the page cache first (target: ratio >= 0.8)",
+                         "xxhsum_cold"});
+      figures.push_back({"xxhsum_cold", xxh_cold, memcpy_s, "xxhsum -H2 (XXH128) of the store's pack files, dropped first" + packs_note});
+      figures.push_back({"disk_verify_hot", verify_hot, xxh_hot, "verify every chunk, packs in the page cache", "xxhsum_hot"});
+      figures.push_back({"xxhsum_hot", xxh_hot, memcpy_s, "the same xxhsum with the packs in the page cache" + packs_note});
+      fs.reset();
+      fresh.reset();
+      ::munmap(disk, n);
     }
 
     if (json) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <mutex>
 #include <cstring>
@@ -86,6 +87,10 @@ struct Packs::WriteMap {
   std::vector<std::uint64_t> populated, in_file;
   std::mutex mu;
   std::uint64_t last_use = 0;
+  // On a disk file system: data written with pwrite that is not durable yet.
+  // Writers only start its writeback; Packs::persist() waits for it, once per
+  // pack, before the manifests that use it are published.
+  std::atomic<bool> unsynced{false};
 
   // The kernel dropped the page-table entries of [offset, offset+length)
   // (holes were punched): populate them again next time.
@@ -253,7 +258,7 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
   if (offset < kPackHeaderSize || offset + length > slot->size)
     throw Error(Errc::io, "internal error: write of [" + std::to_string(offset) + ", " + std::to_string(offset + length) + ") outside " + path);
   HashMap* h = hash_map(pack, true);
-  return PackWriter(slot.get(), offset, length, h ? h->addr() : nullptr, h ? h->fd.get() : -1);
+  return PackWriter(slot.get(), offset, length, h ? h->addr() : nullptr, h ? h->fd.get() : -1, h ? &h->dirty : nullptr);
 }
 
 void Packs::end_writes() { retired_.clear(); }
@@ -285,8 +290,9 @@ void Packs::forget_populated() {
     }
 }
 
-PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd)
-    : map_(map), offset_(offset), length_(length), hash_file_(hashes), hashes_(hashes), hash_fd_(hash_fd) {
+PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd,
+                       std::atomic<bool>* hash_dirty)
+    : map_(map), offset_(offset), length_(length), hash_file_(hashes), hashes_(hashes), hash_fd_(hash_fd), hash_dirty_(hash_dirty) {
   base_ = map_->map->address() + offset;
   memcpy_ = reinterpret_cast<void*>(pmem2_get_memcpy_fn(map_->map->get()));
 }
@@ -366,6 +372,7 @@ void PackWriter::copy(std::uint64_t rel, const void* src, std::size_t len) {
     // buffer may change right after); persisted by finish().
     write_all_at(map_->fd.get(), src, len, offset_ + rel, std::to_string(len) + " bytes at offset " + std::to_string(offset_ + rel) + " of " + map_->path);
     unsynced_ = true;
+    if (map_->write_all_by_fd) start_writeback(offset_ + rel, len);
     return;
   }
   if (len < kSmallCopy) {
@@ -375,6 +382,28 @@ void PackWriter::copy(std::uint64_t rel, const void* src, std::size_t len) {
     return;
   }
   reinterpret_cast<pmem2_memcpy_fn>(memcpy_)(base_ + rel, src, len, PMEM2_F_MEM_NONTEMPORAL | PMEM2_F_MEM_NODRAIN);
+}
+
+void PackWriter::start_writeback(std::uint64_t offset, std::uint64_t len) {
+  // The device writes while this thread hashes and copies the next chunks,
+  // instead of all at once in the final fdatasync (a page cache that holds
+  // the whole snapshot dirty would otherwise start only at its dirty limit).
+  // Contiguous writes are gathered into one request of kWriteback bytes.
+  if (writeback_hi_ != offset) {
+    flush_writeback();
+    writeback_lo_ = offset;
+  }
+  writeback_hi_ = offset + len;
+  if (writeback_hi_ - writeback_lo_ >= kWriteback) flush_writeback();
+}
+
+void PackWriter::flush_writeback() {
+  // SYNC_FILE_RANGE_WRITE only queues the writes; an I/O error shows at the
+  // fdatasync of Packs::persist().
+  if (writeback_hi_ > writeback_lo_)
+    (void)::sync_file_range(map_->fd.get(), static_cast<off64_t>(writeback_lo_), static_cast<off64_t>(writeback_hi_ - writeback_lo_),
+                            SYNC_FILE_RANGE_WRITE);
+  writeback_lo_ = writeback_hi_ = 0;
 }
 
 void PackWriter::set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count) {
@@ -387,12 +416,18 @@ void PackWriter::set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std:
 }
 
 void PackWriter::finish() {
+  const bool deferred = map_->write_all_by_fd;  // disk: Packs::persist() syncs once per pack
   if (hash_lo_ < hash_hi_) {
     // The hashes go to storage with the data (before the manifest that uses
     // them is published). Best effort: a lost hash is recomputed when read.
     auto page = [](std::uint64_t byte) { return byte & ~(kPageSize - 1); };
     std::uint64_t b = page(hash_lo_ * 8), e = hash_hi_ * 8;
-    ::msync(reinterpret_cast<char*>(hash_file_) + b, e - b, MS_SYNC);
+    if (deferred && hash_dirty_) {
+      *hash_dirty_ = true;
+      (void)::sync_file_range(hash_fd_, static_cast<off64_t>(b), static_cast<off64_t>(e - b), SYNC_FILE_RANGE_WRITE);
+    } else {
+      ::msync(reinterpret_cast<char*>(hash_file_) + b, e - b, MS_SYNC);
+    }
     hash_lo_ = UINT64_MAX;
     hash_hi_ = 0;
   }
@@ -400,12 +435,39 @@ void PackWriter::finish() {
   unflushed_lo_ = UINT64_MAX;
   unflushed_hi_ = 0;
   pmem2_get_drain_fn(map_->map->get())();
-  if (unsynced_) {
+  if (unsynced_ && deferred) {
+    flush_writeback();
+    map_->unsynced = true;
+    unsynced_ = false;
+  } else if (unsynced_) {
     // Data written with pwrite, and the file system's record of the space it
     // allocated (a no-op on tmpfs).
     if (::fdatasync(map_->fd.get()) != 0) throw_errno(errno, "cannot persist data written to " + map_->path);
     unsynced_ = false;
   }
+}
+
+void Packs::persist() {
+  // Data first (an error fails the snapshot), then the page hashes (best
+  // effort, like their msync elsewhere: a lost hash is recomputed).
+  // A pack grown during the batch has several mappings (the replaced ones
+  // retired): one fdatasync per file.
+  std::vector<std::uint64_t> synced;
+  auto sync = [&](WriteMap* w) {
+    if (!w || !w->unsynced.exchange(false)) return;
+    if (std::find(synced.begin(), synced.end(), w->ino) != synced.end()) return;
+    if (::fdatasync(w->fd.get()) != 0) {
+      w->unsynced = true;
+      throw_errno(errno, "cannot persist data written to " + w->path);
+    }
+    synced.push_back(w->ino);
+  };
+  for (auto& [id, w] : writes_)
+    sync(w.get());
+  for (auto& w : retired_)
+    sync(w.get());
+  for (auto& [id, h] : hash_maps_)
+    if (h.dirty.exchange(false)) (void)::fdatasync(h.fd.get());
 }
 
 void Packs::refresh_mappings() {
@@ -476,6 +538,13 @@ const char* Packs::mapped(std::uint32_t pack, std::uint64_t offset, std::uint64_
   auto it = reads_.find(pack);
   if (it == reads_.end() || offset < kPackHeaderSize || offset > it->second.size() || length > it->second.size() - offset) return nullptr;
   return it->second.addr() + offset;
+}
+
+void Packs::will_need(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const {
+  const char* p = mapped(pack, offset, length);
+  if (!p || length == 0) return;
+  auto start = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{kPageSize - 1};
+  ::madvise(reinterpret_cast<void*>(start), reinterpret_cast<std::uintptr_t>(p) + length - start, MADV_WILLNEED);
 }
 
 bool byte_persistent(int fd, const std::string& file) {

@@ -10,6 +10,7 @@
 // simply free again.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -64,6 +65,13 @@ class Packs {
   /// whether or not the file system takes it back now).
   void punch(std::uint32_t pack, std::uint64_t offset, std::uint64_t length);
 
+  /// Makes durable what writers of this batch finished on a disk file system
+  /// (there, PackWriter::finish() only starts the writeback): one fdatasync
+  /// per pack written, and per page hash file. Call it after every writer
+  /// finished and before publishing a manifest that uses their data; throws
+  /// when the file system cannot write the data back. Exclusive lock held.
+  void persist();
+
   /// Ends a batch of writers: mappings replaced or evicted meanwhile (still in
   /// use by writers of the batch until now) are released.
   void end_writes();
@@ -81,6 +89,11 @@ class Packs {
   /// corrupt when the pack is missing, foreign, or too short. Call
   /// refresh_mappings() at the start of each operation (under the store lock).
   const char* read(std::uint32_t pack, std::uint64_t offset, std::uint64_t length);
+
+  /// Asks the kernel to start reading [offset, offset+length) of mapped pack
+  /// `pack` into the page cache (MADV_WILLNEED); does not wait, never throws
+  /// (nothing happens for a pack not mapped). Thread-safe.
+  void will_need(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const;
 
   /// Maps every pack for reading (packs that cannot be mapped are skipped), so
   /// that mapped() can be used from several threads.
@@ -117,6 +130,9 @@ class Packs {
     std::uint64_t* addr() const { return static_cast<std::uint64_t*>(map.data()); }
     bool writable = false;
     std::uint64_t ino = 0;
+    std::atomic<bool> dirty{false};  // written on disk, not synced yet (persist())
+    HashMap() = default;
+    HashMap(HashMap&& o) noexcept : fd(std::move(o.fd)), map(std::move(o.map)), writable(o.writable), ino(o.ino), dirty(o.dirty.load()) {}
   };
   // The page hash file of `pack`, mapped (writable: created if missing);
   // nullptr when it cannot be. Throws corrupt for a file planted in its place.
@@ -148,7 +164,9 @@ class PackWriter {
   /// Records the page hashes of the pages copied at rel (page-aligned).
   void set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count);
   /// Makes everything copied persistent (throws when the file system cannot
-  /// write it back).
+  /// write it back). On a disk file system it only starts the writeback of
+  /// what was written with pwrite: Packs::persist() completes it, once for
+  /// all writers of the batch.
   void finish();
   /// After finish(): drops this process's page-table entries of the extent
   /// (the data stays in the file), so that a long stream of writes keeps a
@@ -160,8 +178,13 @@ class PackWriter {
 
  private:
   friend class Packs;
-  PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd);
+  PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd,
+             std::atomic<bool>* hash_dirty);
   void reserve_hashes(std::uint64_t rel, std::uint64_t len);
+  void start_writeback(std::uint64_t offset, std::uint64_t len);  // absolute offset in the pack
+  void flush_writeback();
+  static constexpr std::uint64_t kWriteback = 8u << 20;  // bytes gathered per writeback request
+  std::uint64_t writeback_lo_ = 0, writeback_hi_ = 0;     // written, writeback not started yet
   bool by_fd(std::uint64_t rel, std::uint64_t len) const;  // overlaps space written with pwrite
   Packs::WriteMap* map_;
   std::uint64_t offset_, length_;
@@ -172,6 +195,7 @@ class PackWriter {
   std::uint64_t* hash_file_;                                    // the pack's page hash file, or nullptr
   std::uint64_t* hashes_;                                       // the same while there is room to write hashes, else nullptr
   int hash_fd_;
+  std::atomic<bool>* hash_dirty_;  // the page hash file's Packs::HashMap::dirty
   std::uint64_t hash_lo_ = UINT64_MAX, hash_hi_ = 0;  // pages whose hashes were set
   std::vector<std::pair<std::uint64_t, std::uint64_t>> by_fd_;  // reserved ranges written with pwrite, ascending
   bool unsynced_ = false;                                       // pwrites not yet persisted

@@ -82,6 +82,9 @@ WriteBatch::~WriteBatch() = default;
 std::vector<SnapshotInfo> WriteBatch::publish(const std::vector<SnapshotWriter*>& writers, std::exception_ptr* after_commit_out) {
   for (SnapshotWriter* w : writers)
     w->assemble();
+  // The data, durable before any manifest names it (on disk, the writers only
+  // started its writeback).
+  store_.packs->persist();
   std::vector<const Manifest*> done;
   std::exception_ptr after_commit;
   for (SnapshotWriter* w : writers) {
