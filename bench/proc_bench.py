@@ -10,12 +10,12 @@ memory, two in a DVR persistent heap: one that snapshotted its heap once loaded
 stores only pages written since), one that never did (the plugin compares
 every page by hash). All in one run (best of --repeat):
   dump_anon        dvr proc dump of the anonymous job     vs criu dump of it to tmpfs (CRIU's own cost)
-  dump_heap        dvr proc dump of the snapshotting heap job vs dump_anon (target: <= 0.2x)
+  dump_heap        dvr proc dump of the snapshotting heap job vs dump_anon (target: ratio >= 5)
   dump_heap_hash   the same for the heap job that never snapshotted vs dump_anon
   redump_anon      dump again after 1% of pages changed   vs dump_anon
   redump_heap      the same for the snapshotting heap job vs redump_anon
   redump_heap_hash the same for the other heap job        vs redump_anon
-  redump_bytes     bytes the second dump added to the store vs the first's (target: <= 5%)
+  redump_bytes     bytes the second dump added to the store vs the first's (target: ratio >= 20)
   restore_anon     dvr proc restore --detach of the anonymous job vs criu restore of CRIU's images
   dump_peak_rss    peak resident memory of `dvr proc dump` (GNU time) vs the job's size
   restore_peak_rss the same for `dvr proc restore`
@@ -33,24 +33,24 @@ plugin stores only the pages written since the last dump. Two redis-servers on
 TCP hold the same --size of keys (DEBUG POPULATE, 1000-byte values), one with
 --heap, one without; each figure's peer comes from the same repeat, and each is
 the median of --repeat (fresh servers each repeat):
-  heap_redis_dump               dvr proc dump of the --heap redis        vs criu dump of the plain one (target: <= 0.1x)
+  heap_redis_dump               dvr proc dump of the --heap redis        vs criu dump of the plain one (target: ratio >= 10)
   heap_redis_redump_time_idle   dumped again at once, nothing changed    vs that criu dump
   heap_redis_redump_time_random again after SET of 1% of the keys at random vs criu dump of the plain one then (<= 0.05x)
-  heap_redis_redump_bytes_random bytes that dump stored                  vs heap_redis_dump's (target: <= 2%)
+  heap_redis_redump_bytes_random bytes that dump stored                  vs heap_redis_dump's (target: ratio >= 50)
   heap_redis_redump_*_contig    the same for 1% of the keys contiguous in insertion order
   heap_redis_restore_pong       kill -9, dvr proc restore (the heap file still there) to the first PONG
                                                                          vs criu restore of the plain one (<= 0.5x)
   heap_redis_clone_pong         dvr proc clone --net new beside the running original, to its first PONG
   heap_redis_clone_private      the clone's private memory once it answers (smaps_rollup's Private_Clean +
                                 Private_Dirty, its heap's mapped pages replaced by the bytes of its private
-                                heap copy, which only it maps) vs the original's heap file (target: <= 5%)
+                                heap copy, which only it maps) vs the original's heap file (target: ratio >= 20)
   heap_redis_clone_mapped       smaps_rollup's Private_Clean + Private_Dirty alone (heap pages not touched
                                 yet are not counted there)
   heap_redis_throughput_set/get redis-benchmark -t set,get -d 1000 on the restored --heap redis
-                                vs on the restored plain one (target: >= 0.9x)
-  heap_memcached_dump           dvr proc dump of a --heap memcached      vs criu dump of a plain one (target: <= 0.1x)
+                                vs on the restored plain one (target: ratio >= 0.9)
+  heap_memcached_dump           dvr proc dump of a --heap memcached      vs criu dump of a plain one (target: ratio >= 10)
   heap_memcached_redump_time    again after 1% of the keys rewritten (contiguous) vs criu dump of the plain one (<= 0.05x)
-  heap_memcached_redump_bytes   bytes that dump stored                   vs heap_memcached_dump's (target: <= 2%)
+  heap_memcached_redump_bytes   bytes that dump stored                   vs heap_memcached_dump's (target: ratio >= 50)
   heap_memcached_restore        kill -9, dvr proc restore to a `get` answered vs criu restore of the plain one (<= 0.5x)
   heap_py_dump, heap_py_redump  a Python job holding a numpy array of --size (bench/heap_bench_fill.py) under
                                 --heap: dvr proc dump once loaded, again after 1% of the array was written,
@@ -59,9 +59,10 @@ the median of --repeat (fresh servers each repeat):
 The heap_memcached_* figures (when memcached is installed; --no-redis keeps them): two memcached on TCP (-U 0,
 -t 4), one with --heap, loaded with the same --size of 1000-byte items (pipelined `set ... noreply`).
 --no-redis leaves every redis figure out (the --heap ones too).
-With --json, one object per line: {"name", "value", "unit", "peer", "peer_value", "ratio" (value/peer), "bytes",
+With --json, one object per line: {"name", "value", "unit", "peer", "peer_value", "ratio", "bytes",
 and for the --heap figures "target" (where there is one), "samples" and "peer_samples" (each repeat's)}, and
-the table goes to stderr.
+the table goes to stderr. "ratio" is how many times better ours is (docs/performance.md): peer/value for
+costs (s, B), value/peer for rates (op/s); above 1, ours is better.
 Needs root and CRIU 4.x (`dvr proc check`).
 """
 
@@ -502,19 +503,19 @@ def heap_redis_figures(b, work, size, repeat):
           f"heap {statistics.median(f['heap_bytes']) / 2**30:.2f} GiB; rewrites of {rewritten} keys; "
           f"redis-benchmark -n {requests}; load average {', '.join(f'{x:.1f}' for x in load)}", file=sys.stderr)
     figures = [
-        fig(f, "heap_redis_dump", "dump", "s", "criu dump (plain redis)", "criu_dump", "<= 0.1"),
+        fig(f, "heap_redis_dump", "dump", "s", "criu dump (plain redis)", "criu_dump", ">= 10"),
         fig(f, "heap_redis_redump_time_idle", "redump_idle", "s", "criu dump (plain redis)", "criu_dump", None),
         fig(f, "heap_redis_redump_bytes_idle", "bytes_idle", "B", "heap_redis_dump bytes", "dump_bytes", None),
-        fig(f, "heap_redis_redump_time_random", "redump_random", "s", "criu dump (plain redis)", "criu_random", "<= 0.05"),
-        fig(f, "heap_redis_redump_bytes_random", "bytes_random", "B", "heap_redis_dump bytes", "dump_bytes", "<= 0.02"),
-        fig(f, "heap_redis_redump_time_contig", "redump_contig", "s", "criu dump (plain redis)", "criu_contig", "<= 0.05"),
-        fig(f, "heap_redis_redump_bytes_contig", "bytes_contig", "B", "heap_redis_dump bytes", "dump_bytes", "<= 0.02"),
-        fig(f, "heap_redis_restore_pong", "restore_pong", "s", "criu restore to PONG", "criu_pong", "<= 0.5"),
+        fig(f, "heap_redis_redump_time_random", "redump_random", "s", "criu dump (plain redis)", "criu_random", ">= 20"),
+        fig(f, "heap_redis_redump_bytes_random", "bytes_random", "B", "heap_redis_dump bytes", "dump_bytes", ">= 50"),
+        fig(f, "heap_redis_redump_time_contig", "redump_contig", "s", "criu dump (plain redis)", "criu_contig", ">= 20"),
+        fig(f, "heap_redis_redump_bytes_contig", "bytes_contig", "B", "heap_redis_dump bytes", "dump_bytes", ">= 50"),
+        fig(f, "heap_redis_restore_pong", "restore_pong", "s", "criu restore to PONG", "criu_pong", ">= 2"),
     ]
     if f["clone_pong"]:
         figures += [
             fig(f, "heap_redis_clone_pong", "clone_pong", "s", "criu restore to PONG", "criu_pong", None),
-            fig(f, "heap_redis_clone_private", "clone_private", "B", "original's heap", "heap_bytes", "<= 0.05"),
+            fig(f, "heap_redis_clone_private", "clone_private", "B", "original's heap", "heap_bytes", ">= 20"),
             fig(f, "heap_redis_clone_mapped", "clone_mapped", "B", "original's heap", "heap_bytes", None),
         ]
     figures += [
@@ -738,10 +739,10 @@ def heap_memcached_figures(b, work, size, repeat):
           f"stats bytes {used / 2**30:.2f} GiB), heap {statistics.median(f['heap_bytes']) / 2**30:.2f} GiB; "
           f"rewrites of {rewritten} keys; load average {', '.join(f'{x:.1f}' for x in load)}", file=sys.stderr)
     return [
-        fig(f, "heap_memcached_dump", "dump", "s", "criu dump (memcached)", "criu_dump", "<= 0.1"),
-        fig(f, "heap_memcached_redump_time", "redump", "s", "criu dump (memcached)", "criu_redump", "<= 0.05"),
-        fig(f, "heap_memcached_redump_bytes", "redump_bytes", "B", "the first dump's bytes", "dump_bytes", "<= 0.02"),
-        fig(f, "heap_memcached_restore", "restore", "s", "criu restore to get", "criu_restore", "<= 0.5"),
+        fig(f, "heap_memcached_dump", "dump", "s", "criu dump (memcached)", "criu_dump", ">= 10"),
+        fig(f, "heap_memcached_redump_time", "redump", "s", "criu dump (memcached)", "criu_redump", ">= 20"),
+        fig(f, "heap_memcached_redump_bytes", "redump_bytes", "B", "the first dump's bytes", "dump_bytes", ">= 50"),
+        fig(f, "heap_memcached_restore", "restore", "s", "criu restore to get", "criu_restore", ">= 2"),
     ]
 
 
@@ -913,20 +914,25 @@ def main():
             figures += heap_memcached_figures(b, work, size, repeat)
             figures += heap_python_figures(b, work, size, repeat)
 
-        def ratio(value, peer_value):
-            return value / peer_value if peer_value else float("nan")
+        def ratio(value, peer_value, unit):
+            # How many times better ours is (docs/performance.md): peer / value
+            # for costs (s, B), value / peer for rates (op/s).
+            if not value or not peer_value:
+                return None
+            return value / peer_value if unit == "op/s" else peer_value / value
 
-        def met(value, peer_value, target):
+        def met(value, peer_value, unit, target):
             if not target:
                 return ""
-            bound = float(target.split()[1])
-            ok = ratio(value, peer_value) <= bound if target.startswith("<=") else ratio(value, peer_value) >= bound
+            r = ratio(value, peer_value, unit)
+            ok = r is not None and r >= float(target.split()[1])
             return f"{target:>7} {'met' if ok else 'MISSED'}"
 
         if args.json:
             for name, value, unit, peer, peer_value, target, samples in figures:
-                line = {"name": name, "value": value, "unit": unit, "peer": peer, "peer_value": peer_value,
-                        "ratio": ratio(value, peer_value), "bytes": size}
+                r = ratio(value, peer_value, unit)
+                line = {"name": name, "value": value, "unit": unit, "peer": peer,
+                        "peer_value": peer_value if r is not None else None, "ratio": r, "bytes": size}
                 if target:
                     line["target"] = target
                 if samples:
@@ -940,8 +946,9 @@ def main():
         for name, value, unit, peer, peer_value, target, _ in figures:
             fmt = {"s": lambda v: f"{v * 1000:9.1f} ms", "op/s": lambda v: f"{v:8.0f} op/s"}.get(
                 unit, lambda v: f"{v / 2**20:8.1f} MiB")
-            print(f"  {name:30} {fmt(value):>13}   {peer:24} {fmt(peer_value):>13}   {ratio(value, peer_value):8.3f}   "
-                  f"{met(value, peer_value, target)}", file=table)
+            r = ratio(value, peer_value, unit)
+            print(f"  {name:30} {fmt(value):>13}   {peer:24} {fmt(peer_value):>13}   "
+                  f"{'-' if r is None else f'{r:.3f}':>8}   {met(value, peer_value, unit, target)}", file=table)
     finally:
         b.kill_all()
         shutil.rmtree(work, ignore_errors=True)
