@@ -217,6 +217,10 @@ struct Session::State {
   Options options;
   int rank = 0, size = 1, partner = 0, client = 0;
   dvr::Session local;
+  // Handles of this rank's store for the threads that stream partner copies
+  // while `local` snapshots into `store`: reading the base's tables (reader)
+  // and receiving the client's copies (copies).
+  std::optional<Store> reader, copies;
   State(Store s, std::string n, MPI_Comm c, const Options& o) : store(s), name(std::move(n)), comm(c), options(o), local(s, name) {}
 
   std::string records_dir() const { return store.path() + "/mpi/" + name; }
@@ -292,8 +296,13 @@ GlobalInfo Session::snapshot(const std::string& name) {
   std::string base;
   if (copies) {
     std::vector<std::string> held;
-    for (auto& i : st.store.list(st.copies_session(st.client)))
-      if (!i.damaged) held.push_back(i.name);
+    try {
+      for (auto& i : st.store.list(st.copies_session(st.client)))
+        if (!i.damaged) held.push_back(i.name);
+    } catch (const std::exception&) {
+      // Unreadable here: the client sends everything (and learns why when
+      // its copy cannot be stored either).
+    }
     std::uint64_t base_seq = 0;
     for (auto& h : swap_lists(st.comm, st.client, held, st.partner))
       if (auto it = recs.find(h); it != recs.end() && it->first != name && it->second > base_seq && st.has(st.name, h)) {
@@ -305,7 +314,8 @@ GlobalInfo Session::snapshot(const std::string& name) {
   // Phase 1: every rank snapshots its part locally (on a thread of its own)
   // while its partner copy streams from the same memory to the partner, and
   // its client's copy arrives (docs/mpi.md, "The protocol").
-  bool took = false, received = false;
+  bool took = false;
+  std::string received;      // the client's copy that arrived ("session/name")
   std::string mine;          // this rank's local failure
   std::string copy_failure;  // this rank's partner-copy failure
   auto local = [&] {
@@ -336,11 +346,12 @@ GlobalInfo Session::snapshot(const std::string& name) {
     // Handles of their own (their own lock and mutex) for the threads that
     // read the base and receive the client's copy while this rank's own
     // snapshot holds st.store; their lock waits are bounded (kLockTimeout).
-    std::optional<Store> reader, here;
+    // Opened once and kept: a fresh handle would load the chunk index and
+    // map the packs again for every copy.
     std::exception_ptr open_error;
     try {
-      reader = open_bounded(st.store);
-      here = open_bounded(st.store);
+      if (!st.reader) st.reader = open_bounded(st.store);
+      if (!st.copies) st.copies = open_bounded(st.store);
     } catch (...) {
       open_error = std::current_exception();
     }
@@ -359,12 +370,12 @@ GlobalInfo Session::snapshot(const std::string& name) {
           st.comm, st.partner,
           [&](int fd) {
             if (open_error) std::rethrow_exception(open_error);
-            transfer::send_live(*reader, st.name, regions, name, fd, topt, [&](const std::string& sent) {
+            transfer::send_live(*st.reader, st.name, regions, name, fd, topt, [&](const std::string& sent) {
               // The stream ends only once the local part is stored and holds
               // exactly what was sent; else the partner stores nothing.
               local_done.wait();
               if (!took) throw Error(Errc::io, "rank " + std::to_string(st.rank) + "'s own part failed, so its partner copy was not completed");
-              if (transfer::fingerprint(*reader, st.name + "/" + name) != sent)
+              if (transfer::fingerprint(*st.reader, st.name + "/" + name) != sent)
                 throw Error(Errc::io, "rank " + std::to_string(st.rank) +
                                           "'s regions changed while global snapshot '" + name +
                                           "' was taken (no thread may write them during snapshot()): its partner copy was not completed");
@@ -375,8 +386,7 @@ GlobalInfo Session::snapshot(const std::string& name) {
             // Into this store once its own part is in: one writer at a time.
             local_done.wait();
             if (open_error) std::rethrow_exception(open_error);
-            transfer::receive(*here, fd, {.session = st.copies_session(st.client)});
-            received = true;
+            received = transfer::receive(*st.copies, fd, {.session = st.copies_session(st.client)}).refs.at(0);
           });
     } catch (const std::exception& e) {
       if (copy_failure.empty()) copy_failure = e.what();
@@ -397,7 +407,11 @@ GlobalInfo Session::snapshot(const std::string& name) {
     } catch (const Error&) {
     }
     try {
-      if (received) st.store.remove(st.copies_session(st.client), name);
+      // By the name it arrived under (the client's, should the ranks' names differ).
+      if (!received.empty()) {
+        auto [session, copy] = split_ref(received);
+        st.store.remove(session, copy);
+      }
     } catch (const Error&) {
     }
     fail_all(st.comm, st.size, ok, mine, "global snapshot '" + name + "' of session '" + st.name + "' failed and was not committed");
