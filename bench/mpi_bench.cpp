@@ -24,11 +24,19 @@
 // checkpoint is timed the same way. After them, one more change is undone by
 // restore_latest() against reading the last files back (MPI_File_read_at_all,
 // MPI_File_read_at: what a restart reads), each checked against the data.
-// With --json, one object per line:
-//   {"name":..., "value":..., "unit":"s", "peer":..., "peer_value":...,
-//    "ratio":..., "bytes":...}   ratio = peer / ours (above 1: ours is better)
+// The peer is fair: the same run, the same file system as the stores (the
+// files lie beside them), the same bytes per rank, from the same pre-faulted
+// memory, with its sync (MPI_File_sync) and close inside the time.
+// With --json, one object per line, each with name, value, unit, peer,
+// peer_value and ratio, where above 1 always means ours is better:
+//   costs (unit "s", "B"):   ratio = peer_value / value
+//   rates (unit "GB/s"):     ratio = value / peer_value
 // "bytes" is the data of all ranks; the partner-bytes line gives the bytes sent
-// to partners per checkpoint (summed over ranks) against the bytes MPI-IO writes.
+// to partners per checkpoint (summed over ranks) against the bytes MPI-IO writes;
+// each snapshot figure has a "..._per_rank_bw" line (GB/s per rank: a rank's
+// bytes over the slowest rank's time) and, in its own line, the phases of the
+// slowest rank (local_s, partner_s — overlapping local_s —, vote_s, commit_s,
+// retention_s; dvr::mpi::GlobalInfo).
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
 #endif
