@@ -24,11 +24,19 @@
 // checkpoint is timed the same way. After them, one more change is undone by
 // restore_latest() against reading the last files back (MPI_File_read_at_all,
 // MPI_File_read_at: what a restart reads), each checked against the data.
-// With --json, one object per line:
-//   {"name":..., "value":..., "unit":"s", "peer":..., "peer_value":...,
-//    "ratio":..., "bytes":...}   ratio = peer / ours (above 1: ours is better)
+// The peer is fair: the same run, the same file system as the stores (the
+// files lie beside them), the same bytes per rank, from the same pre-faulted
+// memory, with its sync (MPI_File_sync) and close inside the time.
+// With --json, one object per line, each with name, value, unit, peer,
+// peer_value and ratio, where above 1 always means ours is better:
+//   costs (unit "s", "B"):   ratio = peer_value / value
+//   rates (unit "GB/s"):     ratio = value / peer_value
 // "bytes" is the data of all ranks; the partner-bytes line gives the bytes sent
-// to partners per checkpoint (summed over ranks) against the bytes MPI-IO writes.
+// to partners per checkpoint (summed over ranks) against the bytes MPI-IO writes;
+// each snapshot figure has a "..._per_rank_bw" line (GB/s per rank: a rank's
+// bytes over the slowest rank's time) and, in its own line, the phases of the
+// slowest rank (local_s, partner_s — overlapping local_s —, vote_s, commit_s,
+// retention_s; dvr::mpi::GlobalInfo).
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
 #endif
@@ -44,6 +52,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -227,7 +236,37 @@ struct Figure {
   std::uint64_t partner_bytes = 0, stored_bytes = 0;
   bool bytes_figure = false;
   double peer_collective = -1, peer_independent = -1;  // the two MPI-IO ways (medians)
+  // Where our time went (snapshot figures): each phase's slowest rank.
+  struct Phases {
+    double local = 0, partner = 0, vote = 0, commit = 0, retention = 0;
+  };
+  std::optional<Phases> phases;
+  bool higher_is_better = false;  // a rate (GB/s): ratio = value / peer_value
+  double ratio() const {
+    if (higher_is_better) return peer_value > 0 ? value / peer_value : 0;
+    return value > 0 ? peer_value / value : 0;
+  }
 };
+
+Figure::Phases phases_of(const dvr::mpi::GlobalInfo& g) {
+  return {max_over_ranks(g.local_seconds), max_over_ranks(g.partner_seconds), max_over_ranks(g.vote_seconds), max_over_ranks(g.commit_seconds),
+          max_over_ranks(g.retention_seconds)};
+}
+
+// Per-rank bandwidth of a time figure: each rank's bytes over the slowest
+// rank's time, ours against the peer's (ratio = ours / peer: above 1, ours is
+// better, as for every figure).
+Figure bandwidth_of(const Figure& f, std::size_t bytes_per_rank) {
+  Figure b;
+  b.name = f.name + "_per_rank_bw";
+  b.unit = "GB/s";
+  b.peer = f.peer;
+  b.note = "bytes per rank / time (slowest rank)";
+  b.value = static_cast<double>(bytes_per_rank) / f.value / 1e9;
+  b.peer_value = static_cast<double>(bytes_per_rank) / f.peer_value / 1e9;
+  b.higher_is_better = true;
+  return b;
+}
 
 // Fills in the peer of `f` from `p`: the faster of the two ways.
 Figure with_peer(Figure f, const Peer& p, const char* collective_name, const char* independent_name, double (*pick)(std::vector<double>)) {
@@ -297,13 +336,17 @@ int run(const Args& a, int rank, int size) {
     double t0 = MPI_Wtime();
     auto g = s.snapshot("round-0");
     const double full_ours = max_over_ranks(MPI_Wtime() - t0);
+    const Figure::Phases full_phases = phases_of(g);
     Peer full_peer;
     peer_write(full_peer, 0);
     figures.push_back(with_peer({"mpi_snapshot_full", "s", "", "first checkpoint: all data new", full_ours, 0, -1, sum_over_ranks(g.partner_bytes),
                                  sum_over_ranks(g.stored_bytes)},
                                 full_peer, "mpiio_write_at_all+sync", "mpiio_write_at+sync", median));
+    figures.back().phases = full_phases;
+    figures.push_back(bandwidth_of(figures.back(), n));
 
     std::vector<double> ours, partner, stored;
+    std::vector<Figure::Phases> round_phases;
     Peer peer;
     std::size_t changed = 0;
     for (int round = 1; round <= a.rounds; ++round) {
@@ -312,6 +355,7 @@ int run(const Args& a, int rank, int size) {
       t0 = MPI_Wtime();
       g = s.snapshot("round-" + std::to_string(round));
       ours.push_back(max_over_ranks(MPI_Wtime() - t0));
+      round_phases.push_back(phases_of(g));
       partner.push_back(static_cast<double>(sum_over_ranks(g.partner_bytes)));
       stored.push_back(static_cast<double>(sum_over_ranks(g.stored_bytes)));
       peer_write(peer, round);
@@ -322,6 +366,15 @@ int run(const Args& a, int rank, int size) {
     figures.push_back(with_peer({"mpi_snapshot_" + pct, "s", "", note, median(ours), 0, *std::min_element(ours.begin(), ours.end()),
                                  static_cast<std::uint64_t>(median(partner)), static_cast<std::uint64_t>(median(stored))},
                                 peer, "mpiio_write_at_all+sync", "mpiio_write_at+sync", median));
+    {
+      // The phases of the median round.
+      std::vector<std::size_t> order(ours.size());
+      for (std::size_t k = 0; k < order.size(); ++k)
+        order[k] = k;
+      std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return ours[x] < ours[y]; });
+      figures.back().phases = round_phases[order[order.size() / 2]];
+    }
+    figures.push_back(bandwidth_of(figures.back(), n));
     figures.push_back({"mpi_partner_bytes_" + pct, "B", "mpiio_bytes", "bytes sent to partners per checkpoint, all ranks", median(partner),
                        static_cast<double>(all_bytes)});
     figures.back().bytes_figure = true;
@@ -357,11 +410,15 @@ int run(const Args& a, int rank, int size) {
       for (const auto& f : figures) {
         std::cout << "{\"name\":" << json_string(f.name) << ",\"value\":" << json_number(f.value) << ",\"unit\":\"" << f.unit
                   << "\",\"peer\":" << json_string(f.peer) << ",\"peer_value\":" << json_number(f.peer_value)
-                  << ",\"ratio\":" << (f.value > 0 ? json_number(f.peer_value / f.value) : std::string("null")) << ",\"bytes\":" << all_bytes
+                  << ",\"ratio\":" << (f.ratio() > 0 ? json_number(f.ratio()) : std::string("null")) << ",\"bytes\":" << all_bytes
                   << ",\"ranks\":" << size << ",\"medium\":\"" << medium << "\"";
         if (!f.bytes_figure && f.unit == "s" && f.name.find("snapshot") != std::string::npos)
           std::cout << ",\"partner_bytes\":" << f.partner_bytes << ",\"stored_bytes\":" << f.stored_bytes;
         if (f.min >= 0) std::cout << ",\"min\":" << json_number(f.min);
+        if (f.phases)
+          std::cout << ",\"local_s\":" << json_number(f.phases->local) << ",\"partner_s\":" << json_number(f.phases->partner)
+                    << ",\"vote_s\":" << json_number(f.phases->vote) << ",\"commit_s\":" << json_number(f.phases->commit)
+                    << ",\"retention_s\":" << json_number(f.phases->retention);
         if (f.peer_collective >= 0)
           std::cout << ",\"peer_collective\":" << json_number(f.peer_collective) << ",\"peer_independent\":" << json_number(f.peer_independent);
         std::cout << "}\n";
@@ -371,17 +428,28 @@ int run(const Args& a, int rank, int size) {
                   format_bytes(static_cast<double>(all_bytes)).c_str(), medium.c_str(), a.rounds);
       std::printf("  %-28s %12s %12s %8s   %s\n", "figure", "ours", "peer", "ratio", "peer / note");
       for (const auto& f : figures) {
-        auto show = [&](double v) { return f.bytes_figure ? format_bytes(v) : format_seconds(v); };
-        std::printf("  %-28s %12s %12s %8.2f   %s: %s\n", f.name.c_str(), show(f.value).c_str(), show(f.peer_value).c_str(),
-                    f.value > 0 ? f.peer_value / f.value : 0.0, f.peer.c_str(), f.note.c_str());
+        auto show = [&](double v) {
+          if (f.higher_is_better) {
+            char b[32];
+            std::snprintf(b, sizeof b, "%.2f GB/s", v);
+            return std::string(b);
+          }
+          return f.bytes_figure ? format_bytes(v) : format_seconds(v);
+        };
+        std::printf("  %-28s %12s %12s %8.2f   %s: %s\n", f.name.c_str(), show(f.value).c_str(), show(f.peer_value).c_str(), f.ratio(),
+                    f.peer.c_str(), f.note.c_str());
+        if (f.phases)
+          std::printf("  %-28s phases (slowest rank each): local %s, partner copies %s (overlapping local), vote %s, commit %s, retention %s\n", "",
+                      format_seconds(f.phases->local).c_str(), format_seconds(f.phases->partner).c_str(), format_seconds(f.phases->vote).c_str(),
+                      format_seconds(f.phases->commit).c_str(), format_seconds(f.phases->retention).c_str());
         if (f.peer_collective >= 0)
           std::printf("  %-28s MPI-IO collective %s, independent %s\n", "", format_seconds(f.peer_collective).c_str(),
                       format_seconds(f.peer_independent).c_str());
-        if (!f.bytes_figure && f.name.find("snapshot") != std::string::npos)
+        if (!f.bytes_figure && f.unit == "s" && f.name.find("snapshot") != std::string::npos)
           std::printf("  %-28s partner copies %s, stored %s (all ranks)\n", "", format_bytes(static_cast<double>(f.partner_bytes)).c_str(),
                       format_bytes(static_cast<double>(f.stored_bytes)).c_str());
       }
-      std::printf("  ratio = peer / ours (above 1: ours is better)\n");
+      std::printf("  ratio = peer / ours for costs (s, B), ours / peer for rates (GB/s): above 1, ours is better\n");
     }
     if (!all_ok) std::fprintf(stderr, "dvr-mpi-bench: a restore did not give back the checkpoint's data\n");
     std::fflush(stdout);

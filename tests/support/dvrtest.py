@@ -46,6 +46,7 @@ BINARIES = {
     "DVR_WORKER": "dvr-test-worker",
     "DVR_TEST_JOB": "dvr-test-job",
     "DVR_MPI_HEAT": "dvr-example-mpi-heat",
+    "DVR_MPI_FIRST": "dvr-test-mpi-first",
 }
 
 

@@ -50,6 +50,14 @@ struct GlobalInfo {
   std::uint64_t stored_bytes = 0;   // this rank's part: bytes added locally
   std::uint64_t partner_bytes = 0;  // bytes this rank sent to its partner
   double seconds = 0;               // the whole collective call, on this rank
+  /// Where `seconds` went on this rank (the phases of docs/mpi.md). The local
+  /// snapshot and the partner copy overlap (the copy is streamed from memory
+  /// while the local one is stored), so these need not add up to `seconds`.
+  double local_seconds = 0;      // this rank's local snapshot
+  double vote_seconds = 0;       // the vote, waiting for the slowest rank
+  double commit_seconds = 0;     // the commit records and their vote
+  double partner_seconds = 0;    // sending this rank's copy and receiving its client's, until both ended
+  double retention_seconds = 0;  // removing what `keep` no longer keeps
 };
 
 class DVR_EXPORT Session {

@@ -10,10 +10,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "dvr/store.hpp"
+
+namespace dvr {
+class Region;
+}
 
 namespace dvr::transfer {
 
@@ -40,12 +45,39 @@ struct Stats {
   double seconds = 0;
   /// data_bytes / wire_bytes of chunk data (1 when nothing was compressed).
   double compression_ratio = 1;
+  /// send_live: the content fingerprint of what was sent (as fingerprint()).
+  std::string fingerprint;
 };
 
 /// Writes REF ("session/name", or "proc/NAME" for a process snapshot with its
 /// DVR heap snapshots) as a stream to `fd`. Throws not_found, corrupt (the
 /// store's data fails its checksum: nothing is sent for it), io.
 DVR_EXPORT Stats send(const Store& store, const std::string& ref, int fd, const Options& options = {});
+
+/// Writes `regions` (Session::regions() of session SESSION) as they are in
+/// memory now, as a stream of snapshot SESSION/NAME: what send() of a
+/// snapshot taken now would
+/// write (against options.base, a snapshot of the session in `store` that the
+/// receiver holds, only what differs), without reading any data from the
+/// store. For a copy sent while the same memory is being snapshotted on
+/// another thread (dvr::mpi's partner copies): `store` is a handle of the
+/// session's store other than Session::store() (only the base's tables are
+/// read from it). The regions must stay as they are (no writes, none added
+/// or removed) until this returns.
+/// `confirm`, when given, is called with the fingerprint of what was sent
+/// before the stream's last records; if it throws, the stream ends unfinished
+/// (the receiver stores nothing) and the exception propagates. Options::level
+/// compresses chunks that shrink by at least an eighth; after one that does
+/// not, the next 31 are sent as they are. Throws invalid_argument (no
+/// regions, bad name), not_found (base), io (the fd).
+DVR_EXPORT Stats send_live(const Store& store, const std::string& session, const std::vector<Region*>& regions, const std::string& name, int fd,
+                           const Options& options = {},
+                           const std::function<void(const std::string& fingerprint)>& confirm = {});
+
+/// The content fingerprint of snapshot REF ("session/name") as streams carry
+/// it, in hex: the same for snapshots with the same regions and bytes, in
+/// whatever store and place. Throws not_found, corrupt.
+DVR_EXPORT std::string fingerprint(const Store& store, const std::string& ref);
 
 struct ReceiveOptions {
   /// Store the snapshots in this session instead of the one the stream names

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <future>
 #include <map>
 #include <optional>
 #include <thread>
@@ -35,6 +36,7 @@ constexpr int kTagStream = 0x4456;  // "DV"
 constexpr int kTagList = 0x4457;
 constexpr int kMaxSeqs = 64;  // seqs exchanged per rank in restore_latest()
 constexpr int kMsg = 512;     // bytes of an error message exchanged
+constexpr int kPipeBytes = 1 << 20;  // the streams' pipes (the default maximum of fs.pipe-max-size)
 
 // How long the stores this layer opens itself (the receivers of partner
 // copies) wait for a store lock. Every call here is collective: a rank waiting
@@ -91,6 +93,7 @@ std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& 
   std::thread producer, consumer;
   if (produce) {
     if (::pipe2(out, O_CLOEXEC) != 0) detail::throw_errno(errno, "cannot create a pipe");
+    ::fcntl(out[0], F_SETPIPE_SZ, kPipeBytes);  // best effort: fewer, larger reads and writes
     producer = std::thread([&] {
       try {
         produce(out[1]);
@@ -102,6 +105,7 @@ std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& 
   }
   if (consume) {
     if (::pipe2(in, O_CLOEXEC) != 0) detail::throw_errno(errno, "cannot create a pipe");
+    ::fcntl(in[0], F_SETPIPE_SZ, kPipeBytes);
     consumer = std::thread([&] {
       try {
         consume(in[0]);
@@ -213,6 +217,10 @@ struct Session::State {
   Options options;
   int rank = 0, size = 1, partner = 0, client = 0;
   dvr::Session local;
+  // Handles of this rank's store for the threads that stream partner copies
+  // while `local` snapshots into `store`: reading the base's tables (reader)
+  // and receiving the client's copies (copies).
+  std::optional<Store> reader, copies;
   State(Store s, std::string n, MPI_Comm c, const Options& o) : store(s), name(std::move(n)), comm(c), options(o), local(s, name) {}
 
   std::string records_dir() const { return store.path() + "/mpi/" + name; }
@@ -264,83 +272,164 @@ int Session::partner() const { return state_->partner; }
 std::vector<GlobalInfo> Session::committed() const {
   std::vector<GlobalInfo> out;
   for (auto& [n, seq] : state_->records())
-    out.push_back({n, seq, 0, 0, 0});
+    out.push_back({.name = n, .seq = seq});
   std::sort(out.begin(), out.end(), [](const GlobalInfo& a, const GlobalInfo& b) { return a.seq < b.seq; });
   return out;
 }
 
 GlobalInfo Session::snapshot(const std::string& name) {
   State& st = *state_;
-  auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = std::chrono::steady_clock::now();
   GlobalInfo info;
   info.name = name;
-  // Phase 1: every rank snapshots its part; the vote.
   std::uint64_t my_max = 0, max_seq = 0;
-  for (auto& [n, s] : st.records())
+  const auto recs = st.records();
+  for (auto& [n, s] : recs)
     my_max = std::max(my_max, s);
   MPI_Allreduce(&my_max, &max_seq, 1, MPI_UINT64_T, MPI_MAX, st.comm);
   info.seq = max_seq + 1;
-  bool took = false;
-  std::string mine;
-  int ok = 1;
-  try {
-    if (st.records().count(name)) throw Error(Errc::already_exists, "global snapshot '" + name + "' exists already");
-    // A part without a commit record is the leftover of an attempt that was
-    // never committed (a crash between the vote and the records): replaced.
-    info.stored_bytes = st.local.snapshot(name, {.replace = true}).stored_bytes;
-    took = true;
-  } catch (const std::exception& e) {
-    ok = 0;
-    mine = e.what();
-  }
-  int all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, st.comm);
-  if (!all) {
-    // Not committed anywhere: the parts that were taken go again.
-    if (took) {
-      try {
-        st.store.remove(st.name, name);
-      } catch (const Error&) {
-      }
-    }
-    fail_all(st.comm, st.size, ok, mine, "global snapshot '" + name + "' of session '" + st.name + "' failed and was not committed");
-  }
-  // Phase 2: the commit records.
-  all_or_throw(st.comm, st.size, "global snapshot '" + name + "' could not be recorded as committed on every rank",
-               [&] { st.record(name, info.seq); });
+  const bool exists = recs.count(name) != 0;
 
-  // Partner copies: each rank sends its part to its partner, relative to the
-  // newest earlier part the partner holds, and keeps its client's.
-  if (st.options.partner_copies) {
+  // What the partner holds of this rank's parts: the copy is sent relative to
+  // the newest of them that this rank still has (none: everything is sent).
+  const bool copies = st.options.partner_copies;
+  std::string base;
+  if (copies) {
     std::vector<std::string> held;
-    for (auto& i : st.store.list(st.copies_session(st.client)))
-      if (!i.damaged) held.push_back(i.name);
-    std::vector<std::string> partner_has = swap_lists(st.comm, st.client, held, st.partner);
-    std::string base;
+    try {
+      for (auto& i : st.store.list(st.copies_session(st.client)))
+        if (!i.damaged) held.push_back(i.name);
+    } catch (const std::exception&) {
+      // Unreadable here: the client sends everything (and learns why when
+      // its copy cannot be stored either).
+    }
     std::uint64_t base_seq = 0;
-    auto recs = st.records();
-    for (auto& h : partner_has)
+    for (auto& h : swap_lists(st.comm, st.client, held, st.partner))
       if (auto it = recs.find(h); it != recs.end() && it->first != name && it->second > base_seq && st.has(st.name, h)) {
         base = h;
         base_seq = it->second;
       }
+  }
+
+  // Phase 1: every rank snapshots its part locally (on a thread of its own)
+  // while its partner copy streams from the same memory to the partner, and
+  // its client's copy arrives (docs/mpi.md, "The protocol").
+  bool took = false;
+  std::string received;      // the client's copy that arrived ("session/name")
+  std::string mine;          // this rank's local failure
+  std::string copy_failure;  // this rank's partner-copy failure
+  auto local = [&] {
+    const auto tl = std::chrono::steady_clock::now();
+    try {
+      if (exists) throw Error(Errc::already_exists, "global snapshot '" + name + "' exists already");
+      // A part without a commit record is the leftover of an attempt that was
+      // never committed (a crash between the vote and the records): replaced.
+      info.stored_bytes = st.local.snapshot(name, {.replace = true}).stored_bytes;
+      took = true;
+    } catch (const std::exception& e) {
+      mine = e.what();
+      if (mine.empty()) mine = "unknown error";
+    }
+    info.local_seconds = since(tl);
+  };
+  if (!copies) {
+    local();
+  } else {
+    const auto tp = std::chrono::steady_clock::now();
+    try {
+      // A copy of this name kept for the client without a commit record is
+      // the leftover of an attempt that was never committed: it goes first.
+      if (!exists && st.has(st.copies_session(st.client), name)) st.store.remove(st.copies_session(st.client), name);
+    } catch (const std::exception& e) {
+      copy_failure = e.what();
+    }
+    // Handles of their own (their own lock and mutex) for the threads that
+    // read the base and receive the client's copy while this rank's own
+    // snapshot holds st.store; their lock waits are bounded (kLockTimeout).
+    // Opened once and kept: a fresh handle would load the chunk index and
+    // map the packs again for every copy.
+    std::exception_ptr open_error;
+    try {
+      if (!st.reader) st.reader = open_bounded(st.store);
+      if (!st.copies) st.copies = open_bounded(st.store);
+    } catch (...) {
+      open_error = std::current_exception();
+    }
+    const std::vector<Region*> regions = st.local.regions();
+    std::promise<void> local_finished;
+    std::shared_future<void> local_done = local_finished.get_future().share();
+    std::thread local_thread([&] {
+      local();
+      local_finished.set_value();
+    });
     transfer::Options topt;
     topt.base = base;
     topt.level = st.options.level;
-    all_or_throw(st.comm, st.size, "the partner copies of global snapshot '" + name + "' failed (it is committed; the copies are not)", [&] {
+    try {
       info.partner_bytes = exchange(
-          st.comm, st.partner, [&](int fd) { transfer::send(st.store, st.name + "/" + name, fd, topt); }, st.client,
+          st.comm, st.partner,
           [&](int fd) {
-            // A Store of its own (its own lock and mutex): the send above
-            // holds this rank's store shared while the partner's copy is
-            // received. Its lock waits are bounded (kLockTimeout).
-            Store here = open_bounded(st.store);
-            transfer::receive(here, fd, {.session = st.copies_session(st.client)});
+            if (open_error) std::rethrow_exception(open_error);
+            transfer::send_live(*st.reader, st.name, regions, name, fd, topt, [&](const std::string& sent) {
+              // The stream ends only once the local part is stored and holds
+              // exactly what was sent; else the partner stores nothing.
+              local_done.wait();
+              if (!took) throw Error(Errc::io, "rank " + std::to_string(st.rank) + "'s own part failed, so its partner copy was not completed");
+              if (transfer::fingerprint(*st.reader, st.name + "/" + name) != sent)
+                throw Error(Errc::io, "rank " + std::to_string(st.rank) +
+                                          "'s regions changed while global snapshot '" + name +
+                                          "' was taken (no thread may write them during snapshot()): its partner copy was not completed");
+            });
+          },
+          st.client,
+          [&](int fd) {
+            // Into this store once its own part is in: one writer at a time.
+            local_done.wait();
+            if (open_error) std::rethrow_exception(open_error);
+            received = transfer::receive(*st.copies, fd, {.session = st.copies_session(st.client)}).refs.at(0);
           });
-    });
+    } catch (const std::exception& e) {
+      if (copy_failure.empty()) copy_failure = e.what();
+    }
+    local_thread.join();
+    info.partner_seconds = since(tp);
   }
+  // The vote on the local parts.
+  int ok = took ? 1 : 0, all = 0;
+  const auto tv = std::chrono::steady_clock::now();
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, st.comm);
+  info.vote_seconds = since(tv);
+  if (!all) {
+    // Not committed anywhere: the parts that were taken go again, and the
+    // copies that arrived for them.
+    try {
+      if (took) st.store.remove(st.name, name);
+    } catch (const Error&) {
+    }
+    try {
+      // By the name it arrived under (the client's, should the ranks' names differ).
+      if (!received.empty()) {
+        auto [session, copy] = split_ref(received);
+        st.store.remove(session, copy);
+      }
+    } catch (const Error&) {
+    }
+    fail_all(st.comm, st.size, ok, mine, "global snapshot '" + name + "' of session '" + st.name + "' failed and was not committed");
+  }
+  // Phase 2: the commit records.
+  const auto tc = std::chrono::steady_clock::now();
+  all_or_throw(st.comm, st.size, "global snapshot '" + name + "' could not be recorded as committed on every rank",
+               [&] { st.record(name, info.seq); });
+  info.commit_seconds = since(tc);
+  // The partner copies' outcome, known since phase 1: the snapshot is
+  // committed (complete locally everywhere) either way.
+  if (copies)
+    all_or_throw(st.comm, st.size, "the partner copies of global snapshot '" + name + "' failed (it is committed; the copies are not)", [&] {
+      if (!copy_failure.empty()) throw Error(Errc::io, copy_failure);
+    });
 
   // Retention: the newest `keep` global snapshots, own parts and copies.
+  const auto tr = std::chrono::steady_clock::now();
   if (st.options.keep > 0) {
     std::vector<std::pair<std::uint64_t, std::string>> by_seq;
     for (auto& [n, s] : st.records())
@@ -356,6 +445,7 @@ GlobalInfo Session::snapshot(const std::string& name) {
       }
     }
   }
+  info.retention_seconds = since(tr);
   info.seconds = since(t0);
   return info;
 }
