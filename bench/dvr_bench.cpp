@@ -1,12 +1,15 @@
 // dvr-bench — Memory DVR against the physical limit, measured in the same run.
 //
-//   dvr-bench [--size 1G] [--repeat 5] [--json] [--store DIR]
+//   dvr-bench [--size 1G] [--repeat 5] [--json] [--store DIR] [--disk-only]
 //
 // All memory is pre-faulted before timing. Each figure is printed next to
 // memcpy of the same bytes between two pre-faulted buffers (the limit a copy
 // cannot beat on one core), or next to another peer measured in the same run:
 // the first snapshot into a new store next to pwrite of the same bytes into a
-// new file on the store's file system. With --json, one object per line:
+// new file on the store's file system; with a store on a disk file system,
+// snapshots, restores and verify next to dd conv=fsync, dd reads and xxhsum
+// of the same bytes there (the disk_* figures, docs/performance.md). With
+// --json, one object per line:
 //   {"name":..., "value":..., "unit":"s", "peer":"memcpy", "peer_value":...,
 //    "ratio":...}   ratio = peer time / our time (above 1: faster than the peer)
 #include <fcntl.h>

@@ -218,7 +218,7 @@ TEST_CASE("disk store: restore and verify read a store whose pages left the page
     s.snapshot("a");
   }
   // Dropped from the page cache (they are clean once synced): restore and
-  // verify read ahead of themselves from the device.
+  // verify read every page from the device.
   for (auto& p : dvrtest::fs::recursive_directory_iterator(dir.store()))
     if (p.is_regular_file()) {
       int fd = ::open(p.path().c_str(), O_RDONLY | O_CLOEXEC);

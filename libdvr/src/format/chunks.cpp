@@ -1,6 +1,5 @@
 #include "format/chunks.hpp"
 
-#include <algorithm>
 #include <cstring>
 
 #include "dvr/error.hpp"
@@ -60,33 +59,6 @@ std::string check_chunk(const Packs& packs, const ChunkView& c) {
     if (page_hash(bytes(at, len), len) != c.pages[p]) return "checksum mismatch in " + where(at);
   }
   return "";
-}
-
-void ReadAhead::at(std::size_t i) {
-  if (i < next_ || i >= end_) return;
-  // From where the last request ended (or i), the next kWindow bytes,
-  // contiguous ranges of a pack gathered into one request.
-  std::size_t j = std::max(i, issued_);
-  std::uint64_t bytes = 0;
-  std::uint32_t pack = 0;
-  std::uint64_t lo = 0, hi = 0;
-  auto issue = [&] {
-    if (pack) packs_.will_need(pack, lo, hi - lo);
-  };
-  for (; j < end_ && bytes < kWindow; ++j) {
-    ChunkView v = view_(j);
-    if (v.ref->is_zero()) continue;
-    if (v.ref->pack != pack || v.ref->offset != hi) {
-      issue();
-      pack = v.ref->pack;
-      lo = v.ref->offset;
-    }
-    hi = v.ref->offset + v.ref->length;
-    bytes += v.ref->length;
-  }
-  issue();
-  issued_ = j;
-  next_ = i + std::max<std::size_t>(1, (j - i) / 2);  // again when half of it was read
 }
 
 void read_chunk(Packs& packs, const ChunkView& c, char* out, const std::string& what) {

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,25 +51,6 @@ void map_chunk(Packs& packs, const ChunkView& c);
 /// Why the stored bytes of `c` are not what its manifest records ("" when
 /// they are). Thread-safe; call map_chunk() first.
 std::string check_chunk(const Packs& packs, const ChunkView& c);
-
-/// Read-ahead for a loop that reads chunks in order, as restore and verify do
-/// on each thread: a store on a disk, read cold through its mappings, would
-/// otherwise be read a fault (128 KiB) at a time. at(i) asks the kernel to
-/// start reading the pack data of the chunks after i, about kWindow bytes
-/// ahead (MADV_WILLNEED; a no-op for data in memory: tmpfs, PMem, a warm
-/// page cache). `view(j)` gives chunk j of the loop, for j < end.
-class ReadAhead {
- public:
-  template <class View>
-  ReadAhead(const Packs& packs, std::size_t end, View view) : packs_(packs), end_(end), view_(std::move(view)) {}
-  void at(std::size_t i);
-
- private:
-  static constexpr std::uint64_t kWindow = 32u << 20;
-  const Packs& packs_;
-  std::size_t end_, issued_ = 0, next_ = 0;
-  std::function<ChunkView(std::size_t)> view_;
-};
 
 /// Copies the chunk's bytes (ref->length of them) into `out` after checking
 /// them; throws corrupt, naming `what`, when they fail their checksum.

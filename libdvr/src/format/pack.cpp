@@ -540,13 +540,6 @@ const char* Packs::mapped(std::uint32_t pack, std::uint64_t offset, std::uint64_
   return it->second.addr() + offset;
 }
 
-void Packs::will_need(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const {
-  const char* p = mapped(pack, offset, length);
-  if (!p || length == 0) return;
-  auto start = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{kPageSize - 1};
-  ::madvise(reinterpret_cast<void*>(start), reinterpret_cast<std::uintptr_t>(p) + length - start, MADV_WILLNEED);
-}
-
 bool byte_persistent(int fd, const std::string& file) {
   pmem2_granularity got = PMEM2_GRANULARITY_PAGE;
   try {

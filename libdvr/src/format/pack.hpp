@@ -90,11 +90,6 @@ class Packs {
   /// refresh_mappings() at the start of each operation (under the store lock).
   const char* read(std::uint32_t pack, std::uint64_t offset, std::uint64_t length);
 
-  /// Asks the kernel to start reading [offset, offset+length) of mapped pack
-  /// `pack` into the page cache (MADV_WILLNEED); does not wait, never throws
-  /// (nothing happens for a pack not mapped). Thread-safe.
-  void will_need(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const;
-
   /// Maps every pack for reading (packs that cannot be mapped are skipped), so
   /// that mapped() can be used from several threads.
   void map_all();

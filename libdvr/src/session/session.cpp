@@ -786,9 +786,7 @@ void check_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& p
     std::atomic<std::size_t> bad{SIZE_MAX};
     std::atomic<std::uint32_t> bad_page{0};
     detail::parallel_for(jobs.size(), work, [&](std::size_t b, std::size_t e) {
-      detail::ReadAhead read_ahead(packs, e, [&](std::size_t j) { return detail::view_of(m, jobs[j].chunk); });
       for (std::size_t k = b; k < e && bad.load() == SIZE_MAX; ++k) {
-        read_ahead.at(k);
         if (k + 1 < e) {
           // Scattered pages: start loading the next job's while this one is
           // hashed (its first two pages: a written page of an unaligned

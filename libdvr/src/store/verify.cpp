@@ -90,10 +90,7 @@ VerifyReport Store::verify(const Progress& progress) const {
   std::atomic<std::uint64_t> done{0};
   std::mutex progress_mu;
   parallel_for(work.size(), total, [&](std::size_t b, std::size_t e) {
-    // Chunks in pack order, a contiguous share per thread: read ahead.
-    ReadAhead ahead(*impl_->packs, e, [&](std::size_t j) { return work[j]->chunk->view(); });
     for (std::size_t i = b; i < e; ++i) {
-      ahead.at(i);
       Loc& loc = *work[i];
       if (!loc.readable) continue;
       try {
