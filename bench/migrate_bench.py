@@ -23,19 +23,6 @@ With --json, one object per line: {"name", "value", "unit", "peer",
 better (the convention of every benchmark here, docs/performance.md).
 Without --json, a table with each figure next to its peer.
 Needs root (for sshd), openssh-server, zstd.
-"""Moving a snapshot to another store through ssh, against moving its bytes
-with cat and zstd through the same ssh connection.
-
-    sudo /usr/bin/python3 bench/migrate_bench.py [--size 1G] [--repeat 2] [--json] [--build build]
-
-Starts an sshd on 127.0.0.1 with throw-away keys, takes a snapshot of --size
-bytes (float32 normal noise, like a data set) in store A, and in one run
-(best of --repeat):
-  push_full        dvr push of it to store B            vs cat of its bytes through ssh, and zstd -1 | ssh | zstd -d
-  push_1pct        push again after 1% of pages changed vs push_full (time)
-  push_1pct_bytes  bytes that second push sent         vs the first push's (target: <= 2%)
-With --json, one object per line: {"name", "value", "unit", "peer", "peer_value", "ratio" (value/peer), "bytes"}.
-Needs root (for sshd), openssh-server, zstd.
 """
 
 import argparse
