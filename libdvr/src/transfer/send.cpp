@@ -252,8 +252,9 @@ Stats send_with(const Store& store, const std::string& ref, int fd, const Option
   std::vector<Item> items = items_of(store, ref);
   Stats st;
   Progressor prog{opt.progress};
-  for (auto& it : items)
-    prog.total += load(it.store, it.session, it.name).logical_bytes();
+  if (opt.progress)  // a manifest read (and its page hashes) only for whom shows progress
+    for (auto& it : items)
+      prog.total += load(it.store, it.session, it.name).logical_bytes();
   RecordWriter w(fd);
   char head[16];
   std::memcpy(head, kMagic, 8);

@@ -1,5 +1,7 @@
 // The stream's framing and what a reference stands for (transfer/stream.hpp).
+#include <limits.h>
 #include <pthread.h>
+#include <sys/uio.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -37,6 +39,28 @@ void write_fd(int fd, const char* p, std::size_t n) {
     }
     p += w;
     n -= static_cast<std::size_t>(w);
+  }
+}
+
+// write_fd over several buffers: writev, resumed after a partial write.
+void write_fdv(int fd, iovec* iov, std::size_t count) {
+  while (count > 0) {
+    ssize_t w = ::writev(fd, iov, static_cast<int>(std::min<std::size_t>(count, IOV_MAX)));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EPIPE) throw Error(Errc::io, "the receiving end closed the connection (see its error message)");
+      detail::throw_errno(errno, "cannot write the stream");
+    }
+    auto left = static_cast<std::size_t>(w);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
   }
 }
 
@@ -90,19 +114,27 @@ void RecordWriter::run() {
   sigemptyset(&pipe_signal);
   sigaddset(&pipe_signal, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
+  std::vector<std::string> batch;
+  std::vector<iovec> iov;
   for (;;) {
-    std::string rec;
     {
+      // Everything queued at once (up to 64 records): the small records of
+      // a push against a base (runs, pages) go out in one system call.
       std::unique_lock<std::mutex> lk(sh_->mu);
       sh_->can_take.wait(lk, [&] { return !sh_->queue.empty() || sh_->closing || sh_->cancel; });
       if (sh_->cancel || sh_->queue.empty()) return;
-      rec = std::move(sh_->queue.front());
-      sh_->queue.pop_front();
-      sh_->queued -= rec.size();
+      while (!sh_->queue.empty() && batch.size() < 64) {
+        sh_->queued -= sh_->queue.front().size();
+        batch.push_back(std::move(sh_->queue.front()));
+        sh_->queue.pop_front();
+      }
     }
     sh_->can_put.notify_one();
     try {
-      write_fd(fd_, rec.data(), rec.size());
+      iov.clear();
+      for (auto& r : batch)
+        iov.push_back({r.data(), r.size()});
+      write_fdv(fd_, iov.data(), iov.size());
     } catch (...) {
       {
         std::lock_guard<std::mutex> g(sh_->mu);
@@ -112,7 +144,9 @@ void RecordWriter::run() {
       return;  // a SIGPIPE left pending for this thread goes with it
     }
     std::lock_guard<std::mutex> g(sh_->mu);
-    if (sh_->pool.size() < 8) sh_->pool.push_back(std::move(rec));
+    for (auto& r : batch)
+      if (sh_->pool.size() < 8 && r.capacity() >= 4096) sh_->pool.push_back(std::move(r));
+    batch.clear();
   }
 }
 

@@ -3,6 +3,8 @@
 // descriptor, what a reference stands for, and a snapshot's fingerprint.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -46,6 +48,8 @@ inline detail::Reader parse(const std::string& payload) {
 
 /// Writes all n bytes (EINTR retried; EPIPE: the receiving end is gone).
 void write_fd(int fd, const char* p, std::size_t n);
+/// write_fd of several buffers in order (writev).
+void write_fdv(int fd, struct iovec* iov, std::size_t count);
 /// Reads exactly n bytes; false at a clean end of input before the first
 /// byte when eof_ok, else a truncation is corrupt.
 bool read_fd(int fd, char* p, std::size_t n, bool eof_ok = false);
