@@ -85,16 +85,19 @@ Commands:
                       own anonymous mmap) lives in a DVR persistent heap of
                       MAX bytes (default 4G) in the store, so `proc dump`
                       stores only the pages written since the last dump
-  send REF [--base BASE] [--level N | --no-compress] [--json]
+  send REF [--base BASE] [--compress=auto|zstd|none] [--level N] [--json]
                       write snapshot REF (SESSION/NAME, or proc/NAME with its
-                      heaps) as a verified, compressed stream to stdout
+                      heaps) as a verified, compressed stream to stdout;
+                      --compress: auto (default: zstd for the chunks whose
+                      first bytes compress, the others raw), zstd (every
+                      chunk), none; --level: zstd's level (default 1)
   receive [--json]    read such a stream from stdin into the store; nothing
                       is stored unless all of it checks out
-  export REF -o FILE [--base BASE] [--level N | --no-compress] [--json]
+  export REF -o FILE [--base BASE] [--compress=auto|zstd|none] [--level N] [--json]
   import FILE [--json]
                       the same through a file
   push REF ssh://[USER@]HOST[:PORT]/STORE [--base BASE] [--ssh CMD]
-       [--remote-dvr PATH] [--level N | --no-compress] [--json]
+       [--remote-dvr PATH] [--compress=auto|zstd|none] [--level N] [--json]
                       send REF to a store on another machine through ssh;
                       only what the far store lacks travels
   pull ssh://[USER@]HOST[:PORT]/STORE REF [--ssh CMD] [--remote-dvr PATH] [--json]
@@ -625,9 +628,15 @@ transfer::Options transfer_options(Args& a) {
   transfer::Options o;
   o.base = a.take_option("--base", "");
   std::string level = a.take_option("--level", "");
-  if (a.take_flag("--no-compress")) o.level = 0;
+  std::string compress = a.take_option("--compress", "");
+  if (!compress.empty()) o.compress = transfer::parse_compress(compress, "--compress");
+  if (a.take_flag("--no-compress")) {
+    if (!compress.empty() && o.compress != transfer::Compress::none)
+      throw Error(Errc::invalid_argument, "--compress=" + compress + " and --no-compress exclude each other");
+    o.compress = transfer::Compress::none;
+  }
   if (!level.empty()) {
-    if (o.level == 0) throw Error(Errc::invalid_argument, "--level and --no-compress exclude each other");
+    if (o.compress == transfer::Compress::none) throw Error(Errc::invalid_argument, "--level and --compress=none (--no-compress) exclude each other");
     char* end = nullptr;
     long v = std::strtol(level.c_str(), &end, 10);
     if (*end || v < 1 || v > 19) throw Error(Errc::invalid_argument, "--level must be 1 to 19 (zstd), not '" + level + "'");
@@ -660,7 +669,10 @@ std::string transfer_json(const transfer::Stats& st, bool sent) {
   o << "{\"ref\":" << refs << ",\"base\":" << json_string(st.base) << ",\"logical_bytes\":" << st.logical_bytes
     << (sent ? ",\"sent_bytes\":" : ",\"received_bytes\":") << st.wire_bytes << ",\"data_bytes\":" << st.data_bytes
     << ",\"compression_ratio\":" << st.compression_ratio << ",\"chunks\":" << st.chunks << ",\"chunks_skipped\":" << st.chunks_skipped
-    << ",\"stored_bytes\":" << st.stored_bytes << ",\"seconds\":" << st.seconds << "}";
+    << ",\"stored_bytes\":" << st.stored_bytes;
+  if (sent)
+    o << ",\"chunks_compressed\":" << st.chunks_compressed << ",\"chunks_raw\":" << st.chunks_raw << ",\"read_bytes\":" << st.read_bytes;
+  o << ",\"seconds\":" << st.seconds << "}";
   return o.str();
 }
 
@@ -779,7 +791,7 @@ int cmd_send(Args& a) {
   a.json = a.take_flag("--json");
   bool negotiate = a.take_flag("--negotiate");
   transfer::Options o = transfer_options(a);
-  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr send REF [--base BASE] [--level N | --no-compress] [--json] > FILE");
+  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr send REF [--base BASE] [--compress=auto|zstd|none] [--level N] [--json] > FILE");
   if (!negotiate && ::isatty(1))
     throw Error(Errc::invalid_argument, "dvr send writes a binary stream: redirect it (dvr send REF > FILE, or | dvr receive)");
   Store store = open_store(a, false);
@@ -803,7 +815,7 @@ int cmd_export(Args& a) {
   std::string file = a.take_option("-o", "");
   transfer::Options o = transfer_options(a);
   if (a.rest.size() != 1 || file.empty())
-    throw Error(Errc::invalid_argument, "usage: dvr export REF -o FILE [--base BASE] [--level N | --no-compress] [--json]");
+    throw Error(Errc::invalid_argument, "usage: dvr export REF -o FILE [--base BASE] [--compress=auto|zstd|none] [--level N] [--json]");
   Store store = open_store(a, false);
   // Written beside FILE, renamed over it when complete: no half files.
   std::string tmp = file + ".part-" + std::to_string(::getpid());
@@ -861,10 +873,14 @@ int cmd_push_pull(Args& a, bool push) {
   } else {
     remote.insert(remote.end(), {"send", "--negotiate", ref});
     if (!o.base.empty()) remote.insert(remote.end(), {"--base", o.base});
-    if (o.level == 0)
+    // Spelled so that a far dvr older than --compress understands the
+    // default and none (it compresses every chunk, as zstd does).
+    if (o.compress == transfer::Compress::none) {
       remote.push_back("--no-compress");
-    else
+    } else {
+      if (o.compress == transfer::Compress::zstd) remote.push_back("--compress=zstd");
       remote.insert(remote.end(), {"--level", std::to_string(o.level)});
+    }
   }
   SshChild child(ssh, t, remote);
   transfer::Stats st;

@@ -106,7 +106,10 @@ PUSH_FIELDS = ("sent_bytes", "logical_bytes", "chunks_skipped", "compression_rat
 
 DAMAGED = r"checksum|corrupt|damaged|mismatch"
 TRUNCATED = r"truncat|unexpected end|ended|incomplete|short|empty"
-COMPRESSION_OPTIONS = {"default": (), "no-compress": ("--no-compress",), "level-3": ("--level", "3")}
+COMPRESSION_OPTIONS = {"default": (), "no-compress": ("--no-compress",), "level-3": ("--level", "3"),
+                       "compress-auto": ("--compress=auto",), "compress-zstd": ("--compress", "zstd"),
+                       "compress-none": ("--compress=none",)}
+UNCOMPRESSED = ("no-compress", "compress-none")
 
 
 # --- helpers
@@ -318,7 +321,7 @@ def test_send_receive_through_a_pipe_restores_bit_exact(store_a, store_b, compre
     assert sent["logical_bytes"] == received["logical_bytes"] == WORKER_BYTES, (sent, received)
     assert sent["sent_bytes"] > 0 and received["received_bytes"] > 0 and received["stored_bytes"] > 0, (sent, received)
     assert sent["chunks"] > 0 and sent["chunks_skipped"] <= sent["chunks"], sent
-    if compression == "no-compress":
+    if compression in UNCOMPRESSED:
         # The worker's non-zero content is random: uncompressed, most of it is on the wire.
         assert sent["sent_bytes"] >= WORKER_BYTES // 2 and sent["compression_ratio"] <= 1.01, sent
     assert store_b.refs() == {"resident/r1", "s/n1"}
@@ -482,6 +485,57 @@ def test_export_levels_compress_and_every_level_restores_bit_exact(store_a, make
     assert sizes["level-3"] <= sizes["no-compress"] * 0.3, f"--level 3 should shrink the pattern: {sizes}"
     assert summaries["level-3"]["compression_ratio"] >= 3, summaries["level-3"]
     assert sizes["default"] <= sizes["no-compress"] * 0.3, f"the default compresses too: {sizes}"
+
+
+def test_export_compress_auto_skips_noise_zstd_compresses_all_none_nothing(store_a, make_store, scratch, memdvr):
+    """The pattern of the test above, then 1 MiB of random bytes, then 1 MiB
+    whose first 8 KiB of every 64 KiB are random and the rest zero:
+    --compress=auto compresses the pattern only (its sample of each chunk's
+    first bytes says whether), zstd the pattern and the mostly-zero chunks,
+    none nothing; every stream restores bit-exact."""
+    pattern = (np.arange(8 * MIB, dtype=np.uint64) % 251 + 1).astype(np.uint8)
+    noise = np.frombuffer(os.urandom(MIB), dtype=np.uint8)
+    head_noise = np.zeros(MIB, dtype=np.uint8).reshape(16, -1)  # every 64 KiB: 8 KiB random, then zeros
+    head_noise[:, :8192] = np.frombuffer(os.urandom(16 * 8192), dtype=np.uint8).reshape(16, -1)
+    expected = np.concatenate([pattern, noise, head_noise.reshape(-1)])
+    with memdvr.Session(memdvr.Store(str(store_a.path)), "comp") as s:
+        data = s.array("data", expected.shape, np.uint8)
+        data[:] = expected
+        s.snapshot("v1")
+        del data
+    sizes, summaries = {}, {}
+    for mode in ("auto", "zstd", "none"):
+        path = scratch / f"comp-{mode}"
+        summaries[mode] = export(store_a, "comp/v1", path, f"--compress={mode}")
+        sizes[mode] = path.stat().st_size
+        target = make_store(f"to-{mode}")
+        import_json(target, path)
+        with memdvr.Session(memdvr.Store(str(target.path)), "comp") as s:
+            got = s.array("data", expected.shape, np.uint8)
+            s.restore("v1")
+            assert np.array_equal(got, expected), f"comp/v1 imported from the --compress={mode} stream is not bit-exact"
+            del got
+    auto, zstd, none = summaries["auto"], summaries["zstd"], summaries["none"]
+    chunks = auto["chunks"]
+    per_mib = chunks * MIB // expected.size  # chunks of 1 MiB (the store's chunk size: 64 KiB or 256 KiB)
+    assert auto["chunks_compressed"] == chunks - 2 * per_mib and auto["chunks_raw"] == 2 * per_mib, auto
+    assert zstd["chunks_compressed"] == chunks - per_mib and zstd["chunks_raw"] == per_mib, zstd
+    assert none["chunks_compressed"] == 0 and none["chunks_raw"] == chunks, none
+    assert sizes["none"] >= expected.size > sizes["auto"] > sizes["zstd"], sizes
+    assert auto["read_bytes"] == zstd["read_bytes"] == none["read_bytes"] == expected.size, summaries
+
+
+@pytest.mark.parametrize("verb", ["send", "export", "push"])
+def test_a_bad_compress_value_names_the_option_and_the_values(store_a, store_b, sshd, dvr_bin, scratch, verb):
+    store_a.snap("s", "n1")
+    args = {"send": ("send", "s/n1"), "export": ("export", "s/n1", "-o", str(scratch / "x.dvr")),
+            "push": ("push", "s/n1", sshd.url(store_b.path), *ssh_opts(sshd, dvr_bin))}[verb]
+    proc = store_a.dvr(*args, "--compress=fast", expect=2)
+    assert "--compress" in proc.stderr and "auto, zstd or none" in proc.stderr and "'fast'" in proc.stderr, describe(proc)
+    proc = store_a.dvr(*args, "--compress=zstd", "--no-compress", expect=2)
+    assert "--compress=zstd" in proc.stderr and "--no-compress" in proc.stderr, describe(proc)
+    assert not (scratch / "x.dvr").exists()
+    assert "s/n1" not in store_b.refs()
 
 
 # --- damaged, truncated and foreign streams
@@ -682,7 +736,7 @@ def test_push_over_ssh(store_a, store_b, sshd, dvr_bin, compression):
     summary = push_json(store_a, "s/n1", sshd, store_b, dvr_bin, *COMPRESSION_OPTIONS[compression])
     assert summary["base"] == "", f"B holds nothing of session s: {summary}"
     assert summary["logical_bytes"] == WORKER_BYTES and summary["sent_bytes"] > 0, summary
-    if compression == "no-compress":
+    if compression in UNCOMPRESSED:
         assert summary["compression_ratio"] <= 1.01, summary
     assert store_b.refs() == {"resident/r1", "s/n1"}
     same_shape(store_a, store_b, "s/n1")

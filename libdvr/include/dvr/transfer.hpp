@@ -1,8 +1,10 @@
 // Memory DVR — moving snapshots between stores (docs/migration.md).
 //
 // A snapshot travels as a stream (format: docs/format.md, "Stream format"):
-// its metadata, then its chunks, each zstd-compressed and carrying the
-// XXH3-128 of its content. The receiver checks every chunk against that hash
+// its metadata, then its chunks, each zstd-compressed where that pays
+// (Options::compress) and carrying the XXH3-128 of its content. Sender and
+// receiver each run two threads: one reads, checks and (de)compresses
+// chunks, the other moves bytes through the file descriptor. The receiver checks every chunk against that hash
 // as it arrives, and commits the snapshot atomically once the whole stream is
 // in: a broken, truncated or tampered stream leaves its store as it was.
 // Against a base (a snapshot both sides hold with the same content), only
@@ -22,12 +24,33 @@ class Region;
 
 namespace dvr::transfer {
 
+/// How chunks are compressed on the wire (`dvr send --compress=`).
+enum class Compress {
+  /// zstd for each chunk whose first bytes compress well (a sample of them
+  /// is compressed first: one that shrinks by less than 1/8 is sent raw, so
+  /// noise-like data costs no compression time); the default.
+  automatic,
+  /// zstd for every chunk (each still travels raw when zstd does not shrink it).
+  zstd,
+  /// No compression: every chunk travels raw.
+  none,
+};
+
+/// "auto", "zstd", "none".
+DVR_EXPORT const char* to_string(Compress c);
+/// Parses "auto" / "zstd" / "none"; throws invalid_argument naming `option`
+/// and the allowed values.
+DVR_EXPORT Compress parse_compress(const std::string& text, const std::string& option = "--compress");
+
 struct Options {
   /// Send only what differs from this snapshot of the same session, which the
   /// receiver must hold with the same content ("" = everything). For a
   /// process snapshot, a process snapshot name.
   std::string base;
-  /// zstd level (1–19); 0 sends chunks uncompressed.
+  /// Which chunks are compressed (default: those that pay).
+  Compress compress = Compress::automatic;
+  /// zstd level (1–19) of the chunks compressed; 0 sends every chunk
+  /// uncompressed, whatever `compress` says (the same as Compress::none).
   int level = 1;
   /// Called with (bytes done, bytes total) of the logical data.
   Progress progress;
@@ -41,6 +64,9 @@ struct Stats {
   std::uint64_t data_bytes = 0;      // uncompressed bytes of the chunk data in it
   std::uint64_t chunks = 0;          // chunks of the snapshots
   std::uint64_t chunks_skipped = 0;  // not sent: the receiver has them (base)
+  std::uint64_t chunks_compressed = 0;  // send: chunk records sent zstd-compressed
+  std::uint64_t chunks_raw = 0;      // send: chunk records sent raw (compression skipped or did not pay)
+  std::uint64_t read_bytes = 0;      // send: bytes of stored data read from the store (only what differs from the base)
   std::uint64_t stored_bytes = 0;    // receive: bytes added to the store
   double seconds = 0;
   /// data_bytes / wire_bytes of chunk data (1 when nothing was compressed).

@@ -99,4 +99,12 @@ std::string to_hex(const Hash128& h) {
   return buf;
 }
 
+std::uint64_t hash64_of_two(const void* a, std::size_t a_len, const void* b, std::size_t b_len) noexcept {
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  XXH3_64bits_update(&state, a, a_len);
+  XXH3_64bits_update(&state, b, b_len);
+  return XXH3_64bits_digest(&state);
+}
+
 }  // namespace dvr::detail

@@ -20,6 +20,9 @@ struct Hash128Hasher {
 
 Hash128 hash128(const void* data, std::size_t len) noexcept;
 std::uint64_t hash64(const void* data, std::size_t len) noexcept;
+/// hash64 of the bytes of `a` followed by those of `b`, which lie apart (a
+/// stream record's head and its payload).
+std::uint64_t hash64_of_two(const void* a, std::size_t a_len, const void* b, std::size_t b_len) noexcept;
 
 /// Size of the pages that are hashed, tracked and restored one by one.
 inline constexpr std::uint64_t kPageSize = 4096;

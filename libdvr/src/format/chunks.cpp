@@ -83,4 +83,26 @@ void read_chunk(Packs& packs, const ChunkView& c, char* out, const std::string& 
   }
 }
 
+void read_pages(Packs& packs, const ChunkView& c, const std::uint32_t* pages, std::size_t count, char* out, const std::string& what) {
+  auto damaged = [&](const std::string& why) { throw Error(Errc::corrupt, what + " is damaged: " + why + "; run `dvr verify`"); };
+  if (!c.paged || !c.pages) damaged("its pages have no hashes to check them by");
+  const std::uint32_t n = c.page_count();
+  if (!(tree_hash(c.pages, n) == c.ref->hash)) damaged("the page hashes in its manifest do not match the chunk's hash");
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::uint32_t p = pages[k];
+    const std::uint32_t len = c.page_length(p);
+    PageLoc at = c.location(p);
+    if (at.pack == 0) {
+      if (c.pages[p] != zero_page_hash(len)) damaged("an all-zero page has the wrong checksum in its manifest");
+      std::memset(out, 0, len);
+    } else {
+      const char* from = packs.read(at.pack, at.offset, len);
+      if (page_hash(from, len) != c.pages[p])
+        damaged("checksum mismatch in " + packs.path_of(at.pack) + " at offset " + std::to_string(at.offset));
+      std::memcpy(out, from, len);
+    }
+    out += len;
+  }
+}
+
 }  // namespace dvr::detail

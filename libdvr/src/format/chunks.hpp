@@ -56,4 +56,10 @@ std::string check_chunk(const Packs& packs, const ChunkView& c);
 /// them; throws corrupt, naming `what`, when they fail their checksum.
 void read_chunk(Packs& packs, const ChunkView& c, char* out, const std::string& what);
 
+/// Copies only the pages `pages[0..count)` (ascending) of a chunk of a
+/// paged, hydrated manifest into `out`, back to back, after checking each
+/// against its page hash (and the page hashes against the chunk's hash): a
+/// sender of what differs reads nothing else. Throws corrupt, naming `what`.
+void read_pages(Packs& packs, const ChunkView& c, const std::uint32_t* pages, std::size_t count, char* out, const std::string& what);
+
 }  // namespace dvr::detail

@@ -99,7 +99,21 @@ Stats send_negotiated(const Store& store, const std::string& ref, int in, int ou
   }
   if (!options.base.empty() && bases.back().empty())
     throw Error(Errc::not_found, "the receiving store does not hold base '" + options.base + "' with the same content; push without --base");
-  Stats st = send_with(store, ref, out, options, bases);
+  Stats st;
+  try {
+    st = send_with(store, ref, out, options, bases);
+  } catch (const Error& e) {
+    // The receiver gave up while this side was still writing (a check
+    // failed, its store is full): it said why before closing the stream.
+    if (e.code() != Errc::io) throw;
+    std::string why;
+    try {
+      why = recv_text(in);
+    } catch (const Error&) {
+    }
+    if (why.rfind("error ", 0) == 0) throw Error(Errc::io, "the receiver failed: " + why.substr(6));
+    throw;
+  }
   std::string done = recv_text(in);
   if (done.rfind("error ", 0) == 0) throw Error(Errc::io, "the receiver failed: " + done.substr(6));
   // "ok {json}": the receiver's figures.
@@ -159,7 +173,7 @@ Stats receive_negotiated(Store& store, int in, int out) {
   if (answer.find("exists\n") != std::string::npos) throw Error(Errc::already_exists, "refused the transfer: " + answer);
   if (answer.find("error ") != std::string::npos) throw Error(Errc::invalid_argument, "refused the transfer: " + answer);
   try {
-    RecordReader rd{in};
+    RecordReader rd(in);
     Stats st = receive_stream(store, rd);
     send_text(out, "ok " + stats_json(st));
     return st;

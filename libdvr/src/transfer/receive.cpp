@@ -64,20 +64,21 @@ struct Incoming {
   std::size_t base_chunk(std::uint32_t x, std::uint64_t j, std::uint32_t len) const;
 };
 
-std::string take_data(detail::Reader& p, std::string& scratch, ZSTD_DCtx* dctx) {
+// A record's data: in the payload when raw, else decompressed into `scratch`.
+std::string_view take_data(detail::Reader& p, std::string& scratch, ZSTD_DCtx* dctx) {
   std::uint8_t codec = p.u8();
   std::uint32_t raw = p.u32(), len = p.u32();
   const char* d = p.take(len);
   if (raw > (16u << 20)) bad_stream("a chunk claims " + std::to_string(raw) + " bytes");
   if (codec == kRaw) {
     if (len != raw) bad_stream("an uncompressed chunk's lengths disagree");
-    return std::string(d, len);
+    return {d, len};
   }
   if (codec != kZstd) bad_stream("unknown compression " + std::to_string(codec));
   scratch.resize(raw);
   std::size_t n = ZSTD_decompressDCtx(dctx, scratch.data(), raw, d, len);
   if (ZSTD_isError(n) || n != raw) bad_stream("a chunk does not decompress");
-  return scratch;
+  return {scratch.data(), raw};
 }
 
 Hash128 content_hash(const char* data, std::size_t n, bool paged) {
@@ -184,7 +185,7 @@ void receive_chunk(Incoming& in, RecordContext& cx, detail::Reader& p) {
   std::uint64_t j = 0;
   auto& r = in.region_at(p, j);
   Hash128 h = p.hash();
-  std::string d = take_data(p, scratch, dctx);
+  std::string_view d = take_data(p, scratch, dctx);
   if (d.size() != in.chunk_len(r, j)) bad_stream("chunk " + std::to_string(j) + " of region '" + r.name + "' has the wrong length");
   // Chunked as the store chunks it: storing the chunk computes its hash, which
   // is checked right after (a mismatch fails the receive, and nothing stored
@@ -215,7 +216,7 @@ void receive_pages(Incoming& in, RecordContext& cx, detail::Reader& p) {
     list[x] = p.u32();
     if (list[x] >= pages || (x > 0 && list[x] <= list[x - 1])) bad_stream("a page list is out of order");
   }
-  std::string d = take_data(p, cx.scratch, cx.dctx.get());
+  std::string_view d = take_data(p, cx.scratch, cx.dctx.get());
   const detail::ManifestRegion* br = in.base_region(r.name);
   if (!br || !in.paged || !in.b->paged || br->size != r.size || in.b->chunk_size != in.chunk_size)
     bad_stream("pages arrive for a chunk with no base to patch");
@@ -336,11 +337,11 @@ void end_item(Incoming& in, detail::Reader& p) {
 void read_item(Incoming& in, RecordReader& rd, StoreImpl& si, Stats& st) {
   RecordContext cx{si, st};
   std::string payload;
-  std::uint64_t seen = rd.bytes;
+  std::uint64_t seen = rd.bytes();
   for (;;) {
-    if (rd.bytes - seen >= (64u << 20)) {
+    if (rd.bytes() - seen >= (64u << 20)) {
       si.packs->drop_resident();  // base chunks read need not stay mapped here
-      seen = rd.bytes;
+      seen = rd.bytes();
     }
     Kind k = rd.record(payload);
     detail::Reader p = parse(payload);
@@ -456,6 +457,7 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
     throw Error(v > kVersion ? Errc::unsupported : Errc::corrupt, "the stream has format version " + std::to_string(v) + "; this dvr reads version " +
                                                                       std::to_string(kVersion) + (v > kVersion ? " (upgrade dvr on this side)" : "") +
                                                                       "; nothing was stored");
+  rd.start();  // records are read and checked ahead on the reader's thread from here
   Stats st;
   detail::WriteBatch batch(detail::impl_of(store));
   std::vector<std::unique_ptr<Incoming>> items;
@@ -495,7 +497,7 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
       st.chunks += r.chunks;
   }
   st.base = items.back()->base;
-  st.wire_bytes = rd.bytes;
+  st.wire_bytes = rd.bytes();
   st.compression_ratio = static_cast<double>(st.data_bytes) / static_cast<double>(std::max<std::uint64_t>(1, st.wire_bytes));
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
@@ -504,7 +506,7 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
 }  // namespace internal
 
 Stats receive(Store& store, int fd, const ReceiveOptions& options) {
-  RecordReader rd{fd};
+  RecordReader rd(fd);
   return receive_stream(store, rd, options);
 }
 

@@ -1,7 +1,16 @@
 // The stream's framing and what a reference stands for (transfer/stream.hpp).
+#include <limits.h>
+#include <pthread.h>
+#include <sys/uio.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cerrno>
 #include <cstring>
 
@@ -33,6 +42,28 @@ void write_fd(int fd, const char* p, std::size_t n) {
   }
 }
 
+// write_fd over several buffers: writev, resumed after a partial write.
+void write_fdv(int fd, iovec* iov, std::size_t count) {
+  while (count > 0) {
+    ssize_t w = ::writev(fd, iov, static_cast<int>(std::min<std::size_t>(count, IOV_MAX)));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EPIPE) throw Error(Errc::io, "the receiving end closed the connection (see its error message)");
+      detail::throw_errno(errno, "cannot write the stream");
+    }
+    auto left = static_cast<std::size_t>(w);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+}
+
 bool read_fd(int fd, char* p, std::size_t n, bool eof_ok) {
   std::size_t got = 0;
   while (got < n) {
@@ -50,35 +81,225 @@ bool read_fd(int fd, char* p, std::size_t n, bool eof_ok) {
   return true;
 }
 
+// ---- RecordWriter ----------------------------------------------------------
+
+struct RecordWriter::Shared {
+  std::mutex mu;
+  std::condition_variable can_put, can_take;
+  std::deque<std::string> queue;
+  std::size_t queued = 0;         // bytes in `queue`
+  std::vector<std::string> pool;  // written buffers, for the next records
+  bool closing = false;           // finish(): write what is queued, then stop
+  bool cancel = false;            // destroyed early: drop what is queued
+  std::exception_ptr error;       // the write that failed
+  std::thread thread;
+};
+
+RecordWriter::RecordWriter(int fd) : fd_(fd), sh_(std::make_unique<Shared>()) {
+  sh_->thread = std::thread([this] { run(); });
+}
+
+RecordWriter::~RecordWriter() {
+  {
+    std::lock_guard<std::mutex> g(sh_->mu);
+    sh_->cancel = true;
+    sh_->queue.clear();
+  }
+  sh_->can_take.notify_all();
+  if (sh_->thread.joinable()) sh_->thread.join();
+}
+
+void RecordWriter::run() {
+  sigset_t pipe_signal;  // a receiver gone makes the write fail (EPIPE), never kills the process
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
+  std::vector<std::string> batch;
+  std::vector<iovec> iov;
+  for (;;) {
+    {
+      // Everything queued at once (up to 64 records): the small records of
+      // a push against a base (runs, pages) go out in one system call.
+      std::unique_lock<std::mutex> lk(sh_->mu);
+      sh_->can_take.wait(lk, [&] { return !sh_->queue.empty() || sh_->closing || sh_->cancel; });
+      if (sh_->cancel || sh_->queue.empty()) return;
+      while (!sh_->queue.empty() && batch.size() < 64) {
+        sh_->queued -= sh_->queue.front().size();
+        batch.push_back(std::move(sh_->queue.front()));
+        sh_->queue.pop_front();
+      }
+    }
+    sh_->can_put.notify_one();
+    try {
+      iov.clear();
+      for (auto& r : batch)
+        iov.push_back({r.data(), r.size()});
+      write_fdv(fd_, iov.data(), iov.size());
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> g(sh_->mu);
+        sh_->error = std::current_exception();
+      }
+      sh_->can_put.notify_all();
+      return;  // a SIGPIPE left pending for this thread goes with it
+    }
+    std::lock_guard<std::mutex> g(sh_->mu);
+    for (auto& r : batch)
+      if (sh_->pool.size() < 8 && r.capacity() >= 4096) sh_->pool.push_back(std::move(r));
+    batch.clear();
+  }
+}
+
+void RecordWriter::queue(std::string&& framed) {
+  std::unique_lock<std::mutex> lk(sh_->mu);
+  sh_->can_put.wait(lk, [&] { return sh_->error || sh_->queued == 0 || sh_->queued + framed.size() <= kQueueBytes; });
+  if (sh_->error) std::rethrow_exception(sh_->error);
+  bytes_ += framed.size();
+  sh_->queued += framed.size();
+  sh_->queue.push_back(std::move(framed));
+  lk.unlock();
+  sh_->can_take.notify_one();
+}
+
+detail::Writer RecordWriter::begin() {
+  std::string buf;
+  {
+    std::lock_guard<std::mutex> g(sh_->mu);
+    if (!sh_->pool.empty()) {
+      buf = std::move(sh_->pool.back());
+      sh_->pool.pop_back();
+    }
+  }
+  detail::Writer w(std::move(buf));
+  w.extend(8);
+  return w;
+}
+
+void RecordWriter::end(Kind kind, detail::Writer&& w) {
+  if (w.size() < 8 || w.size() - 8 > kMaxRecord) throw Error(Errc::invalid_argument, "a stream record of " + std::to_string(w.size()) + " bytes");
+  std::uint32_t k = kind, n = static_cast<std::uint32_t>(w.size() - 8);
+  std::memcpy(w.out.data(), &k, 4);
+  std::memcpy(w.out.data() + 4, &n, 4);
+  w.u64(detail::hash64(w.out.data(), w.out.size()));
+  queue(std::move(w.out));
+}
+
 void RecordWriter::record(Kind kind, const std::string& payload) {
-  std::string r;
-  r.reserve(payload.size() + 16);
-  std::uint32_t k = kind, n = static_cast<std::uint32_t>(payload.size());
-  r.append(reinterpret_cast<const char*>(&k), 4);
-  r.append(reinterpret_cast<const char*>(&n), 4);
-  r += payload;
-  std::uint64_t h = detail::hash64(r.data(), r.size());
-  r.append(reinterpret_cast<const char*>(&h), 8);
-  raw(r.data(), r.size());
+  detail::Writer w = begin();
+  w.bytes(payload.data(), payload.size());
+  end(kind, std::move(w));
+}
+
+void RecordWriter::raw(const char* p, std::size_t n) { queue(std::string(p, n)); }
+
+void RecordWriter::finish() {
+  {
+    std::lock_guard<std::mutex> g(sh_->mu);
+    sh_->closing = true;
+  }
+  sh_->can_take.notify_all();
+  sh_->thread.join();
+  if (sh_->error) std::rethrow_exception(sh_->error);
+}
+
+// ---- RecordReader ----------------------------------------------------------
+
+struct RecordReader::Shared {
+  struct Record {
+    Kind kind;
+    std::string payload;
+  };
+  std::mutex mu;
+  std::condition_variable can_put, can_take;
+  std::deque<Record> queue;
+  std::size_t queued = 0;  // payload bytes in `queue`
+  std::vector<std::string> pool;
+  bool stop = false;  // the reader is being destroyed
+  bool done = false;  // the thread read its last record (stream end or error)
+  std::exception_ptr error;
+  std::thread thread;
+};
+
+RecordReader::RecordReader(int fd) : fd_(fd), sh_(std::make_unique<Shared>()) {}
+
+RecordReader::~RecordReader() {
+  {
+    std::lock_guard<std::mutex> g(sh_->mu);
+    sh_->stop = true;
+  }
+  sh_->can_put.notify_all();
+  if (sh_->thread.joinable()) sh_->thread.join();
+}
+
+void RecordReader::raw(char* p, std::size_t n) {
+  if (sh_->thread.joinable()) throw Error(Errc::invalid_argument, "RecordReader::raw after start");
+  read_fd(fd_, p, n);
+  bytes_ += n;
+}
+
+void RecordReader::start() { sh_->thread = std::thread([this] { run(); }); }
+
+void RecordReader::run() {
+  try {
+    for (;;) {
+      std::string buf;
+      {
+        std::unique_lock<std::mutex> lk(sh_->mu);
+        sh_->can_put.wait(lk, [&] { return sh_->stop || sh_->queued < kQueueBytes; });
+        if (sh_->stop) break;
+        if (!sh_->pool.empty()) {
+          buf = std::move(sh_->pool.back());
+          sh_->pool.pop_back();
+        }
+      }
+      char head[8], tail[8];
+      read_fd(fd_, head, 8);
+      std::uint32_t k, n;
+      std::memcpy(&k, head, 4);
+      std::memcpy(&n, head + 4, 4);
+      if (n > kMaxRecord) bad_stream("a record claims " + std::to_string(n) + " bytes");
+      buf.resize(n);
+      read_fd(fd_, buf.data(), n);
+      read_fd(fd_, tail, 8);
+      std::uint64_t want;
+      std::memcpy(&want, tail, 8);
+      if (detail::hash64_of_two(head, 8, buf.data(), n) != want) bad_stream("a record fails its checksum (a flipped or missing byte)");
+      {
+        std::lock_guard<std::mutex> g(sh_->mu);
+        sh_->queued += n;
+        sh_->queue.push_back({static_cast<Kind>(k), std::move(buf)});
+      }
+      sh_->can_take.notify_one();
+      if (k == kStreamEnd) break;  // what follows on the fd is not the stream's
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> g(sh_->mu);
+    sh_->error = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> g(sh_->mu);
+    sh_->done = true;
+  }
+  sh_->can_take.notify_all();
 }
 
 Kind RecordReader::record(std::string& payload) {
-  char head[8];
-  raw(head, 8);
-  std::uint32_t k, n;
-  std::memcpy(&k, head, 4);
-  std::memcpy(&n, head + 4, 4);
-  if (n > kMaxRecord) bad_stream("a record claims " + std::to_string(n) + " bytes");
-  scratch.assign(head, 8);
-  scratch.resize(8 + n);
-  raw(scratch.data() + 8, n);
-  std::uint64_t want;
-  char tail[8];
-  raw(tail, 8);
-  std::memcpy(&want, tail, 8);
-  if (detail::hash64(scratch.data(), scratch.size()) != want) bad_stream("a record fails its checksum (a flipped or missing byte)");
-  payload.assign(scratch, 8, std::string::npos);
-  return static_cast<Kind>(k);
+  if (!sh_->thread.joinable()) start();
+  std::unique_lock<std::mutex> lk(sh_->mu);
+  sh_->can_take.wait(lk, [&] { return !sh_->queue.empty() || sh_->done; });
+  if (sh_->queue.empty()) {
+    if (sh_->error) std::rethrow_exception(sh_->error);
+    bad_stream("a record follows the stream's end");
+  }
+  Shared::Record r = std::move(sh_->queue.front());
+  sh_->queue.pop_front();
+  sh_->queued -= r.payload.size();
+  payload.swap(r.payload);
+  if (sh_->pool.size() < 8) sh_->pool.push_back(std::move(r.payload));
+  lk.unlock();
+  sh_->can_put.notify_one();
+  bytes_ += 16 + payload.size();
+  return r.kind;
 }
 
 bool has_snapshot(const Store& s, const std::string& session, const std::string& name) {

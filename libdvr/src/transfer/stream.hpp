@@ -3,7 +3,10 @@
 // descriptor, what a reference stands for, and a snapshot's fingerprint.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,31 +48,84 @@ inline detail::Reader parse(const std::string& payload) {
 
 /// Writes all n bytes (EINTR retried; EPIPE: the receiving end is gone).
 void write_fd(int fd, const char* p, std::size_t n);
+/// write_fd of several buffers in order (writev).
+void write_fdv(int fd, struct iovec* iov, std::size_t count);
 /// Reads exactly n bytes; false at a clean end of input before the first
 /// byte when eof_ok, else a truncation is corrupt.
 bool read_fd(int fd, char* p, std::size_t n, bool eof_ok = false);
 
-/// Records out: [u32 kind][u32 length][payload][u64 XXH3-64 of the three before].
-struct RecordWriter {
-  int fd;
-  std::uint64_t bytes = 0;
-  void raw(const char* p, std::size_t n) {
-    write_fd(fd, p, n);
-    bytes += n;
-  }
+/// Records out: [u32 kind][u32 length][payload][u64 XXH3-64 of the three
+/// before]. The producer (the sender's thread: reading, checking,
+/// compressing) frames records in buffers of its own and queues them; a
+/// thread of this writer writes them to the fd meanwhile. The queue holds at
+/// most kQueueBytes (and at least one record), so the sender's memory stays
+/// bounded whatever the speed of the wire. A write error (EPIPE: the receiver
+/// is gone) is thrown by the next call after it; destroying the writer
+/// without finish() drops what is queued and waits for the write under way
+/// (a receiver that stopped reading must close its end, as every receiver
+/// of ours does when it fails).
+class RecordWriter {
+ public:
+  static constexpr std::size_t kQueueBytes = 16u << 20;
+  explicit RecordWriter(int fd);
+  ~RecordWriter();
+  RecordWriter(const RecordWriter&) = delete;
+  RecordWriter& operator=(const RecordWriter&) = delete;
+
+  /// A buffer for the next record's payload (recycled: no fresh pages per
+  /// record), with room reserved for the record's head.
+  detail::Writer begin();
+  /// Frames the payload written into `w` (since begin()) as a record of `kind`, and queues it.
+  void end(Kind kind, detail::Writer&& w);
+  /// A whole record from a payload.
   void record(Kind kind, const std::string& payload);
+  /// Bytes not framed as a record (the stream's header).
+  void raw(const char* p, std::size_t n);
+  /// Waits until everything queued is written; throws the writer's error.
+  void finish();
+  /// Bytes queued so far (the stream's length once finish() returns).
+  std::uint64_t bytes() const { return bytes_; }
+
+ private:
+  void queue(std::string&& framed);
+  void run();
+  struct Shared;
+  int fd_;
+  std::uint64_t bytes_ = 0;
+  std::unique_ptr<Shared> sh_;
 };
 
 /// Records in, each checked against its XXH3-64; at most kMaxRecord bytes.
-struct RecordReader {
-  int fd;
-  std::uint64_t bytes = 0;
-  std::string scratch;
-  void raw(char* p, std::size_t n) {
-    read_fd(fd, p, n);
-    bytes += n;
-  }
+/// After start(), a thread of this reader reads and checks the records
+/// ahead (at most kQueueBytes of them) while the caller's thread
+/// decompresses, hashes and stores the ones before; it stops after the
+/// stream-end record, at the first error (truncation, damage: thrown by the
+/// record() that would have returned it), or when the reader is destroyed.
+/// It never reads past the stream-end record, so what follows the stream on
+/// the fd (nothing, or the next message of a negotiation) stays unread.
+class RecordReader {
+ public:
+  static constexpr std::size_t kQueueBytes = 32u << 20;
+  explicit RecordReader(int fd);
+  ~RecordReader();
+  RecordReader(const RecordReader&) = delete;
+  RecordReader& operator=(const RecordReader&) = delete;
+
+  /// Bytes not framed as a record (the stream's header); before start() only.
+  void raw(char* p, std::size_t n);
+  /// Starts reading records ahead on a thread of the reader.
+  void start();
+  /// The next record's kind; its payload into `payload` (buffers are swapped, not copied).
   Kind record(std::string& payload);
+  /// Bytes the caller has taken so far (header and records).
+  std::uint64_t bytes() const { return bytes_; }
+
+ private:
+  struct Shared;
+  void run();
+  int fd_;
+  std::uint64_t bytes_ = 0;
+  std::unique_ptr<Shared> sh_;
 };
 
 /// One snapshot a reference stands for, in the store that holds it.
