@@ -9,8 +9,6 @@
 // store. `confirm` ties the two together: it sees the fingerprint of what was
 // sent before the stream ends, and a mismatch with the stored snapshot ends
 // the stream unfinished, so the receiver stores nothing.
-#include <zstd.h>
-
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -27,46 +25,6 @@ namespace dvr::transfer {
 using namespace internal;
 using detail::kPageSize;
 
-namespace {
-
-// Chunk data as the stream carries it: zstd when that saves at least an
-// eighth. Data that does not compress (the usual case for a first checkpoint
-// of floating-point state) is not tried again for the next kSkip chunks, so
-// that it costs a fraction of one compression pass instead of a full one.
-class LiveCompressor {
- public:
-  explicit LiveCompressor(int level) : level_(level), ctx_(level > 0 ? ZSTD_createCCtx() : nullptr, ZSTD_freeCCtx) {}
-  void put(detail::Writer& b, const char* data, std::size_t n, Stats& st) {
-    st.data_bytes += n;
-    if (ctx_ && skip_ == 0) {
-      out_.resize(ZSTD_compressBound(n));
-      const std::size_t c = ZSTD_compressCCtx(ctx_.get(), out_.data(), out_.size(), data, n, level_);
-      if (!ZSTD_isError(c) && c + n / 8 <= n) {
-        b.u8(kZstd);
-        b.u32(static_cast<std::uint32_t>(n));
-        b.u32(static_cast<std::uint32_t>(c));
-        b.bytes(out_.data(), c);
-        return;
-      }
-      skip_ = kSkip;
-    } else if (skip_ > 0) {
-      --skip_;
-    }
-    b.u8(kRaw);
-    b.u32(static_cast<std::uint32_t>(n));
-    b.u32(static_cast<std::uint32_t>(n));
-    b.bytes(data, n);
-  }
-
- private:
-  static constexpr int kSkip = 31;
-  int level_;
-  std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> ctx_;
-  std::string out_;
-  int skip_ = 0;
-};
-
-}  // namespace
 
 Stats send_live(const Store& store, const std::string& session, const std::vector<Region*>& regions, const std::string& name, int fd,
                 const Options& options, const std::function<void(const std::string& fingerprint)>& confirm) {
@@ -124,10 +82,9 @@ Stats send_live(const Store& store, const std::string& session, const std::vecto
   Manifest shape;  // what was sent, for its fingerprint
   shape.chunk_size = cs;
   shape.paged = true;
-  LiveCompressor z(options.level);
+  Compressor z(options.compress, options.level);  // the sender's own per-chunk decision
   std::vector<std::uint64_t> ph(detail::pages_in(cs));
   std::vector<std::uint32_t> diff;
-  std::string pages;
   detail::Writer x;
   for (std::uint32_t r = 0; r < regions.size(); ++r) {
     const char* data = static_cast<const char*>(regions[r]->data());
@@ -190,19 +147,26 @@ Stats send_live(const Store& store, const std::string& session, const std::vecto
         if (diff.size() * 2 <= np) {
           x.hash(h);
           x.u32(static_cast<std::uint32_t>(diff.size()));
-          pages.clear();
+          std::size_t n = 0;
           for (auto p : diff) {
             x.u32(p);
-            const std::uint64_t off = std::uint64_t{p} * kPageSize;
-            pages.append(c + off, std::min<std::uint64_t>(kPageSize, len - off));
+            n += std::min<std::uint64_t>(kPageSize, len - std::uint64_t{p} * kPageSize);
           }
-          z.put(x, pages.data(), pages.size(), st);
+          char* to = Compressor::reserve(x, n);
+          for (auto p : diff) {
+            const std::uint64_t off = std::uint64_t{p} * kPageSize;
+            const std::size_t k = std::min<std::uint64_t>(kPageSize, len - off);
+            std::memcpy(to, c + off, k);
+            to += k;
+          }
+          z.seal(x, n, st);
           w.record(kPages, x.out);
           continue;
         }
       }
       x.hash(h);
-      z.put(x, c, len, st);
+      std::memcpy(Compressor::reserve(x, len), c, len);
+      z.seal(x, len, st);
       w.record(kChunk, x.out);
     }
     flush_run();
@@ -217,10 +181,11 @@ Stats send_live(const Store& store, const std::string& session, const std::vecto
   detail::Writer end;
   end.u32(1);
   w.record(kStreamEnd, end.out);
+  w.finish();  // everything queued is written (the writer's thread), or its error thrown
   st.refs.push_back(session + "/" + name);
   st.base = b ? options.base : "";
   st.logical_bytes = total;
-  st.wire_bytes = w.bytes;
+  st.wire_bytes = w.bytes();
   st.compression_ratio = static_cast<double>(st.data_bytes) / static_cast<double>(std::max<std::uint64_t>(1, st.wire_bytes));
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;

@@ -1,5 +1,6 @@
 // The stream's framing and what a reference stands for (transfer/stream.hpp).
 #include <limits.h>
+#include <zstd.h>
 #include <pthread.h>
 #include <sys/uio.h>
 #include <signal.h>
@@ -24,6 +25,57 @@
 namespace dvr::transfer::internal {
 
 using detail::StoreImpl;
+
+// ---- Compressor ------------------------------------------------------------
+
+Compressor::Compressor(Compress mode, int level) : mode_(level <= 0 ? Compress::none : mode), level_(level), ctx_(ZSTD_createCCtx()) {
+  if (!ctx_) throw Error(Errc::no_space, "cannot allocate a zstd compression context");
+}
+
+Compressor::~Compressor() { ZSTD_freeCCtx(ctx_); }
+
+void Compressor::seal(detail::Writer& b, std::size_t n, Stats& st) {
+  const std::size_t at = b.size() - n - 9;
+  const char* data = b.out.data() + at + 9;
+  st.data_bytes += n;
+  std::size_t c = 0;
+  if (worth_trying(data, n)) {
+    if (n <= kSample && sample_size_) {
+      c = sample_size_;  // the sample was the whole
+    } else {
+      out_.resize(ZSTD_compressBound(n));
+      c = ZSTD_compressCCtx(ctx_, out_.data(), out_.size(), data, n, level_);
+      if (ZSTD_isError(c)) c = 0;
+    }
+  }
+  char* head = b.out.data() + at;
+  if (c && c < n) {
+    head[0] = static_cast<char>(kZstd);
+    detail::encode_fixed(head + 1, static_cast<std::uint32_t>(n));
+    detail::encode_fixed(head + 5, static_cast<std::uint32_t>(c));
+    std::memcpy(b.out.data() + at + 9, out_.data(), c);
+    b.out.resize(at + 9 + c);
+    ++st.chunks_compressed;
+    return;
+  }
+  head[0] = static_cast<char>(kRaw);
+  detail::encode_fixed(head + 1, static_cast<std::uint32_t>(n));
+  detail::encode_fixed(head + 5, static_cast<std::uint32_t>(n));
+  ++st.chunks_raw;
+}
+
+bool Compressor::worth_trying(const char* data, std::size_t n) {
+  sample_size_ = 0;
+  if (mode_ == Compress::none) return false;
+  if (mode_ == Compress::zstd) return true;
+  const std::size_t s = std::min(n, kSample);
+  out_.resize(ZSTD_compressBound(s));
+  std::size_t c = ZSTD_compressCCtx(ctx_, out_.data(), out_.size(), data, s, level_);
+  if (ZSTD_isError(c) || c * 8 > s * 7) return false;
+  sample_size_ = c;
+  return true;
+}
+
 
 [[noreturn]] void bad_stream(const std::string& why) {
   throw Error(Errc::corrupt, "the stream is damaged: " + why + "; nothing was stored (send it again)");
