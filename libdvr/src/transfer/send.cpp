@@ -183,12 +183,7 @@ Stats send_with(const Store& store, const std::string& ref, int fd, const Option
     for (auto& it : items)
       prog.total += load(it.store, it.session, it.name).logical_bytes();
   RecordWriter w(fd);
-  char head[16];
-  std::memcpy(head, kMagic, 8);
-  std::uint32_t v = kVersion, flags = 0;
-  std::memcpy(head + 8, &v, 4);
-  std::memcpy(head + 12, &flags, 4);
-  w.raw(head, 16);
+  write_stream_head(w);
   for (std::size_t k = 0; k < items.size(); ++k)
     send_item(items[k], bases[k], w, opt, st, prog);
   detail::Writer end;

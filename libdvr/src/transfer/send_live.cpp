@@ -45,12 +45,7 @@ Stats send_live(const Store& store, const std::string& session, const std::vecto
     total += r->size();
 
   RecordWriter w{fd};
-  char head[16];
-  std::memcpy(head, kMagic, 8);
-  std::uint32_t v = kVersion, flags = 0;
-  std::memcpy(head + 8, &v, 4);
-  std::memcpy(head + 12, &flags, 4);
-  w.raw(head, 16);
+  write_stream_head(w);
   {
     detail::Writer h;
     h.str(session);

@@ -26,6 +26,15 @@ namespace dvr::transfer::internal {
 
 using detail::StoreImpl;
 
+void write_stream_head(RecordWriter& w) {
+  char head[16];
+  std::memcpy(head, kMagic, 8);
+  std::uint32_t v = kVersion, flags = 0;
+  std::memcpy(head + 8, &v, 4);
+  std::memcpy(head + 12, &flags, 4);
+  w.raw(head, 16);
+}
+
 // ---- Compressor ------------------------------------------------------------
 
 Compressor::Compressor(Compress mode, int level) : mode_(level <= 0 ? Compress::none : mode), level_(level), ctx_(ZSTD_createCCtx()) {

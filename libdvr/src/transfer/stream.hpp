@@ -147,6 +147,9 @@ Hash128 fingerprint(const Manifest& m);
 Manifest load(const Store& s, const std::string& session, const std::string& name);
 
 // send.cpp / receive.cpp, for the negotiation.
+/// The stream's first 16 bytes: magic, version, flags (docs/format.md).
+void write_stream_head(RecordWriter& w);
+
 /// Per-chunk compression of the data in records (send, send_live): the data
 /// is written raw into the record (reserve(), then filled in by the caller,
 /// e.g. read straight from the store), then compressed in place when that
