@@ -35,6 +35,24 @@ void map_chunk(Packs& packs, const ChunkView& c) {
     if (c.overlays[k].pack != 0) packs.read(c.overlays[k].pack, c.overlays[k].offset, kPageSize);
 }
 
+namespace {
+
+// Why the page hashes of paged chunk `c` do not vouch for it ("" when they do).
+const char* page_table_problem(const ChunkView& c) {
+  return tree_hash(c.pages, c.page_count()) == c.ref->hash ? "" : "the page hashes in its manifest do not match the chunk's hash";
+}
+
+// Why page `p` of paged chunk `c`, stored at `at` with its bytes at `bytes`
+// (unused for a page stored as zero), is not what its manifest records ("" when it is).
+std::string page_problem(const Packs& packs, const ChunkView& c, std::uint32_t p, PageLoc at, const char* bytes) {
+  const std::uint32_t len = c.page_length(p);
+  if (at.pack == 0) return c.pages[p] == zero_page_hash(len) ? "" : "an all-zero page has the wrong checksum in its manifest";
+  if (page_hash(bytes, len) == c.pages[p]) return "";
+  return "checksum mismatch in " + packs.path_of(at.pack) + " at offset " + std::to_string(at.offset);
+}
+
+}  // namespace
+
 std::string check_chunk(const Packs& packs, const ChunkView& c) {
   const ChunkRef& ref = *c.ref;
   auto where = [&](PageLoc at) { return packs.path_of(at.pack) + " at offset " + std::to_string(at.offset); };
@@ -47,16 +65,10 @@ std::string check_chunk(const Packs& packs, const ChunkView& c) {
     if (ref.is_zero()) return is_zero_chunk(ref.hash, ref.length) ? "" : "an all-zero chunk has the wrong checksum in its manifest";
     return hash128(bytes({ref.pack, ref.offset}, ref.length), ref.length) == ref.hash ? "" : "checksum mismatch in " + where({ref.pack, ref.offset});
   }
-  const std::uint32_t n = c.page_count();
-  if (!(tree_hash(c.pages, n) == ref.hash)) return "the page hashes in its manifest do not match the chunk's hash";
-  for (std::uint32_t p = 0; p < n; ++p) {
+  if (const char* why = page_table_problem(c); *why) return why;
+  for (std::uint32_t p = 0; p < c.page_count(); ++p) {
     PageLoc at = c.location(p);
-    std::uint32_t len = c.page_length(p);
-    if (at.pack == 0) {
-      if (c.pages[p] != zero_page_hash(len)) return "an all-zero page has the wrong checksum in its manifest";
-      continue;
-    }
-    if (page_hash(bytes(at, len), len) != c.pages[p]) return "checksum mismatch in " + where(at);
+    if (std::string why = page_problem(packs, c, p, at, at.pack ? bytes(at, c.page_length(p)) : nullptr); !why.empty()) return why;
   }
   return "";
 }
@@ -86,21 +98,17 @@ void read_chunk(Packs& packs, const ChunkView& c, char* out, const std::string& 
 void read_pages(Packs& packs, const ChunkView& c, const std::uint32_t* pages, std::size_t count, char* out, const std::string& what) {
   auto damaged = [&](const std::string& why) { throw Error(Errc::corrupt, what + " is damaged: " + why + "; run `dvr verify`"); };
   if (!c.paged || !c.pages) damaged("its pages have no hashes to check them by");
-  const std::uint32_t n = c.page_count();
-  if (!(tree_hash(c.pages, n) == c.ref->hash)) damaged("the page hashes in its manifest do not match the chunk's hash");
+  if (const char* why = page_table_problem(c); *why) damaged(why);
   for (std::size_t k = 0; k < count; ++k) {
     const std::uint32_t p = pages[k];
     const std::uint32_t len = c.page_length(p);
     PageLoc at = c.location(p);
-    if (at.pack == 0) {
-      if (c.pages[p] != zero_page_hash(len)) damaged("an all-zero page has the wrong checksum in its manifest");
-      std::memset(out, 0, len);
-    } else {
-      const char* from = packs.read(at.pack, at.offset, len);
-      if (page_hash(from, len) != c.pages[p])
-        damaged("checksum mismatch in " + packs.path_of(at.pack) + " at offset " + std::to_string(at.offset));
+    const char* from = at.pack ? packs.read(at.pack, at.offset, len) : nullptr;
+    if (std::string why = page_problem(packs, c, p, at, from); !why.empty()) damaged(why);
+    if (from)
       std::memcpy(out, from, len);
-    }
+    else
+      std::memset(out, 0, len);
     out += len;
   }
 }
