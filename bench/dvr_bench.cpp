@@ -614,16 +614,13 @@ int main(int argc, char** argv) {
 
       // Cold: as a new process would find it. The store is closed first (pages
       // a process has mapped stay in the page cache), then opened again.
-      auto close_and_drop = [&] {
+      auto close_and_drop = [&](bool drop) {
         fs.reset();
         fresh.reset();
-        drop_cache(fresh_dir);
+        if (drop) drop_cache(fresh_dir);
       };
       auto reopen = [&](bool drop) {
-        if (drop)
-          close_and_drop();
-        else
-          fs.reset(), fresh.reset();
+        close_and_drop(drop);
         fresh.emplace(Store::open(fresh_dir));
         fs.emplace(*fresh, "disk");
         fs->track("data", disk, n);
@@ -637,10 +634,12 @@ int main(int argc, char** argv) {
           fs->restore("full");
           double t = seconds_now() - t0;
           if (std::memcmp(scratch, disk, n) != 0) throw std::runtime_error("restore from the disk store was not bit-exact");
-          (cold ? restore_cold : restore_hot) = std::min(cold ? restore_cold : restore_hot, t);
+          double& best = cold ? restore_cold : restore_hot;
+          best = std::min(best, t);
           if (cold) drop_cache(dd_file);
           double d = run_timed({"dd", "if=" + dd_file, "of=/dev/null", bs, "status=none"});
-          (cold ? dd_cold : dd_hot) = std::min(cold ? dd_cold : dd_hot, d);
+          double& dd_best = cold ? dd_cold : dd_hot;
+          dd_best = std::min(dd_best, d);
         }
       }
       figures.push_back({"disk_restore_cold", restore_cold, dd_cold, "full restore, pack pages dropped from the page cache first (target: ratio >= 0.9)",
@@ -664,11 +663,13 @@ int main(int argc, char** argv) {
           VerifyReport report = fresh->verify();
           double t = seconds_now() - t0;
           if (!report.problems.empty()) throw std::runtime_error("verify of the disk store found problems");
-          (cold ? verify_cold : verify_hot) = std::min(cold ? verify_cold : verify_hot, t);
+          double& best = cold ? verify_cold : verify_hot;
+          best = std::min(best, t);
           if (!have_xxhsum) continue;
-          if (cold) close_and_drop();
+          if (cold) close_and_drop(true);
           double x = run_timed(xxh);
-          (cold ? xxh_cold : xxh_hot) = std::min(cold ? xxh_cold : xxh_hot, x);
+          double& xxh_best = cold ? xxh_cold : xxh_hot;
+          xxh_best = std::min(xxh_best, x);
         }
       }
       if (!have_xxhsum) {
