@@ -48,6 +48,7 @@ PACKAGES=(
   iproute2 util-linux procps
   redis-server redis-tools
   memcached python3-pymemcache
+  libcli11-dev nlohmann-json3-dev python3-tqdm mypy
 )
 NEXT_RELEASE_PACKAGES=(python3-scikit-build-core python3-packaging)  # Architecture: all, as PKG/trixie
 declare -A MIN_VERSION=([python3-packaging]=23.2)
