@@ -20,16 +20,23 @@ Every failure raises a subclass of :class:`DvrError` carrying the C++ message:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
+import difflib
+import importlib
 import math
 import os
 import pickle
 import re
 import struct
-from typing import Any, Dict, List, Literal, Optional, Tuple, Union, overload
+import sys
+import time
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Tuple,
+                    Union, overload)
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _core
 from ._core import (  # noqa: F401  (re-exported)
@@ -54,6 +61,13 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotJob",
     "RegionInfo",
+    "VerifyProblem",
+    "VerifyReport",
+    "GcReport",
+    "StoreStats",
+    "RegionDiff",
+    "TransferStats",
+    "Progress",
     "default_path",
     "DvrError",
     "NotFound",
@@ -67,8 +81,12 @@ __all__ = [
     "Cancelled",
 ]
 
+_Array = npt.NDArray[Any]
+_CoreStore = _core.Store
+_PathArg = Union[str, "os.PathLike[str]"]
+
 # (dtype, shape) of a region, when known.
-_Layout = Optional[Tuple[np.dtype, Tuple[int, ...]]]
+_Layout = Optional[Tuple[np.dtype[Any], Tuple[int, ...]]]
 
 # Python objects stored with Session.put() live in SDK-owned regions under a
 # reserved prefix: "obj.NAME.pickle" holds a header and the pickle stream,
@@ -101,24 +119,91 @@ def _is_object_region(region: str) -> bool:
     return _OBJ_REGION_RE.fullmatch(region) is not None
 
 
+def _object_of_region(region: str) -> Optional[str]:
+    """The object name a region belongs to (None for a region of its own)."""
+    m = _OBJ_REGION_RE.fullmatch(region)
+    return None if m is None else m.group(1)
+
+
+def _object_names(regions: Iterable[str]) -> List[str]:
+    return sorted(r[len(_OBJ_PREFIX):-len(".pickle")] for r in regions
+                  if r.endswith(".pickle") and _is_object_region(r))
+
+
 def _check_not_reserved(name: str) -> None:
     if isinstance(name, str) and name.startswith(_OBJ_PREFIX):
         raise InvalidArgument(
             f"region name '{name}' uses the prefix '{_OBJ_PREFIX}' reserved for put()/get() objects")
 
 
+def _hint(name: str, candidates: Iterable[str], how: str) -> str:
+    """"; did you mean 'X'? HOW" with the closest of ``candidates`` (difflib),
+    or "; HOW" when none is close; ``how`` says which call lists what exists."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'? {how}" if close else f"; {how}"
+
+
+def _decode_object(read: Callable[[str], memoryview], name: str, where: str) -> Any:
+    """Rebuilds object ``name`` from a copy of its regions (``read(region)``
+    gives a memoryview onto one); ``where`` names the session or clone."""
+    with read(_pickle_region(name)) as mv:
+        head = bytes(mv[:len(_OBJ_MAGIC) + 16])
+        if head[:len(_OBJ_MAGIC)] != _OBJ_MAGIC or len(head) < len(_OBJ_MAGIC) + 16:
+            raise Corrupt(f"object '{name}' in {where}: bad header (region {_pickle_region(name)})")
+        stream_len, count = struct.unpack_from("<QQ", head, len(_OBJ_MAGIC))
+        start = len(head) + 8 * count
+        sizes = struct.unpack_from(f"<{count}Q", mv, len(head))
+        stream = bytes(mv[start:start + stream_len])
+    buffers = []
+    for k, size in enumerate(sizes):
+        with read(_buf_region(name, k)) as mv:
+            buffers.append(bytearray(mv[:size]))
+    return pickle.loads(stream, buffers=buffers)
+
+
+# ---------------------------------------------------------------- results
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return value.to_dict() if isinstance(value, _Result) else dataclasses.asdict(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class _Result:
+    """What every result dataclass offers besides its fields."""
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The fields as a plain dict of JSON types (tuples become lists)."""
+        assert dataclasses.is_dataclass(self)
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
 @dataclasses.dataclass(frozen=True)
-class RegionInfo:
-    """One region as recorded in a snapshot (or live in a session/clone)."""
+class RegionInfo(_Result):
+    """One region as recorded in a snapshot (or live in a session/clone) (dvr::RegionInfo)."""
 
     name: str
     size: int
     sdk_owned: bool
 
 
+def _rfc3339(time_ns: int) -> str:
+    secs, ns = divmod(time_ns, 1_000_000_000)
+    t = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc) + _dt.timedelta(seconds=secs)
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + f".{ns:09d}Z"
+
+
 @dataclasses.dataclass(frozen=True)
-class SnapshotInfo:
-    """One snapshot as recorded in its manifest (see dvr::SnapshotInfo)."""
+class SnapshotInfo(_Result):
+    """One snapshot as recorded in its manifest (dvr::SnapshotInfo; same field names).
+
+    ``regions`` lists every region, the ``obj.NAME.*`` regions of put()
+    objects included (``objects`` names those objects). ``pending`` is set
+    for a background snapshot still being written (only session, name,
+    parent and label are known then).
+    """
 
     session: str
     name: str
@@ -134,11 +219,17 @@ class SnapshotInfo:
     chunks_read: int
     damaged: bool
     damage: str
+    pending: bool = False
 
     @property
     def time(self) -> _dt.datetime:
-        """The commit time as a timezone-aware datetime (UTC)."""
+        """The commit time as a timezone-aware datetime (UTC; microseconds: ``time_ns`` has it all)."""
         return _dt.datetime.fromtimestamp(self.time_ns / 1e9, tz=_dt.timezone.utc)
+
+    @property
+    def objects(self) -> List[str]:
+        """Names of the put() objects the snapshot holds, sorted."""
+        return _object_names(r.name for r in self.regions)
 
     @classmethod
     def _from_dict(cls, d: Dict[str, Any]) -> "SnapshotInfo":
@@ -147,12 +238,207 @@ class SnapshotInfo:
         return cls(**d)
 
     def to_dict(self) -> Dict[str, Any]:
-        """The fields as a plain dict (JSON-friendly)."""
-        return dataclasses.asdict(self)
+        """The fields as a plain dict, plus ``time``: RFC 3339 UTC with nanoseconds
+        ("2026-12-02T00:31:07.123456789Z") beside ``time_ns``."""
+        d = super().to_dict()
+        out: Dict[str, Any] = {}
+        for k, v in d.items():
+            out[k] = v
+            if k == "time_ns":
+                out["time"] = _rfc3339(self.time_ns)
+        return out
 
 
-def _infos(dicts) -> List[SnapshotInfo]:
+@dataclasses.dataclass(frozen=True)
+class VerifyProblem(_Result):
+    """One problem found by verify() (dvr::VerifyProblem): ``snapshot`` is "" when it is not tied to one."""
+
+    session: str
+    snapshot: str
+    what: str
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport(_Result):
+    """What Store.verify() found (dvr::VerifyReport): manifests examined,
+    distinct chunks and bytes re-hashed, the problems, the damaged snapshots
+    ("session/name", sorted) and ``ok`` (no problem)."""
+
+    snapshots: int
+    chunks: int
+    bytes: int
+    problems: Tuple[VerifyProblem, ...]
+    damaged_snapshots: Tuple[str, ...]
+    ok: bool
+
+    @classmethod
+    def _from_dict(cls, d: Dict[str, Any]) -> "VerifyReport":
+        return cls(snapshots=d["snapshots"], chunks=d["chunks"], bytes=d["bytes"],
+                   problems=tuple(VerifyProblem(**p) for p in d["problems"]),
+                   damaged_snapshots=tuple(d["damaged_snapshots"]), ok=d["ok"])
+
+
+@dataclasses.dataclass(frozen=True)
+class GcReport(_Result):
+    """What Store.gc() did (dvr::GcReport): pack-file bytes before and after,
+    pack files removed, leftovers of interrupted snapshots removed."""
+
+    bytes_before: int
+    bytes_after: int
+    packs_removed: int
+    temp_files_removed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreStats(_Result):
+    """Store.stats() (dvr::StoreStats): ``medium`` is "pmem", "dram" or "disk";
+    ``logical_bytes`` sums the snapshots' sizes, ``pack_bytes`` is the space used."""
+
+    path: str
+    medium: str
+    format_version: int
+    chunk_size: int
+    sessions: int
+    snapshots: int
+    logical_bytes: int
+    pack_bytes: int
+    pack_files: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionDiff(_Result):
+    """How one region, or one put() object, differs between two snapshots (dvr::RegionDiff).
+
+    Sizes are 0 where it is missing; ``bytes_differ`` counts differing bytes
+    plus the size difference, ``pages_differ`` the 4 KiB pages with any
+    difference. ``object`` is True for a put() object (``name`` is then the
+    object's name, and the figures add up its regions).
+    """
+
+    name: str
+    size_a: int
+    size_b: int
+    only_in_a: bool
+    only_in_b: bool
+    bytes_differ: int
+    pages_differ: int
+    object: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferStats(_Result):
+    """What Store.export() / Store.import_() moved (dvr::transfer::Stats, same names):
+    the refs ("session/name"), the base used, logical, wire and chunk-data
+    bytes, chunks (skipped: the receiver had them; compressed; raw), bytes read
+    (export) and added to the store (import), seconds, the compression ratio
+    and the content fingerprint."""
+
+    refs: Tuple[str, ...]
+    base: str
+    logical_bytes: int
+    wire_bytes: int
+    data_bytes: int
+    chunks: int
+    chunks_skipped: int
+    chunks_compressed: int
+    chunks_raw: int
+    read_bytes: int
+    stored_bytes: int
+    seconds: float
+    compression_ratio: float
+    fingerprint: str
+
+    @classmethod
+    def _from_dict(cls, d: Dict[str, Any]) -> "TransferStats":
+        d = dict(d)
+        d["refs"] = tuple(d["refs"])
+        return cls(**d)
+
+
+def _infos(dicts: Iterable[Dict[str, Any]]) -> List[SnapshotInfo]:
     return [SnapshotInfo._from_dict(d) for d in dicts]
+
+
+# ---------------------------------------------------------------- progress
+
+#: What a ``progress=`` parameter takes: None (the default: a tqdm bar once
+#: the call has run for about a second, when stderr is a terminal or in
+#: Jupyter and tqdm is installed; nothing otherwise), True (a tqdm bar from
+#: the start), False (nothing), or a callable(done, total) called with bytes.
+Progress = Union[None, bool, Callable[[int, int], Any]]
+
+_AUTO_BAR_AFTER = 1.0  # seconds before the default bar shows
+
+
+def _in_jupyter() -> bool:
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    shell = ipython.get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _tqdm_class(jupyter: bool) -> Any:
+    """tqdm's bar class (tqdm.auto's in Jupyter), or None when tqdm is not installed."""
+    try:
+        return importlib.import_module("tqdm.auto" if jupyter else "tqdm").tqdm
+    except ImportError:
+        return None
+
+
+class _Bar:
+    """A progress callback drawing a tqdm bar of bytes, created on the first
+    call that comes ``delay`` seconds or more after the start."""
+
+    def __init__(self, tqdm: Any, desc: str, delay: float) -> None:
+        self._tqdm = tqdm
+        self._desc = desc
+        self._start = time.monotonic()
+        self._delay = delay
+        self._bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._bar is None:
+            if time.monotonic() - self._start < self._delay:
+                return
+            self._bar = self._tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                                   desc=self._desc, leave=False)
+        if self._bar.total != total:
+            self._bar.total = total
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+@contextlib.contextmanager
+def _progress(progress: Progress, desc: str) -> Iterator[Optional[Callable[[int, int], Any]]]:
+    """The callable to give _core for a ``progress=`` argument (None: no progress)."""
+    if progress is None or progress is True:
+        jupyter = _in_jupyter()
+        interactive = jupyter or (sys.stderr is not None and sys.stderr.isatty())
+        tqdm = _tqdm_class(jupyter) if progress is True or interactive else None
+        if tqdm is None:
+            if progress is True:
+                raise InvalidArgument(
+                    "progress=True draws a tqdm bar, but tqdm is not installed: "
+                    "apt install python3-tqdm (or pip install tqdm), or pass a callable(done, total)")
+            yield None
+            return
+        bar = _Bar(tqdm, desc, 0.0 if progress is True else _AUTO_BAR_AFTER)
+        try:
+            yield bar
+        finally:
+            bar.close()
+    elif progress is False:
+        yield None
+    elif callable(progress):
+        yield progress
+    else:
+        raise TypeError(f"progress must be None, True, False or a callable(done, total), "
+                        f"not a {type(progress).__name__}")
 
 
 def default_path() -> str:
@@ -168,13 +454,15 @@ class Store:
     is None. ``chunk_size`` applies only when a new store is created.
     """
 
-    def __init__(self, path: Union[str, os.PathLike, None] = None, *,
+    _core: _CoreStore
+
+    def __init__(self, path: Optional[_PathArg] = None, *,
                  chunk_size: Optional[int] = None, create: bool = True):
         path = default_path() if path is None else os.fspath(path)
         self._core = _core.Store.open(path, chunk_size, create)
 
     @classmethod
-    def _wrap(cls, core: "_core.Store") -> "Store":
+    def _wrap(cls, core: _CoreStore) -> "Store":
         self = cls.__new__(cls)
         self._core = core
         return self
@@ -206,39 +494,94 @@ class Store:
         return list(self._core.sessions())
 
     def list(self, session: Optional[str] = None) -> List[SnapshotInfo]:
-        """Snapshots of ``session`` (or of every session), oldest first; damaged ones are marked."""
+        """Snapshots of ``session`` (or of every session), oldest first; damaged ones are marked.
+
+        An unknown session gives an empty list."""
         return _infos(self._core.list(session))
 
+    # -- not-found hints: the Python call that lists what exists, and the closest name
+
+    def _missing_snapshot(self, session: str, name: str) -> Optional[NotFound]:
+        """A NotFound for snapshot ``session/name`` saying what exists, or None
+        when it does exist (the NotFound was about something else)."""
+        here = f"memdvr.Store({self.path!r})"
+        try:
+            sessions = self.sessions()
+            names = [i.name for i in self.list(session)] if session in sessions else []
+        except DvrError:
+            return None
+        if session not in sessions:
+            return NotFound(
+                f"no snapshot '{session}/{name}': there is no session '{session}' in store "
+                f"{self.path}{_hint(session, sessions, f'{here}.sessions() lists the sessions')}")
+        if name in names:
+            return None
+        return NotFound(
+            f"no snapshot '{session}/{name}' in store {self.path}"
+            f"{_hint(name, names, f'{here}.list({session!r}) lists its snapshots')}")
+
+    @contextlib.contextmanager
+    def _finding(self, session: str, name: str) -> Iterator[None]:
+        """Re-raises a NotFound for snapshot ``session/name`` with the Python hints."""
+        try:
+            yield
+        except NotFound:
+            better = self._missing_snapshot(session, name)
+            if better is None:
+                raise
+            raise better from None
+
     def info(self, session: str, name: str) -> SnapshotInfo:
-        """Snapshot ``session/name``. Raises NotFound or Corrupt."""
-        return SnapshotInfo._from_dict(self._core.info(session, name))
+        """Snapshot ``session/name``. Raises NotFound (naming the closest existing name) or Corrupt."""
+        with self._finding(session, name):
+            return SnapshotInfo._from_dict(self._core.info(session, name))
 
     def remove(self, session: str, name: str) -> None:
         """Deletes snapshot ``session/name`` (its space is reused; gc() returns it). Raises NotFound."""
-        self._core.remove(session, name)
+        with self._finding(session, name):
+            self._core.remove(session, name)
 
-    def gc(self) -> Dict[str, int]:
-        """Returns the space of data no snapshot references to the file system.
+    def gc(self) -> GcReport:
+        """Returns the space of data no snapshot references to the file system (a :class:`GcReport`)."""
+        return GcReport(**self._core.gc())
 
-        Returns bytes_before, bytes_after, packs_removed, temp_files_removed.
-        """
-        return self._core.gc()
-
-    def verify(self) -> Dict[str, Any]:
+    def verify(self, *, progress: Progress = None) -> VerifyReport:
         """Re-reads every manifest and re-hashes every chunk; never raises for damage.
 
-        Returns a dict: ok, snapshots, chunks, bytes, problems (list of dicts with
-        session, snapshot, what) and damaged_snapshots ("session/name").
+        Returns a :class:`VerifyReport` (``ok``, ``problems``,
+        ``damaged_snapshots``, counts). ``progress``: see :data:`Progress`
+        (bytes re-hashed out of the total); an exception raised by a callback
+        stops the verification and propagates. The GIL is released meanwhile.
         """
-        return self._core.verify()
+        with _progress(progress, "verify") as cb:
+            return VerifyReport._from_dict(self._core.verify(cb))
 
-    def stats(self) -> Dict[str, Any]:
-        """Path, medium, format version, chunk size, counts and space used."""
-        return self._core.stats()
+    def stats(self) -> StoreStats:
+        """Path, medium, format version, chunk size, counts and space used (a :class:`StoreStats`)."""
+        return StoreStats(**self._core.stats())
 
-    def diff(self, session_a: str, snapshot_a: str, session_b: str, snapshot_b: str) -> List[Dict[str, Any]]:
-        """Per-region differences (bytes and 4 KiB pages) between two snapshots."""
-        return self._core.diff(session_a, snapshot_a, session_b, snapshot_b)
+    def diff(self, session_a: str, snapshot_a: str, session_b: str, snapshot_b: str) -> List[RegionDiff]:
+        """Per-region differences (bytes and 4 KiB pages) between two snapshots.
+
+        One :class:`RegionDiff` per region, in the snapshots' order, then one
+        per put() object (``object=True``, named by the object, its regions
+        added up), also for what is unchanged. Raises NotFound or Corrupt.
+        """
+        with self._finding(session_a, snapshot_a), self._finding(session_b, snapshot_b):
+            rows = self._core.diff(session_a, snapshot_a, session_b, snapshot_b)
+        out = [RegionDiff(**r) for r in rows if not _is_object_region(r["name"])]
+        objects: Dict[str, List[Dict[str, Any]]] = {}
+        for r in rows:
+            obj = _object_of_region(r["name"])
+            if obj is not None:
+                objects.setdefault(obj, []).append(r)
+        for obj, parts in objects.items():
+            out.append(RegionDiff(
+                name=obj, size_a=sum(p["size_a"] for p in parts), size_b=sum(p["size_b"] for p in parts),
+                only_in_a=all(p["only_in_a"] for p in parts), only_in_b=all(p["only_in_b"] for p in parts),
+                bytes_differ=sum(p["bytes_differ"] for p in parts),
+                pages_differ=sum(p["pages_differ"] for p in parts), object=True))
+        return out
 
     def latest(self, session: str) -> Optional[SnapshotInfo]:
         """The newest intact snapshot of ``session`` (every chunk re-hashed), or None."""
@@ -251,9 +594,40 @@ class Store:
 
         Its regions come back as uint8 arrays (the store does not know dtypes;
         use ``Clone.array(name, dtype, shape)``, or ``Session.clone`` for the
-        session's own layouts). ``verify`` checks every chunk first.
+        session's own layouts); put() objects with ``Clone.get(name)``.
+        ``verify`` checks every chunk first.
         """
-        return Clone(self._core.open_snapshot(session, name, verify), {}, writeable)
+        with self._finding(session, name):
+            return Clone(self._core.open_snapshot(session, name, verify), {}, writeable)
+
+    def export(self, ref: str, path: _PathArg, *, base: str = "", compress: str = "auto",
+               level: int = 1, progress: Progress = None) -> TransferStats:
+        """Writes snapshot ``ref`` ("session/name", or "proc/NAME") to the file ``path``
+        as a verified stream (what ``dvr export REF -o PATH`` does).
+
+        ``base``: a snapshot of the same session that the importing store
+        holds: only what differs is written. ``compress``: "auto", "zstd" or
+        "none"; ``level``: zstd level 1-19 (0: none). The file is written
+        beside ``path`` and renamed over it once complete: no half file, also
+        when ``progress`` raises (bytes of the snapshot's data). The GIL is
+        released meanwhile. Raises NotFound, Corrupt, InvalidArgument, NoSpace.
+        """
+        session, name = _core.split_ref(ref)
+        with _progress(progress, "export") as cb, self._finding(session, name):
+            return TransferStats._from_dict(
+                self._core.export_(ref, os.fspath(path), base, compress, level, cb))
+
+    def import_(self, path: _PathArg, *, progress: Progress = None) -> TransferStats:
+        """Reads a stream file written by :meth:`export` (or ``dvr export``) into the store.
+
+        Every chunk is checked before anything is published; a broken file,
+        or a ``progress`` callback that raises (bytes of the file read), leaves
+        the store as it was, unless the import had completed by then. The GIL
+        is released meanwhile. Raises Corrupt, AlreadyExists, NotFound (a base
+        the store lacks, or no file), NoSpace.
+        """
+        with _progress(progress, "import") as cb:
+            return TransferStats._from_dict(self._core.import_(os.fspath(path), cb))
 
 
 class Session:
@@ -266,14 +640,17 @@ class Session:
     not be written by other threads while a snapshot or restore runs.
     """
 
-    def __init__(self, store: Union[Store, str, os.PathLike, None], name: str,
+    _core: Any  # _core.Session, or memdvr.mpi's local session (the same methods)
+
+    def __init__(self, store: Union[Store, _PathArg, None], name: str,
                  tracking: Optional[str] = None):
         if not isinstance(store, Store):
             store = Store(store)
         self._store = store
         self._core = _core.Session(store._core, name, tracking)
+        self._name = self._core.name
         self._layouts: Dict[str, _Layout] = {}
-        self._arrays: Dict[str, np.ndarray] = {}  # SDK-owned arrays made by array()
+        self._arrays: Dict[str, _Array] = {}  # SDK-owned arrays made by array()
 
     @classmethod
     def _wrap(cls, core: Any, store: Store) -> "Session":
@@ -282,6 +659,7 @@ class Session:
         self = cls.__new__(cls)
         self._store = store
         self._core = core
+        self._name = core.name
         self._layouts = {}
         self._arrays = {}
         return self
@@ -293,13 +671,20 @@ class Session:
     def __enter__(self) -> "Session":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: Any) -> None:
+        """Closes the session. When the body raised, that exception is what
+        propagates: a failure to close is only added to it as a note."""
+        _close_after(self.close, exc, f"session '{self.name}'")
 
     @property
     def name(self) -> str:
         """The session's name."""
-        return self._core.name
+        return self._name
+
+    @property
+    def closed(self) -> bool:
+        """True once close() was called."""
+        return bool(self._core.closed)
 
     @property
     def store(self) -> Store:
@@ -309,7 +694,7 @@ class Session:
     @property
     def head(self) -> str:
         """The snapshot most recently taken or restored here ("" if none)."""
-        return self._core.head
+        return str(self._core.head)
 
     def track(self, name: str, buffer: Any) -> Any:
         """Tracks ``buffer`` in place as region ``name`` and returns it.
@@ -328,7 +713,7 @@ class Session:
             self._layouts[name] = None
         return buffer
 
-    def array(self, name: str, shape: Union[int, Tuple[int, ...]], dtype: Any = np.float64) -> np.ndarray:
+    def array(self, name: str, shape: Union[int, Tuple[int, ...]], dtype: Any = np.float64) -> _Array:
         """Allocates an SDK-owned, page-aligned, zero-filled numpy array as region ``name``.
 
         The array stays valid as long as it is referenced (it keeps the session
@@ -347,15 +732,35 @@ class Session:
     def alloc(self, name: str, size: int) -> memoryview:
         """Allocates an SDK-owned, zero-filled region of ``size`` bytes; returns a writable memoryview."""
         _check_not_reserved(name)
-        mv = self._core.alloc(name, size)
+        mv: memoryview = self._core.alloc(name, size)
         self._layouts[name] = None
         return mv
 
     def __getitem__(self, name: str) -> Any:
-        """The tracked object or SDK-owned array (a memoryview for alloc()) called ``name``."""
+        """The tracked object or SDK-owned array (a memoryview for alloc()) called ``name``.
+
+        Raises NotFound naming the closest region (or the put() object of that name)."""
         if name in self._arrays:
             return self._arrays[name]
-        return self._core.buffer(name)
+        with self._finding_region(name):
+            return self._core.buffer(name)
+
+    @contextlib.contextmanager
+    def _finding_region(self, name: str) -> Iterator[None]:
+        """Re-raises a NotFound for region ``name`` with the closest name and the Python call."""
+        try:
+            yield
+        except NotFound:
+            regions = [r.name for r in self.regions()]
+            if name in regions:
+                raise
+            if name in _object_names(regions):
+                how = f"'{name}' is a put() object: Session.get({name!r}) reads it"
+            else:
+                how = "Session.regions() lists them"
+            mine = [r for r in regions if not _is_object_region(r)]
+            raise NotFound(f"session '{self.name}' has no region '{name}'"
+                           f"{_hint(name, mine, how)}") from None
 
     def __contains__(self, name: str) -> bool:
         return name in self._layouts
@@ -368,7 +773,8 @@ class Session:
         """
         had_array = self._arrays.pop(name, None) is not None
         try:
-            self._core.untrack(name)
+            with self._finding_region(name):
+                self._core.untrack(name)
         except InvalidArgument:
             if had_array:
                 self._rewrap(name)  # still referenced elsewhere: keep session[name] working
@@ -398,13 +804,23 @@ class Session:
         the kernel's writes. restore(), snapshot(), put() and the like wait for
         it; close() cancels it.
 
-        Raises AlreadyExists unless ``replace``; InvalidArgument with no regions.
-        Failures while copying in the background (NoSpace, ...) are raised by
-        ``SnapshotJob.wait()``.
+        ``replace`` is False by default, as in C++ and ``dvr``: a snapshot is
+        a record, and replacing one by accident loses it. Pass
+        ``replace=True`` where re-running the code must work (a notebook cell,
+        a script run again): the old snapshot of that name is then replaced
+        atomically. Raises AlreadyExists unless ``replace``; InvalidArgument
+        with no regions. Failures while copying in the background (NoSpace,
+        ...) are raised by ``SnapshotJob.wait()``.
         """
-        if not wait:
-            return SnapshotJob(self._core.snapshot_background(name, label, replace))
-        return SnapshotInfo._from_dict(self._core.snapshot(name, label, replace))
+        try:
+            if not wait:
+                return SnapshotJob(self._core.snapshot_background(name, label, replace))
+            return SnapshotInfo._from_dict(self._core.snapshot(name, label, replace))
+        except AlreadyExists:
+            raise AlreadyExists(
+                f"snapshot '{self.name}/{name}' exists already in store {self._store.path}; pass "
+                f"replace=True to replace it, pick another name, or remove it first "
+                f"(Session.remove({name!r}))") from None
 
     def restore(self, name: str) -> None:
         """Puts every region recorded in snapshot ``name`` back, bit-exact, in place.
@@ -513,47 +929,38 @@ class Session:
                     mv[pos:pos + n] = memoryview(part).cast("B")
                     pos += n
         for region in self._object_regions(name):
-            if region.startswith(_buf_region(name, "")) and int(region.rsplit(".", 1)[1]) >= len(raws):
+            if region.startswith(f"{_OBJ_PREFIX}{name}.buf.") and int(region.rsplit(".", 1)[1]) >= len(raws):
                 self._core.untrack(region)
 
     def get(self, name: str) -> Any:
         """Object ``name`` as last put (or restored), rebuilt from a copy of its regions.
 
         The result shares no memory with the session: later put()/restore()
-        calls do not change it. Raises NotFound naming the object.
+        calls do not change it. Raises NotFound naming the object and the
+        closest existing one.
         """
         _check_object_name(name)
-        region = _pickle_region(name)
-        if region not in {r.name for r in self.regions()}:
-            raise NotFound(f"no object '{name}' in session '{self.name}' (put() it first, "
-                           f"or restore a snapshot that has it)")
-        with self._core.buffer(region) as mv:
-            head = bytes(mv[:len(_OBJ_MAGIC) + 16])
-            if head[:len(_OBJ_MAGIC)] != _OBJ_MAGIC:
-                raise Corrupt(f"object '{name}' in session '{self.name}': bad header")
-            stream_len, count = struct.unpack_from("<QQ", head, len(_OBJ_MAGIC))
-            start = len(head) + 8 * count
-            sizes = struct.unpack_from(f"<{count}Q", mv, len(head))
-            stream = bytes(mv[start:start + stream_len])
-        buffers = []
-        for k, size in enumerate(sizes):
-            with self._core.buffer(_buf_region(name, k)) as mv:
-                buffers.append(bytearray(mv[:size]))
-        return pickle.loads(stream, buffers=buffers)
+        self._require_object(name)
+        return _decode_object(self._core.buffer, name, f"session '{self.name}'")
+
+    def _require_object(self, name: str) -> None:
+        regions = [r.name for r in self.regions()]
+        if _pickle_region(name) not in regions:
+            how = ("Session.objects() lists them; put() it first, or restore a snapshot that has it")
+            if name in regions:
+                how = f"'{name}' is a region: session[{name!r}] gives it"
+            raise NotFound(f"no object '{name}' in session '{self.name}'"
+                           f"{_hint(name, _object_names(regions), how)}")
 
     def objects(self) -> List[str]:
         """Names of the objects stored with put(), sorted."""
-        suffix = ".pickle"
-        return sorted(r.name[len(_OBJ_PREFIX):-len(suffix)] for r in self.regions()
-                      if r.name.endswith(suffix) and _is_object_region(r.name))
+        return _object_names(r.name for r in self.regions())
 
     def delete(self, name: str) -> None:
         """Removes object ``name`` from the session (snapshots keep it). Raises NotFound."""
         _check_object_name(name)
-        regions = self._object_regions(name)
-        if _pickle_region(name) not in regions:
-            raise NotFound(f"no object '{name}' in session '{self.name}'")
-        for region in regions:
+        self._require_object(name)
+        for region in self._object_regions(name):
             self._core.untrack(region)
 
     def _object_regions(self, name: str) -> List[str]:
@@ -580,13 +987,13 @@ class Session:
         """Deletes this session's snapshot ``name``. Raises NotFound."""
         self._store.remove(self.name, name)
 
-    def gc(self) -> Dict[str, int]:
+    def gc(self) -> GcReport:
         """Same as ``store.gc()``."""
         return self._store.gc()
 
-    def verify(self) -> Dict[str, Any]:
-        """Same as ``store.verify()`` (checks the whole store)."""
-        return self._store.verify()
+    def verify(self, *, progress: Progress = None) -> VerifyReport:
+        """Same as ``store.verify(progress=...)`` (checks the whole store)."""
+        return self._store.verify(progress=progress)
 
     def latest(self) -> Optional[SnapshotInfo]:
         """The newest intact snapshot of this session, or None."""
@@ -600,35 +1007,70 @@ class Session:
         tracked or created with array(); uint8 otherwise). Writes to the views
         stay private to the clone; ``writeable=False`` gives read-only views.
         """
-        return Clone(self._core.clone(name, verify), dict(self._layouts), writeable)
+        with self._store._finding(self.name, name):
+            return Clone(self._core.clone(name, verify), dict(self._layouts), writeable)
+
+    def autosave(self, every: Union[float, _dt.timedelta], keep: int) -> None:
+        """Turns on autosave (dvr::Session::autosave): at the first
+        :meth:`checkpoint_point` once ``every`` (seconds, or a timedelta) has
+        passed since the session's last snapshot, a snapshot "autosave-N" (N
+        counting up) is taken, labelled "autosave", and only the newest
+        ``keep`` autosaves are kept; named snapshots are never removed.
+        ``every=0`` turns it off. Raises InvalidArgument for ``keep=0`` or a
+        negative ``every``.
+        """
+        seconds = every.total_seconds() if isinstance(every, _dt.timedelta) else float(every)
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise InvalidArgument(f"autosave: keep must be a number of snapshots >= 1, not {keep!r}")
+        self._core.autosave(seconds, keep)
+
+    def checkpoint_point(self) -> Optional[SnapshotInfo]:
+        """A safe point for autosave: call it where the regions are consistent
+        (between time steps, after a cell). Costs a clock read when nothing is
+        due; returns the autosave taken, if one was (the GIL is released meanwhile)."""
+        d = self._core.checkpoint_point()
+        return None if d is None else SnapshotInfo._from_dict(d)
 
     def tracking(self, region: str) -> str:
         """The change-tracking mechanism in use for ``region``: "write_protect" or "hash"."""
-        return self._core.tracking(region)
+        with self._finding_region(region):
+            return str(self._core.tracking(region))
 
     def tracking_note(self) -> str:
         """Why write_protect tracking is not in use for some region ("" if it is for all)."""
-        return self._core.tracking_note()
+        return str(self._core.tracking_note())
 
     def close(self) -> None:
-        """Ends the session: forgets every region and releases tracked buffers.
+        """Ends the session: forgets every region and releases tracked buffers;
+        cancels a background snapshot. Closing twice does nothing.
 
-        Raises InvalidArgument while arrays made by array() are referenced elsewhere.
+        Arrays made by array() (and memoryviews from alloc()) that are still
+        referenced elsewhere stay valid: their memory is freed when the last
+        of them goes. Every other call on the session then raises InvalidArgument.
         """
-        names = list(self._arrays)
         self._arrays.clear()
-        try:
-            self._core.close()
-        except InvalidArgument:
-            for name in names:
-                self._rewrap(name)
-            raise
+        self._core.close()
         self._layouts.clear()
 
     def _rewrap(self, name: str) -> None:
-        dtype, shape = self._layouts[name]
+        layout = self._layouts[name]
+        assert layout is not None  # array() records one
+        dtype, shape = layout
         buf = self._core.buffer(name)
         self._arrays[name] = np.frombuffer(buf, dtype=dtype, count=math.prod(shape)).reshape(shape)
+
+
+def _close_after(close: Callable[[], None], exc: Optional[BaseException], what: str) -> None:
+    """``close()`` at the end of a with block: when the block raised ``exc``,
+    a failure to close never replaces it (it is added to it as a note)."""
+    if exc is None:
+        close()
+        return
+    try:
+        close()
+    except Exception as err:
+        exc.add_note(f"memdvr: closing {what} after this error also failed: "
+                     f"{type(err).__name__}: {err}")
 
 
 class SnapshotJob:
@@ -698,25 +1140,28 @@ class SnapshotJob:
 
 
 class Clone:
-    """A copy-on-write view of one snapshot's regions, as numpy arrays.
+    """A copy-on-write view of one snapshot's regions, as numpy arrays, and of its put() objects.
 
-    ``clone[name]`` gives a region's array; ``clone.arrays()`` all of them. The
-    clone's memory lives while the Clone or any of its arrays is referenced.
+    ``clone[name]`` gives a region's array; ``clone.arrays()`` all of them;
+    ``clone.get(name)`` a put() object as it was in the snapshot (the live
+    session is not touched). The clone's memory lives while the Clone or any
+    of its arrays is referenced.
     """
 
-    def __init__(self, core: "_core.Clone", layouts: Dict[str, _Layout], writeable: bool = True):
+    def __init__(self, core: _core.Clone, layouts: Dict[str, _Layout], writeable: bool = True):
         self._core = core
         self._layouts = layouts
         self._writeable = writeable
-        self._cache: Dict[str, np.ndarray] = {}
+        self._cache: Dict[str, _Array] = {}
 
     def __repr__(self) -> str:
-        return f"memdvr.Clone({self.session}/{self.snapshot}, regions={self.names()})"
+        return (f"memdvr.Clone({self.session}/{self.snapshot}, regions={self.names()}, "
+                f"objects={self.objects()})")
 
     def __enter__(self) -> "Clone":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: Any) -> None:
         self._cache.clear()
 
     @property
@@ -730,21 +1175,44 @@ class Clone:
         return self._core.snapshot
 
     def regions(self) -> List[RegionInfo]:
-        """The clone's regions."""
+        """Every region of the clone, the ``obj.NAME.*`` regions of put() objects included."""
         return [RegionInfo(**r) for r in self._core.regions()]
 
     def names(self) -> List[str]:
-        """The clone's region names."""
-        return [r["name"] for r in self._core.regions()]
+        """The names of the clone's own regions (not those holding put() objects: see objects())."""
+        return [r["name"] for r in self._core.regions() if not _is_object_region(r["name"])]
+
+    def objects(self) -> List[str]:
+        """Names of the put() objects in the snapshot, sorted."""
+        return _object_names(r["name"] for r in self._core.regions())
+
+    def _where(self) -> str:
+        return f"the clone of '{self.session}/{self.snapshot}'"
+
+    @contextlib.contextmanager
+    def _finding_region(self, name: str) -> Iterator[None]:
+        try:
+            yield
+        except NotFound:
+            regions = [r["name"] for r in self._core.regions()]
+            if name in regions:
+                raise
+            if name in _object_names(regions):
+                how = f"'{name}' is a put() object: Clone.get({name!r}) reads it"
+            else:
+                how = "Clone.names() lists them"
+            raise NotFound(f"{self._where()} has no region '{name}'"
+                           f"{_hint(name, self.names(), how)}") from None
 
     def buffer(self, name: str) -> memoryview:
         """A writable (copy-on-write) memoryview onto region ``name``. Raises NotFound."""
-        return self._core.buffer(name)
+        with self._finding_region(name):
+            return self._core.buffer(name)
 
-    def array(self, name: str, dtype: Any = None, shape: Optional[Tuple[int, ...]] = None) -> np.ndarray:
+    def array(self, name: str, dtype: Any = None, shape: Optional[Tuple[int, ...]] = None) -> _Array:
         """Region ``name`` as a numpy array: of ``dtype``/``shape`` if given, else the
         recorded layout (uint8, flat, when none is known or the size differs)."""
-        mv = self._core.buffer(name)
+        mv = self.buffer(name)
         if dtype is None:
             layout = self._layouts.get(name)
             if layout is not None and layout[0].itemsize * math.prod(layout[1]) == mv.nbytes:
@@ -759,18 +1227,32 @@ class Clone:
             arr.flags.writeable = False
         return arr
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> _Array:
         """Region ``name`` as a numpy array with its recorded layout (cached)."""
         if name not in self._cache:
             self._cache[name] = self.array(name)
         return self._cache[name]
 
-    def arrays(self) -> Dict[str, np.ndarray]:
-        """Every region as a numpy array, by name."""
+    def arrays(self) -> Dict[str, _Array]:
+        """Every region of the clone's own (not those of put() objects) as a numpy array, by name."""
         return {n: self[n] for n in self.names()}
 
+    def get(self, name: str) -> Any:
+        """put() object ``name`` as it was in the snapshot, rebuilt from a copy
+        (it shares no memory with the clone or the session). Raises NotFound
+        naming the closest object."""
+        _check_object_name(name)
+        regions = [r["name"] for r in self._core.regions()]
+        if _pickle_region(name) not in regions:
+            how = "Clone.objects() lists them"
+            if name in regions:
+                how = f"'{name}' is a region: clone[{name!r}] gives it"
+            raise NotFound(f"no object '{name}' in {self._where()}"
+                           f"{_hint(name, _object_names(regions), how)}")
+        return _decode_object(self._core.buffer, name, self._where())
 
-def load_ipython_extension(ipython) -> None:
+
+def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext memdvr``: registers the ``%dvr`` line magic (see memdvr.magics)."""
     from .magics import DvrMagics  # imported here so memdvr alone never imports IPython
     ipython.register_magics(DvrMagics)

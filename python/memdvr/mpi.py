@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Union
 
-from . import InvalidArgument, Session as _LocalSession, Store
+from . import InvalidArgument, Session as _LocalSession, Store, _close_after
 
 try:
     from mpi4py import MPI
@@ -80,7 +80,7 @@ class Session:
     The session keeps ``comm`` referenced (it is used, not duplicated).
     """
 
-    def __init__(self, store: Union[Store, str, os.PathLike, None], name: str, comm: Any = None,
+    def __init__(self, store: Union[Store, str, "os.PathLike[str]", None], name: str, comm: Any = None,
                  partner_offset: int = 0, keep: int = 3, partner_copies: bool = True,
                  level: int = 1):
         if not isinstance(store, Store):
@@ -110,8 +110,10 @@ class Session:
     def __enter__(self) -> "Session":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: Any) -> None:
+        """Closes the session. When the body raised, that exception is what
+        propagates: a failure to close is only added to it as a note."""
+        _close_after(self.close, exc, f"MPI session '{self.name}'")
 
     @property
     def local(self) -> _LocalSession:

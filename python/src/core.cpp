@@ -7,20 +7,36 @@
 //  * alloc(name, size) and Clone.buffer(name) return memoryviews onto memory
 //    the SDK owns; each view keeps its owner (the Session or the Clone) alive,
 //    and untrack()/close() refuse while such a view is still referenced.
-//  * The GIL is released around snapshot, restore, clone, gc and verify.
+//  * close() never fails because Python buffers still reference SDK-owned
+//    regions: those regions stay valid and are freed when their last buffer
+//    goes (Lingering in regions.hpp).
+//  * The GIL is released around snapshot, restore, clone, gc, verify, diff,
+//    export and import; a progress callback re-acquires it (PyProgress).
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <dvr/dvr.hpp>
+#include <dvr/transfer.hpp>
 
 #include "regions.hpp"
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace py = pybind11;
@@ -94,6 +110,228 @@ dvr::Tracking parse_tracking(const std::string& s) {
   if (s == "write_protect") return dvr::Tracking::write_protect;
   if (s == "hash") return dvr::Tracking::hash;
   invalid("unknown tracking mode '" + s + "': use \"write_protect\" or \"hash\"");
+}
+
+// ---------------------------------------------------------------- progress
+
+// Thrown through libdvr when a Python progress callback raised: not a
+// dvr::Error (nothing may mistake it for a store problem), and carries
+// nothing; the Python exception itself waits in PyProgress::error.
+struct CallbackRaised {};
+
+// A Python callable(done, total) made into a dvr::Progress, which libdvr
+// calls from any of its threads while the caller has released the GIL. Each
+// call takes the GIL; calls closer than 50 ms apart are dropped (but the
+// first one and the one that reaches the total always go through), and
+// `done` never goes backwards (worker threads report out of order). When the
+// callback raises, that exception is kept, every later call throws at once
+// (CallbackRaised), and rethrow() raises it in the caller once libdvr has
+// unwound: the operation is abandoned as for any other error.
+class PyProgress {
+ public:
+  explicit PyProgress(py::object callback) : callback_(std::move(callback)) {}
+  PyProgress(const PyProgress&) = delete;
+  PyProgress& operator=(const PyProgress&) = delete;
+  ~PyProgress() {
+    // The kept exception and the callable are Python objects: drop them with the GIL.
+    py::gil_scoped_acquire gil;
+    error_.reset();
+    callback_ = py::object();
+  }
+
+  // The dvr::Progress to hand to libdvr (empty for a callback of None).
+  dvr::Progress fn() {
+    if (callback_.is_none()) return {};
+    return [this](std::uint64_t done, std::uint64_t total) { call(done, total); };
+  }
+
+  void call(std::uint64_t done, std::uint64_t total) {
+    if (failed_.load()) throw CallbackRaised{};
+    std::lock_guard<std::mutex> lock(mu_);
+    done = std::max(done, done_);
+    auto now = std::chrono::steady_clock::now();
+    bool due = !called_ || done >= total || now - last_ >= std::chrono::milliseconds(50);
+    done_ = done;
+    total_ = total;
+    if (!due) return;
+    called_ = true;
+    last_ = now;
+    reported_ = done;
+    py::gil_scoped_acquire gil;
+    try {
+      callback_(done, total);
+    } catch (py::error_already_set& e) {
+      error_.emplace(std::move(e));
+      failed_ = true;
+      throw CallbackRaised{};
+    }
+  }
+
+  // After a successful operation (GIL held): one last call at the total when
+  // the last ones were dropped, so a bar ends full; then rethrow().
+  void finish() {
+    if (!failed_ && called_ && reported_ < total_) {
+      try {
+        callback_(total_, total_);
+      } catch (py::error_already_set& e) {
+        error_.emplace(std::move(e));
+        failed_ = true;
+      }
+    }
+    rethrow();
+  }
+
+  // Raises the callback's exception, if it raised (GIL held).
+  void rethrow() {
+    if (!failed_) return;
+    py::error_already_set e = std::move(*error_);
+    error_.reset();
+    failed_ = false;
+    throw e;
+  }
+
+ private:
+  py::object callback_;
+  std::mutex mu_;
+  std::atomic<bool> failed_{false};
+  std::optional<py::error_already_set> error_;
+  bool called_ = false;
+  std::chrono::steady_clock::time_point last_{};
+  std::uint64_t done_ = 0, total_ = 0, reported_ = 0;
+};
+
+// Runs `op` with the GIL released and `progress` wired; raises the
+// callback's exception rather than whatever libdvr threw while unwinding
+// from it.
+template <class Op>
+auto with_progress(PyProgress& progress, Op&& op) {
+  try {
+    py::gil_scoped_release nogil;
+    auto result = op(progress.fn());
+    return result;
+  } catch (...) {
+    progress.rethrow();
+    throw;
+  }
+}
+
+// ---------------------------------------------------------------- transfer
+
+py::dict transfer_stats_dict(const dvr::transfer::Stats& st) {
+  py::dict d;
+  d["refs"] = st.refs;
+  d["base"] = st.base;
+  d["logical_bytes"] = st.logical_bytes;
+  d["wire_bytes"] = st.wire_bytes;
+  d["data_bytes"] = st.data_bytes;
+  d["chunks"] = st.chunks;
+  d["chunks_skipped"] = st.chunks_skipped;
+  d["chunks_compressed"] = st.chunks_compressed;
+  d["chunks_raw"] = st.chunks_raw;
+  d["read_bytes"] = st.read_bytes;
+  d["stored_bytes"] = st.stored_bytes;
+  d["seconds"] = st.seconds;
+  d["compression_ratio"] = st.compression_ratio;
+  d["fingerprint"] = st.fingerprint;
+  return d;
+}
+
+[[noreturn]] void throw_file_errno(int err, const std::string& what) {
+  dvr::Errc code = err == ENOENT ? dvr::Errc::not_found : err == ENOSPC ? dvr::Errc::no_space : err == EACCES || err == EPERM ? dvr::Errc::permission : dvr::Errc::io;
+  throw dvr::Error(code, what + ": " + std::strerror(err));
+}
+
+// What `dvr export REF -o FILE` does: the stream goes to FILE.part-PID beside
+// FILE, is fsync()ed and renamed over FILE once complete (no half files; on
+// any error, the callback's included, the part file is removed).
+dvr::transfer::Stats export_to(const dvr::Store& store, const std::string& ref, const std::string& file, const dvr::transfer::Options& o) {
+  std::string tmp = file + ".part-" + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) throw_file_errno(errno, "cannot create " + tmp);
+  try {
+    dvr::transfer::Stats st = dvr::transfer::send(store, ref, fd, o);
+    if (::fsync(fd) != 0) throw_file_errno(errno, "cannot write " + tmp);
+    ::close(fd);
+    fd = -1;
+    if (::rename(tmp.c_str(), file.c_str()) != 0) throw_file_errno(errno, "cannot rename " + tmp + " to " + file);
+    return st;
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+}
+
+// What `dvr import FILE` does. With a progress callback, a thread feeds the
+// file to receive() through a socket pair and reports the bytes fed out of
+// the file's size: when the callback raises, the feed stops, receive() sees a
+// truncated stream and stores nothing (it commits only a complete stream).
+dvr::transfer::Stats import_from(dvr::Store& store, const std::string& file, const dvr::Progress& progress) {
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_file_errno(errno, "cannot open " + file);
+  struct Closer {
+    int& fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } close_file{fd};
+  if (!progress) return dvr::transfer::receive(store, fd);
+
+  struct stat sb {};
+  if (::fstat(fd, &sb) != 0) throw_file_errno(errno, "cannot stat " + file);
+  const auto total = static_cast<std::uint64_t>(sb.st_size);
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw_file_errno(errno, "cannot make a socket pair to read " + file);
+  std::exception_ptr feed_error;
+  bool read_failed = false;
+  std::thread feeder([&] {
+    std::vector<char> buf(1 << 20);
+    std::uint64_t done = 0;
+    try {
+      for (;;) {
+        ssize_t n = ::read(fd, buf.data(), buf.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+          read_failed = true;
+          throw_file_errno(errno, "cannot read " + file);
+        }
+        if (n == 0) break;
+        for (ssize_t off = 0; off < n;) {
+          ssize_t w = ::send(sv[1], buf.data() + off, static_cast<std::size_t>(n - off), MSG_NOSIGNAL);
+          if (w < 0 && errno == EINTR) continue;
+          if (w < 0) throw_file_errno(errno, "cannot feed " + file);  // receive() stopped reading: it reports why
+          off += w;
+        }
+        done += static_cast<std::uint64_t>(n);
+        progress(done, std::max(total, done));
+      }
+    } catch (...) {
+      feed_error = std::current_exception();
+    }
+    ::close(sv[1]);  // end of stream (early when the feed stopped)
+  });
+  std::exception_ptr receive_error;
+  dvr::transfer::Stats st;
+  try {
+    st = dvr::transfer::receive(store, sv[0]);
+  } catch (...) {
+    receive_error = std::current_exception();
+  }
+  ::close(sv[0]);  // a feeder still sending gets EPIPE and stops
+  feeder.join();
+  // The callback's exception first (CallbackRaised), then a read error of the
+  // file (receive() saw only a truncated stream), then receive()'s own.
+  if (feed_error && (read_failed || !receive_error)) std::rethrow_exception(feed_error);
+  if (feed_error) {
+    try {
+      std::rethrow_exception(feed_error);
+    } catch (const CallbackRaised&) {
+      throw;
+    } catch (...) {
+    }
+  }
+  if (receive_error) std::rethrow_exception(receive_error);
+  return st;
 }
 
 // ---------------------------------------------------------------- Session
@@ -171,30 +409,57 @@ PYBIND11_MODULE(_core, m) {
              d["temp_files_removed"] = r.temp_files_removed;
              return d;
            })
-      .def("verify",
-           [](const dvr::Store& s) {
-             dvr::VerifyReport r;
-             {
-               py::gil_scoped_release nogil;
-               r = s.verify();
-             }
-             py::dict d;
-             d["ok"] = r.ok();
-             d["snapshots"] = r.snapshots;
-             d["chunks"] = r.chunks;
-             d["bytes"] = r.bytes;
-             py::list problems;
-             for (const auto& p : r.problems) {
-               py::dict pd;
-               pd["session"] = p.session;
-               pd["snapshot"] = p.snapshot;
-               pd["what"] = p.what;
-               problems.append(pd);
-             }
-             d["problems"] = problems;
-             d["damaged_snapshots"] = r.damaged_snapshots();
-             return d;
-           })
+      .def(
+          "verify",
+          [](const dvr::Store& s, py::object progress) {
+            PyProgress p(std::move(progress));
+            dvr::VerifyReport r = with_progress(p, [&](const dvr::Progress& fn) { return s.verify(fn); });
+            p.finish();
+            py::dict d;
+            d["ok"] = r.ok();
+            d["snapshots"] = r.snapshots;
+            d["chunks"] = r.chunks;
+            d["bytes"] = r.bytes;
+            py::list problems;
+            for (const auto& pr : r.problems) {
+              py::dict pd;
+              pd["session"] = pr.session;
+              pd["snapshot"] = pr.snapshot;
+              pd["what"] = pr.what;
+              problems.append(pd);
+            }
+            d["problems"] = problems;
+            d["damaged_snapshots"] = r.damaged_snapshots();
+            return d;
+          },
+          py::arg("progress") = py::none(), "Re-hashes everything; progress(done, total) in bytes if given (GIL released meanwhile).")
+      .def(
+          "export_",
+          [](const dvr::Store& s, const std::string& ref, const std::string& path, const std::string& base, const std::string& compress, int level,
+             py::object progress) {
+            dvr::transfer::Options o;
+            o.base = base;
+            o.compress = dvr::transfer::parse_compress(compress, "compress");
+            o.level = level;
+            PyProgress p(std::move(progress));
+            dvr::transfer::Stats st = with_progress(p, [&](const dvr::Progress& fn) {
+              o.progress = fn;
+              return export_to(s, ref, path, o);
+            });
+            p.finish();
+            return transfer_stats_dict(st);
+          },
+          py::arg("ref"), py::arg("path"), py::arg("base") = "", py::arg("compress") = "auto", py::arg("level") = 1, py::arg("progress") = py::none(),
+          "Writes snapshot REF as a stream file at `path` (what `dvr export REF -o PATH` does).")
+      .def(
+          "import_",
+          [](dvr::Store& s, const std::string& path, py::object progress) {
+            PyProgress p(std::move(progress));
+            dvr::transfer::Stats st = with_progress(p, [&](const dvr::Progress& fn) { return import_from(s, path, fn); });
+            p.finish();
+            return transfer_stats_dict(st);
+          },
+          py::arg("path"), py::arg("progress") = py::none(), "Reads a stream file into the store (what `dvr import PATH` does).")
       .def("stats",
            [](const dvr::Store& s) {
              auto st = s.stats();
@@ -361,14 +626,29 @@ PYBIND11_MODULE(_core, m) {
           "tracking", [](PySession& s, const std::string& region) { return dvr::tracking_name(s.get().tracking(region)); }, py::arg("region"))
       .def("tracking_note", [](PySession& s) { return s.get().tracking_note(); })
       .def(
-          "close",
-          [](PySession& s) {
-            if (!s.session) return;
-            s.regions.check_no_views(s.session->name());
-            s.session.reset();
-            s.regions.clear();
+          "autosave",
+          [](PySession& s, double every, std::size_t keep) {
+            if (!(every >= 0) || every > 1e9) invalid("autosave: every must be a number of seconds >= 0 (0 turns autosave off), not " + std::to_string(every));
+            // A positive interval below a millisecond is one millisecond, never 0 (off).
+            auto ms = every > 0 ? std::max<std::int64_t>(1, static_cast<std::int64_t>(every * 1000 + 0.5)) : 0;
+            s.get().autosave(std::chrono::milliseconds(ms), keep);
           },
-          "Ends the session: forgets every region and releases the tracked buffers.");
+          py::arg("every"), py::arg("keep"), "Turns on autosave every `every` seconds at checkpoint_point(), keeping the newest `keep` (dvr::Session::autosave).")
+      .def("checkpoint_point",
+           [](PySession& s) -> py::object {
+             dvr::Session& session = s.get();
+             std::optional<dvr::SnapshotInfo> i;
+             {
+               py::gil_scoped_release nogil;
+               i = session.checkpoint_point();
+             }
+             if (!i) return py::none();
+             return snapshot_info_dict(*i);
+           })
+      .def(
+          "close", [](PySession& s) { s.regions.close(s.session); },
+          "Ends the session: forgets every region and releases the tracked buffers. SDK-owned regions that "
+          "Python buffers still reference stay valid until the last of them goes.");
 
   // ---- SnapshotJob
   py::class_<dvr::SnapshotJob>(m, "SnapshotJob", "A snapshot being taken in the background (dvr::SnapshotJob).")

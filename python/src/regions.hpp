@@ -11,6 +11,8 @@
 
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,7 +44,7 @@ struct MemoryOwner {
   void* data = nullptr;
   std::size_t size = 0;
   bool readonly = false;
-  std::shared_ptr<int> token;
+  std::shared_ptr<int> token;  // last: released before `owner`
 };
 
 py::memoryview view_of(py::object owner, void* data, std::size_t size, bool readonly, std::shared_ptr<int> token) {
@@ -99,7 +101,37 @@ py::dict snapshot_info_dict(const dvr::SnapshotInfo& i) {
   d["chunks_read"] = i.chunks_read;
   d["damaged"] = i.damaged;
   d["damage"] = i.damage;
+  d["pending"] = i.pending;
   return d;
+}
+
+// SDK-owned regions that Python buffers still referenced when their session
+// closed: the dvr::Session lives on here holding only them, and each is
+// untracked (its memory freed) when its last buffer goes; the session itself
+// ends with the last one. Nothing else reaches the session meanwhile.
+struct Lingering {
+  std::optional<dvr::Session> session;
+  std::set<std::string> regions;
+
+  void release(const std::string& region) noexcept {
+    if (!session || !regions.erase(region)) return;
+    try {
+      session->untrack(region);
+    } catch (...) {  // cannot happen (the region is there); freed with the session anyway
+    }
+    if (regions.empty()) session.reset();
+  }
+};
+
+// The token of an alloc()ed region: every memoryview onto it holds a copy.
+// When the last copy goes after the session closed with views still alive,
+// the region is freed (Lingering::release).
+using Token = std::shared_ptr<int>;
+inline Token make_token(std::shared_ptr<Lingering> lingering, std::string region) {
+  return Token(new int(0), [lingering = std::move(lingering), region = std::move(region)](int* p) {
+    delete p;
+    lingering->release(region);
+  });
 }
 
 // The Python side of one session's regions. The owner declares it before its
@@ -107,8 +139,9 @@ py::dict snapshot_info_dict(const dvr::SnapshotInfo& i) {
 // gets its buffers back after.
 struct RegionBuffers {
   std::map<std::string, std::unique_ptr<HeldBuffer>> buffers;
-  std::map<std::string, py::object> objects;           // the tracked Python objects
-  std::map<std::string, std::shared_ptr<int>> tokens;  // alloc()ed regions
+  std::map<std::string, py::object> objects;  // the tracked Python objects
+  std::map<std::string, Token> tokens;        // alloc()ed regions
+  std::shared_ptr<Lingering> lingering = std::make_shared<Lingering>();
 
   // Tracks a writable, C-contiguous buffer in place, holding it meanwhile.
   void track(dvr::Session& session, const std::string& name, py::object obj) {
@@ -134,7 +167,7 @@ struct RegionBuffers {
   // alloc() and a writable memoryview onto it that keeps `owner` alive.
   py::memoryview alloc(py::object owner, dvr::Session& session, const std::string& name, std::size_t size) {
     dvr::Region& r = session.alloc(name, size);
-    auto token = std::make_shared<int>(0);
+    Token token = make_token(lingering, name);
     tokens[name] = token;
     return view_of(std::move(owner), r.data(), r.size(), false, token);
   }
@@ -143,7 +176,14 @@ struct RegionBuffers {
   py::object buffer(py::object owner, dvr::Session& session, const std::string& name) {
     dvr::Region& r = session.region(name);
     if (auto it = objects.find(name); it != objects.end()) return it->second;
-    return view_of(std::move(owner), r.data(), r.size(), false, tokens[name]);
+    Token& token = tokens[name];
+    if (!token) token = make_token(lingering, name);
+    return view_of(std::move(owner), r.data(), r.size(), false, token);
+  }
+
+  bool has_views(const std::string& region) const {
+    auto it = tokens.find(region);
+    return it != tokens.end() && it->second.use_count() > 1;
   }
 
   void check_no_views(const std::string& session, const std::string& region) const {
@@ -156,6 +196,32 @@ struct RegionBuffers {
   void check_no_views(const std::string& session) const {
     for (const auto& [name, token] : tokens)
       check_no_views(session, name);
+  }
+
+  // Ends `session` (its owner's optional, reset here): cancels a background
+  // snapshot, untracks every region no Python buffer references (releasing
+  // the tracked objects), and hands the session with the others, if any, to
+  // `lingering`, which frees each once its last buffer goes. Never fails
+  // because buffers are still referenced: they stay valid.
+  void close(std::optional<dvr::Session>& session) {
+    if (!session) return;
+    if (dvr::SnapshotJob job = session->background()) job.cancel();
+    std::vector<std::string> kept;
+    for (dvr::Region* r : session->regions()) {
+      std::string name = r->name();
+      if (has_views(name)) {
+        kept.push_back(name);
+        continue;
+      }
+      session->untrack(name);
+      forget(name);
+    }
+    if (!kept.empty()) {
+      lingering->regions.insert(kept.begin(), kept.end());
+      lingering->session.emplace(std::move(*session));
+    }
+    session.reset();
+    clear();  // the views hold their tokens: the last one frees its region
   }
 
   void forget(const std::string& region) {

@@ -330,16 +330,22 @@ def test_list_info_remove_gc_verify(store):
     assert info.to_dict()["regions"][0]["name"] == "a"
     assert s.latest().name == "two"
     rep = store.verify()
-    assert rep["ok"] and rep["snapshots"] == 2 and rep["problems"] == []
+    assert isinstance(rep, memdvr.VerifyReport)
+    assert rep.ok and rep.snapshots == 2 and rep.problems == () and rep.damaged_snapshots == ()
+    assert rep.to_dict()["problems"] == [] and rep.to_dict()["ok"] is True
     st = store.stats()
-    assert st["snapshots"] == 2 and st["path"] == store.path and st["medium"] == store.medium
+    assert isinstance(st, memdvr.StoreStats)
+    assert st.snapshots == 2 and st.path == store.path and st.medium == store.medium
+    assert st.to_dict()["chunk_size"] == store.chunk_size
     s.remove("one")
     store.remove("lst", "two")
     assert s.list() == []
     assert s.latest() is None
     g = store.gc()
-    assert g["bytes_after"] <= g["bytes_before"]
-    assert store.verify()["ok"]
+    assert isinstance(g, memdvr.GcReport)
+    assert g.bytes_after <= g.bytes_before
+    assert set(g.to_dict()) == {"bytes_before", "bytes_after", "packs_removed", "temp_files_removed"}
+    assert store.verify().ok
 
 
 def test_diff(session, store):
@@ -348,7 +354,8 @@ def test_diff(session, store):
     a[:10] = 1
     session.snapshot("y")
     (d,) = store.diff("test", "x", "test", "y")
-    assert d["name"] == "a" and d["bytes_differ"] == 10 and d["pages_differ"] == 1
+    assert isinstance(d, memdvr.RegionDiff)
+    assert d.name == "a" and d.bytes_differ == 10 and d.pages_differ == 1 and not d.object
 
 
 def test_close_and_context_manager(store):
