@@ -2,15 +2,21 @@
 
     import numpy as np, memdvr
     store = memdvr.Store(tmp_dir)              # or memdvr.Store() for the default store
-    s = memdvr.Session(store, "sweep")
-    data = s.array("data", (1000, 1000), np.float32)   # SDK-owned numpy array
-    feats = np.random.rand(10_000)
-    s.track("feats", feats)                    # tracked in place, zero-copy
-    s.snapshot("loaded", label="after load")
-    data *= 2
-    s.restore("loaded")                        # data and feats are bit-exact again
-    with s.clone("loaded") as c:               # copy-on-write numpy views of a snapshot
-        old = c["data"]
+    with memdvr.Session(store, "sweep") as s:  # closed at the end, also when the body raises
+        data = s.array("data", (1000, 1000), np.float32)   # SDK-owned numpy array
+        feats = np.random.rand(10_000)
+        s.track("feats", feats)                # tracked in place, zero-copy
+        s.snapshot("loaded", label="after load", replace=True)  # replace: re-runs work
+        data *= 2
+        s.restore("loaded")                    # data and feats are bit-exact again
+        with s.clone("loaded") as c:           # copy-on-write numpy views of a snapshot
+            old = c["data"]
+    report = store.verify(progress=True)       # a VerifyReport; a tqdm bar meanwhile
+
+Results are frozen dataclasses named and shaped as the C++ structs
+(:class:`SnapshotInfo`, :class:`VerifyReport`, :class:`GcReport`,
+:class:`StoreStats`, :class:`RegionDiff`, :class:`TransferStats`), each with
+``to_dict()`` for JSON.
 
 Every failure raises a subclass of :class:`DvrError` carrying the C++ message:
 :class:`NotFound`, :class:`AlreadyExists`, :class:`Corrupt`, :class:`NoSpace`,
@@ -763,6 +769,7 @@ class Session:
                            f"{_hint(name, mine, how)}") from None
 
     def __contains__(self, name: str) -> bool:
+        """Whether the session has a region ``name`` made by track(), array() or alloc()."""
         return name in self._layouts
 
     def untrack(self, name: str) -> None:
@@ -1162,6 +1169,7 @@ class Clone:
         return self
 
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: Any) -> None:
+        """Drops the clone's cached arrays (the memory goes once nothing references it)."""
         self._cache.clear()
 
     @property

@@ -347,3 +347,20 @@ def test_autosave_bad_arguments(store):
         s.autosave(-1.0, keep=1)
     with pytest.raises(memdvr.InvalidArgument, match="keep"):
         s.autosave(1.0, keep=-3)
+
+
+def test_every_public_call_is_documented():
+    undocumented = []
+    for name in memdvr.__all__:
+        obj = getattr(memdvr, name)
+        if not isinstance(obj, type):
+            continue
+        if not obj.__doc__:
+            undocumented.append(name)
+        for attr, member in vars(obj).items():
+            if attr.startswith("_") and attr not in ("__init__", "__getitem__", "__contains__", "__enter__", "__exit__"):
+                continue
+            fn = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
+            if callable(fn) and attr not in ("__init__", "__enter__") and not fn.__doc__:
+                undocumented.append(f"{name}.{attr}")
+    assert not undocumented, undocumented
