@@ -142,6 +142,11 @@ def _check_not_reserved(name: str) -> None:
             f"region name '{name}' uses the prefix '{_OBJ_PREFIX}' reserved for put()/get() objects")
 
 
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped (\\n, \\x1b, ...), for messages."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _hint(name: str, candidates: Iterable[str], how: str) -> str:
     """"; did you mean 'X'? HOW" with the closest of ``candidates`` (difflib),
     or "; HOW" when none is close; ``how`` says which call lists what exists."""
@@ -765,7 +770,7 @@ class Session:
             else:
                 how = "Session.regions() lists them"
             mine = [r for r in regions if not _is_object_region(r)]
-            raise NotFound(f"session '{self.name}' has no region '{name}'"
+            raise NotFound(f"session '{self.name}' has no region '{_printable(name)}'"
                            f"{_hint(name, mine, how)}") from None
 
     def __contains__(self, name: str) -> bool:
@@ -1209,7 +1214,7 @@ class Clone:
                 how = f"'{name}' is a put() object: Clone.get({name!r}) reads it"
             else:
                 how = "Clone.names() lists them"
-            raise NotFound(f"{self._where()} has no region '{name}'"
+            raise NotFound(f"{self._where()} has no region '{_printable(name)}'"
                            f"{_hint(name, self.names(), how)}") from None
 
     def buffer(self, name: str) -> memoryview:

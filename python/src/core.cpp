@@ -12,7 +12,6 @@
 //    goes (Lingering in regions.hpp).
 //  * The GIL is released around snapshot, restore, clone, gc, verify, diff,
 //    export and import; a progress callback re-acquires it (PyProgress).
-#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -116,7 +115,7 @@ dvr::Tracking parse_tracking(const std::string& s) {
 
 // Thrown through libdvr when a Python progress callback raised: not a
 // dvr::Error (nothing may mistake it for a store problem), and carries
-// nothing; the Python exception itself waits in PyProgress::error.
+// nothing; the Python exception itself waits in PyProgress::error_.
 struct CallbackRaised {};
 
 // A Python callable(done, total) made into a dvr::Progress, which libdvr

@@ -364,3 +364,12 @@ def test_every_public_call_is_documented():
             if callable(fn) and attr not in ("__init__", "__enter__") and not fn.__doc__:
                 undocumented.append(f"{name}.{attr}")
     assert not undocumented, undocumented
+
+
+def test_hints_escape_control_characters(store):
+    s = memdvr.Session(store, "esc")
+    s.track("a", np.zeros(10))
+    with pytest.raises(memdvr.NotFound) as e:
+        s["a\n\x1b[2Jb"]
+    assert "\n" not in str(e.value) and "\x1b" not in str(e.value)
+    assert "a\\n\\x1b[2Jb" in str(e.value)
