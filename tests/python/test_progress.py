@@ -7,8 +7,6 @@ left half done. Also Store.export() / Store.import_() themselves."""
 
 import io
 import re
-import os
-import pathlib
 
 import numpy as np
 import pytest
