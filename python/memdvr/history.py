@@ -676,7 +676,7 @@ class NotebookHistory:
                 others.append(var)
             del val
         # Largest first, so that an array is tracked before the views onto it.
-        pending.sort(key=lambda v: -int(ns[v].nbytes))
+        pending.sort(key=lambda v: (-int(ns[v].nbytes), not ns[v].flags.c_contiguous))
         avail = -1
         for var in pending:
             val = ns[var]
