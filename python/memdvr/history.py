@@ -214,9 +214,13 @@ class VariableInfo:
 @dataclasses.dataclass(frozen=True)
 class NotebookSnapshot:
     """A snapshot of the notebook's session as ``%dvr ls`` lists it: the store's
-    :class:`SnapshotInfo` (``info``), the variables it holds, the cell number and
-    source it was committed after (None and "" for manual snapshots), and
-    whether it is the HEAD (what the namespace was restored to or committed last)."""
+    :class:`SnapshotInfo` (``info``), its variables, the cell number it was
+    committed after (None for other snapshots), the cell's source, the label
+    shown, and whether it is the HEAD (what the namespace was committed or
+    restored as last). Listing reads no snapshot data: for commits made or
+    read by this kernel, ``variables`` and ``source`` come from the history's
+    metadata; for others (a new kernel) ``variables`` are the arrays and
+    objects held in regions and ``source`` is "" (``%dvr info`` reads it all)."""
 
     info: SnapshotInfo
     variables: Tuple[str, ...]
@@ -485,8 +489,9 @@ class DiffTable(Sequence[VariableDiff]):
 @dataclasses.dataclass(frozen=True)
 class AutoStatus:
     """What ``%dvr auto`` returns: whether the automatic history is on, the HEAD,
-    how many commits this kernel made, and the last commit's name, time taken
-    (seconds, the whole post-cell hook) and stored bytes."""
+    how many commits this kernel made, the last commit's name, time taken
+    (seconds, the whole post-cell hook) and stored bytes, the variables not
+    captured, and the time the hook took after the last cell (commit or not)."""
 
     on: bool
     head: str
@@ -495,6 +500,7 @@ class AutoStatus:
     last_commit_seconds: float
     last_stored_bytes: int
     skipped: Tuple[str, ...]
+    last_cell_seconds: float = 0.0
 
     def __repr__(self) -> str:
         if not self.on and not self.head:
@@ -549,6 +555,7 @@ class NotebookHistory:
         self.last_commit_seconds = 0.0
         self.last_stored_bytes = 0
         self.last_restore_seconds = 0.0
+        self.last_cell_seconds = 0.0
         self._define_error = ""
         if not take_over:  # a reader only (ls, log, info, diff): the regions are someone else's
             return
@@ -788,7 +795,8 @@ class NotebookHistory:
         if not changed and not self._regions:
             self._finish(t0, None, st)
             return None
-        s.put(META_OBJECT, self._meta(st, cell, source))
+        meta = self._meta(st, cell, source)
+        s.put(META_OBJECT, meta)
         snap = name or self.commit_name(cell)
         parent = s.head
         text = _oneline(source) if label is None else label
@@ -798,8 +806,8 @@ class NotebookHistory:
                                "parent); pick another name")
         info = s.snapshot(snap, label=text, replace=replace)
         self._snapshot_names().add(snap)
-        self._meta_cache.pop((snap, 0), None)
-        if not changed and parent and not self._arrays_differ(parent, snap):
+        self._meta_cache[(snap, 0)] = meta  # checkouts in this kernel read nothing back
+        if not changed and parent and not self._arrays_written(info, parent):
             # Only the tracked arrays could have changed, and they did not:
             # drop the commit and go back to the parent (copies nothing).
             s.remove(snap)
@@ -810,8 +818,38 @@ class NotebookHistory:
         self._finish(t0, info, st)
         return info
 
-    def _arrays_differ(self, a: str, b: str) -> bool:
-        for row in self._s.store.diff(self._s.name, a, self._s.name, b):
+    def _arrays_written(self, info: SnapshotInfo, parent: str) -> bool:
+        """Whether the tracked arrays changed between ``parent`` and ``info``
+        (nothing else did but the history's metadata, rewritten every commit).
+
+        With write_protect tracking a snapshot reads only the chunks with
+        written pages, plus some it always reads: those holding a region's
+        partial first or last page, and every chunk of a region that holds no
+        whole page. If it read more chunks than the metadata's and an upper
+        bound of those, something was written: changed, known without reading
+        any data. Otherwise (or with hash tracking) the store's diff decides;
+        it then reads at most the chunks that are always read."""
+        if info.tracking == "write_protect":
+            chunk = self._s.store.chunk_size
+            meta_chunks = 0
+            always = 0
+            for r in info.regions:
+                if r.name.startswith(f"obj.{META_OBJECT}."):
+                    meta_chunks += -(-r.size // chunk)
+                    continue
+                arr = self._regions.get(r.name)
+                start = arr.ctypes.data if arr is not None else 0  # SDK-owned: page-aligned
+                first_page = -(-start // _PAGE) * _PAGE
+                if first_page + _PAGE > start + r.size:  # no whole page: always compared
+                    always += -(-r.size // chunk)
+                    continue
+                head, tail = start % _PAGE != 0, (start + r.size) % _PAGE != 0
+                always += int(head) + int(tail) - int(head and tail and (r.size - 1) // chunk == 0)
+            if info.chunks_read <= meta_chunks:
+                return False
+            if info.chunks_read > meta_chunks + always:
+                return True
+        for row in self._s.store.diff(self._s.name, parent, self._s.name, info.name):
             if not _is_object_region(row["name"]) and (row["bytes_differ"] or row["only_in_a"]
                                                        or row["only_in_b"]):
                 return True
@@ -819,11 +857,12 @@ class NotebookHistory:
 
     def _finish(self, t0: float, info: Optional[SnapshotInfo], st: _State) -> None:
         self._state = st
+        self.last_cell_seconds = time.perf_counter() - t0
         if info is not None:
             self.commits += 1
             self.last_commit = info.name
             self.last_stored_bytes = info.stored_bytes
-            self.last_commit_seconds = time.perf_counter() - t0
+            self.last_commit_seconds = self.last_cell_seconds
 
     # -------------------------------------------------------- reading commits
 
@@ -849,10 +888,14 @@ class NotebookHistory:
         return tuple(names)
 
     def _snapshot(self, info: SnapshotInfo, labels: Dict[str, str]) -> NotebookSnapshot:
-        meta = None if info.damaged else self.meta(info.name)
+        # Only metadata read before: reading it means mapping the snapshot, too
+        # slow to do for every commit of a big namespace. Without it, the
+        # variables are those held in regions (arrays and objects).
+        meta = self._meta_cache.get((info.name, 0))
+        m = _CELL_NAME.fullmatch(info.name)
         return NotebookSnapshot(info=info, variables=self._variables_of(info, meta),
-                                cell=None if meta is None else meta["cell"],
-                                source="" if meta is None else meta["source"],
+                                cell=meta["cell"] if meta else int(m.group(1)) if m else None,
+                                source=meta["source"] if meta else "",
                                 head=info.name == self.head, label=labels.get(info.name, info.label))
 
     def ls(self, labels: Optional[Dict[str, str]] = None) -> SnapshotTable:
@@ -1117,7 +1160,7 @@ class NotebookHistory:
     def status(self, on: bool) -> AutoStatus:
         """The history's status (``on``: whether the magics commit after each cell)."""
         return AutoStatus(on, self.head, self.commits, self.last_commit, self.last_commit_seconds,
-                          self.last_stored_bytes, tuple(self._state.skipped))
+                          self.last_stored_bytes, tuple(self._state.skipped), self.last_cell_seconds)
 
     # for callers that iterate the history
     def __iter__(self) -> Iterator[NotebookSnapshot]:
