@@ -740,10 +740,10 @@ class NotebookHistory:
                 puts[obj] = val
         st.entries = {v: st.entries[v] for v in names if v in st.entries}  # namespace order
         used = {e[1] for e in st.entries.values() if e[0] in ("array", "view")}
-        for r in used:
-            arr = self._regions.get(r, new_regions.get(r))
+        for region in used:
+            arr = self._regions.get(region, new_regions.get(region))
             assert arr is not None
-            st.regions[r] = (arr.dtype.str, tuple(arr.shape))
+            st.regions[region] = (arr.dtype.str, tuple(arr.shape))
         return st, puts, {r: a for r, a in new_regions.items() if r in used}
 
     # -------------------------------------------------------- commit

@@ -31,15 +31,31 @@ re-bound with ``Session.get(VAR)`` on restore. One store and session per kernel.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
-from IPython.core.error import UsageError  # type: ignore[import]
-from IPython.core.magic import Magics, line_cell_magic, magics_class  # type: ignore[import]
+
+# IPython ships no type information: imported by name, its classes are Any for
+# mypy whether or not it is told to ignore missing imports.
+_ipython_error: Any = importlib.import_module("IPython.core.error")
+_ipython_magic: Any = importlib.import_module("IPython.core.magic")
+UsageError = _ipython_error.UsageError
+line_cell_magic = _ipython_magic.line_cell_magic
+magics_class = _ipython_magic.magics_class
+if TYPE_CHECKING:
+    class Magics:
+        """What mypy sees of IPython's Magics."""
+
+        shell: Any
+
+        def __init__(self, shell: Any) -> None: ...
+else:
+    Magics = _ipython_magic.Magics
 
 from . import (DvrError, NotFound, Session, Store, _is_object_region, default_path)
 from .history import (MANUAL_META_OBJECT, AutoStatus, DiffTable, HistoryLog, NotebookHistory,
@@ -63,7 +79,7 @@ def _trackable(obj: Any) -> bool:
 
 
 @magics_class
-class DvrMagics(Magics):  # type: ignore[misc]
+class DvrMagics(Magics):
     """The ``%dvr`` line magic and ``%%dvr trial`` cell magic (one store and one
     session per kernel)."""
 
