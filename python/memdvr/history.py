@@ -352,6 +352,11 @@ class HistoryLog(Sequence[LogEntry]):
         return len(self._entries)
 
     def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, str):
+            for e in self._entries:
+                if e.name == i:
+                    return e
+            raise KeyError(i)
         return self._entries[i]
 
     @property
@@ -604,11 +609,16 @@ class NotebookHistory:
         return f"{base}.{k}"
 
     def resolve(self, ref: str) -> str:
-        """The snapshot ``ref`` names: a snapshot name, or a cell number N (``cell-N``,
-        else the newest ``cell-N.K``). Raises NotFound with the closest names."""
+        """The snapshot ``ref`` names: a snapshot name, ``HEAD``, or a cell number N
+        (``cell-N``, else the newest ``cell-N.K``). Raises NotFound with the closest names."""
         names = self._snapshot_names()
         if ref in names:
             return ref
+        if ref == "HEAD":
+            if not self.head:
+                raise NotFound(f"no HEAD yet in session '{self._s.name}': no commit was made or "
+                               "checked out in this kernel")
+            return self.head
         if ref.isdigit():
             cands = sorted((n for n in names if (m := _CELL_NAME.fullmatch(n)) and m.group(1) == ref),
                            key=lambda n: int(_CELL_NAME.fullmatch(n).group(2) or 1))  # type: ignore[union-attr]

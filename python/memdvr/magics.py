@@ -21,6 +21,7 @@
     %dvr store [PATH]              use the store in PATH (default: $MEMDVR_STORE or memdvr.default_path())
     %dvr session [NAME]            use session NAME (default "notebook")
 
+Where a snapshot is named, N (a cell number) means cell-N and HEAD the HEAD.
 A `#` outside quotes starts a comment. The automatic history is described in
 memdvr.history (what is captured, and how). Without it, C-contiguous, writable
 numpy arrays (without Python objects inside) are tracked in place, zero-copy,
