@@ -135,7 +135,9 @@ def _mem_available() -> int:
 
 
 def _trackable(val: Any) -> bool:
-    return (isinstance(val, np.ndarray) and not val.dtype.hasobject and val.flags.c_contiguous
+    # Exactly ndarray: a subclass (np.memmap, np.matrix, masked arrays) keeps
+    # its type and behaviour only through pickling.
+    return (type(val) is np.ndarray and not val.dtype.hasobject and val.flags.c_contiguous
             and val.flags.writeable and val.nbytes >= TRACK_MIN_BYTES)
 
 
@@ -682,7 +684,7 @@ class NotebookHistory:
         others: List[str] = []
         for var in names:
             val = ns[var]
-            if isinstance(val, np.ndarray) and not val.dtype.hasobject:
+            if type(val) is np.ndarray and not val.dtype.hasobject:
                 r = by_id.get(id(val))
                 if r is not None and self._regions[r] is val:
                     st.entries[var] = ("array", r)

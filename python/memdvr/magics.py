@@ -483,7 +483,7 @@ class DvrMagics(Magics):
         except DvrError as e:
             raise UsageError(f"%%dvr trial: {e}") from e
         code = self.shell.transform_cell(cell)
-        filename = self.shell.compile.cache(code)
+        filename = self.shell.compile.cache(code, self.shell.execution_count)
         compiled = compile(code, filename, "exec")
         try:
             exec(compiled, self.shell.user_global_ns, self.shell.user_ns)

@@ -105,6 +105,23 @@ def test_checkout_in_place_views_rebinds_and_removed(sh, capsys):
     assert log.head == second and len(log.children(first)) == 2 and second in log.children(first)
 
 
+def test_array_subclasses_and_small_arrays_are_pickled(sh):
+    cell(sh, "%dvr auto on")
+    cell(sh, "import numpy as np\nmasked = np.ma.array(np.arange(100_000.0), mask=np.arange(100_000) % 2 == 0)\n"
+             "small = np.arange(10)\nro = np.arange(100_000.0)\nro.flags.writeable = False")
+    base = names(sh)[-1]
+    masked = sh.user_ns["masked"]
+    info = sh.run_line_magic("dvr", f"info {base}")
+    kinds = {v.name: v.kind for v in info.variables}
+    assert kinds["masked"] == "object" and kinds["small"] == "object" and kinds["ro"] == "object"
+    cell(sh, "masked[1] = -5\nsmall[0] = 99")
+    cell(sh, f"%dvr checkout {base}")
+    ns = sh.user_ns
+    assert type(ns["masked"]) is np.ma.MaskedArray and ns["masked"] is not masked
+    assert ns["masked"][1] == 1 and ns["masked"].mask[0] and not ns["masked"].mask[1]
+    assert ns["small"][0] == 0 and not ns["ro"].flags.writeable and ns["ro"][5] == 5.0
+
+
 def test_unpicklable_noted_once_and_kept_by_checkout(sh, capsys):
     cell(sh, "%dvr auto on")
     cell(sh, "gen = (i for i in range(5))\nv = 1")
