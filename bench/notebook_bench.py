@@ -13,6 +13,7 @@ same run (medians over the repeats):
 
   commit_1pct          post-cell commit after a cell that changed 1%    vs pickle.dumps of the array
   commit_vs_cell       the same commit                                  vs the cell's own run time
+  commit_vs_snapshot   the same commit                                  vs a plain Session.snapshot of the same change
   unchanged_cell       post-cell hook after a cell that changed nothing vs pickle.dumps of the array
   checkout_1pct        %dvr checkout of a commit 1% away                vs pickle.loads of the array
   undo_1pct            %dvr undo (to the commit 1% before)              vs pickle.loads of the array
@@ -121,6 +122,27 @@ get_ipython().run_line_magic("dvr", "undo")
 bench["undo"].append(time.perf_counter() - bench["t0"])
 get_ipython().run_line_magic("dvr", f"checkout {bench['commits'][-1]}")
 """
+    # The same change snapshotted by a plain session (an SDK-owned array, no
+    # notebook): what the commit costs beyond the snapshot itself.
+    raw = f"""\
+def _raw(bench):
+    import memdvr
+    s = memdvr.Session(memdvr.Store(store_dir), "notebook-bench-raw")
+    b = s.array("b", a.shape, a.dtype)
+    b[:] = a
+    s.snapshot("base")
+    bench["raw"] = []
+    for k in range({repeat}):
+        b.reshape(-1, 1024)[::100, 0] += 1.0
+        t0 = time.perf_counter()
+        s.snapshot(f"r{{k}}")
+        bench["raw"].append(time.perf_counter() - t0)
+    del b
+    s.close()
+bench["raw_fn"] = _raw
+del _raw
+bench.pop("raw_fn")(bench)
+"""
     out = ["%load_ext memdvr", setup, "%dvr store $store_dir", "%dvr session notebook-bench",
            "%dvr auto on", fill, first, change, record]  # one change untimed: warm-up
     for _ in range(repeat):
@@ -128,7 +150,7 @@ get_ipython().run_line_magic("dvr", f"checkout {bench['commits'][-1]}")
     out += [checkout]
     for _ in range(repeat):
         out += [change, record, undo]
-    out += ['print("BENCH " + json.dumps(bench))']
+    out += [raw, 'print("BENCH " + json.dumps(bench))']
     return out
 
 
@@ -175,6 +197,8 @@ def figures(r, nbytes):
         ("commit_1pct", commit, "s", "pickle.dumps of the array", r["pickle_dumps"],
          "<= 20 ms or <= 5% of the cell", commit <= 0.020 or commit <= 0.05 * cell),
         ("commit_vs_cell", commit, "s", "the cell's own run time", cell, None, None),
+        ("commit_vs_snapshot", commit, "s", "Session.snapshot of the same change (no notebook)",
+         med(r["raw"]), None, None),
         ("unchanged_cell", med(r["unchanged"]), "s", "pickle.dumps of the array", r["pickle_dumps"],
          None, None),
         ("checkout_1pct", med(r["checkout"]), "s", "pickle.loads of the array", r["pickle_loads"],
