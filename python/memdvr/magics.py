@@ -156,6 +156,12 @@ class DvrMagics(Magics):
         except NotFound:
             return {}
 
+    def _resume(self, on: bool) -> None:
+        """After switching store or session: the history goes on there if it was on."""
+        if on:
+            self._hist()
+            self._set_auto(True)
+
     def _set_auto(self, on: bool) -> None:
         if on and not self._auto:
             self.shell.events.register("post_run_cell", self._post_run_cell)
@@ -210,8 +216,10 @@ class DvrMagics(Magics):
         if len(rest) > 1:
             raise UsageError("usage: %dvr store [PATH]")
         if rest:
+            was_on = self._auto
             self._close()
             self._store_path = os.path.expanduser(rest[0])
+            self._resume(was_on)
         s = self._open()
         print(f"memdvr store {s.store.path} ({s.store.medium}), session '{s.name}'")
 
@@ -219,8 +227,10 @@ class DvrMagics(Magics):
         if len(rest) > 1:
             raise UsageError("usage: %dvr session [NAME]")
         if rest:
+            was_on = self._auto
             self._close()
             self._session_name = rest[0]
+            self._resume(was_on)
         s = self._open()
         print(f"memdvr session '{s.name}' in store {s.store.path}")
 

@@ -22,7 +22,8 @@ def sh(tmp_path):
     shell.run_line_magic("dvr", "session notebook")
     before = set(shell.user_ns)
     yield shell
-    shell.run_line_magic("dvr", "session history-test-closed")  # auto off, session closed
+    shell.run_line_magic("dvr", "auto off")
+    shell.run_line_magic("dvr", "session history-test-closed")  # closes the session
     for var in set(shell.user_ns) - before:
         shell.user_ns.pop(var, None)
 
@@ -44,8 +45,11 @@ def test_comments_are_not_arguments(sh, tmp_path, capsys):
     other = tmp_path / "other-store"
     cell(sh, f"%dvr store {other}   # a comment, with 'quotes' and --flags")
     assert f"memdvr store {other} " in capsys.readouterr().out
-    cell(sh, "%dvr session nb2  # another session")
+    cell(sh, "%dvr auto on")
+    cell(sh, "%dvr session nb2  # another session: the history goes on there")
     assert "session 'nb2'" in capsys.readouterr().out
+    assert sh.run_line_magic("dvr", "auto").on
+    cell(sh, "%dvr auto off")
     listing = cell(sh, "%dvr ls  # nothing yet")
     assert len(listing) == 0 and "no snapshots in session 'nb2'" in repr(listing)
     with pytest.raises(UsageError, match="close the quotes"):
