@@ -28,6 +28,7 @@ bytes, target and met added. Exits 77 (skipped) without nbclient/ipykernel.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import pathlib
@@ -35,7 +36,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 memdvr = None  # imported by main()
 SIZES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -54,13 +54,13 @@ def parse_size(text):
 def cells(nbytes, repeat):
     """The benchmark notebook's cells."""
     n = nbytes // 4
-    setup = f"""\
+    setup = """\
 import json, os, pickle, time
 import numpy as np
 store_dir = os.environ["MEMDVR_BENCH_STORE"]
 # The measurements live in a name IPython hides, so the history never captures them.
-bench = {{"cell": [], "commit": [], "stored": [], "unchanged": [], "checkout": [], "undo": [],
-          "commits": []}}
+bench = {"cell": [], "commit": [], "stored": [], "unchanged": [], "checkout": [], "undo": [],
+         "commits": []}
 get_ipython().user_ns_hidden["bench"] = bench
 """
     fill = f"""\
@@ -232,14 +232,11 @@ def main():
         import memdvr
     except ImportError:
         sys.exit("notebook_bench: cannot import memdvr: run with PYTHONPATH=build/python")
-    try:
-        import ipykernel  # noqa: F401
-        import nbclient  # noqa: F401
-        import nbformat  # noqa: F401
-    except ImportError as e:
-        print(f"SKIP: {e.name} is not installed (Debian: python3-nbclient python3-ipykernel)",
-              file=sys.stderr)
-        return 77
+    for needed in ("ipykernel", "nbclient", "nbformat"):
+        if importlib.util.find_spec(needed) is None:
+            print(f"SKIP: {needed} is not installed (Debian: python3-nbclient python3-ipykernel)",
+                  file=sys.stderr)
+            return 77
     own = args.store is None
     store_dir = args.store or tempfile.mkdtemp(prefix="dvr-nb-bench-store-",
                                                dir="/dev/shm" if os.path.isdir("/dev/shm") else None)

@@ -45,7 +45,6 @@ import difflib
 import hashlib
 import html
 import importlib
-import inspect
 import math
 import mmap
 import pickle
@@ -61,7 +60,7 @@ from typing import (Any, Callable, Dict, Iterator, List, MutableMapping, Optiona
 
 import numpy as np
 
-from . import (_OBJ_MAGIC, DvrError, InvalidArgument, NotFound, Session, SnapshotInfo,
+from . import (_OBJ_MAGIC, DvrError, NotFound, Session, SnapshotInfo,
                Store, _is_object_region, _pickle_region)
 
 __all__ = ["NotebookHistory", "NotebookSnapshot", "SnapshotTable", "HistoryLog", "LogEntry",
