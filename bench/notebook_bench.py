@@ -258,7 +258,7 @@ def main():
         else:
             val, peer = f"{row['value'] / 2**20:.2f} MiB", f"{row['peer_value'] / 2**20:.2f} MiB"
         target = f"  target {row['target']}: {'met' if row['met'] else 'MISSED'}" if row["target"] else ""
-        print(f"  {row['name']:<16} {val:>12}   {row['peer']}: {peer} ({row['ratio']}x){target}")
+        print(f"  {row['name']:<19} {val:>12}   {row['peer']}: {peer} ({row['ratio']}x){target}")
     return 0
 
 
