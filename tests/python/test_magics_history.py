@@ -149,7 +149,7 @@ def test_rm_info_label_diff_names_and_hints(sh, capsys):
     a = names(sh)[-1]
     cell(sh, "params['lr'] = 0.2\ndata[:10] = 1")
     b = names(sh)[-1]
-    cell(sh, "extra = '<b>bold</b> & <script>'")
+    cell(sh, "extra = '<b>bold</b> & <script>'  # \x1b[31m red")
     c = names(sh)[-1]
     diff = sh.run_line_magic("dvr", f"diff {a} {b}")
     text = repr(diff)
@@ -164,6 +164,11 @@ def test_rm_info_label_diff_names_and_hints(sh, capsys):
     html = sh.run_line_magic("dvr", "log")._repr_html_()
     assert "&lt;b&gt;bold&lt;/b&gt; &amp; &lt;script&gt;" in html and "<script>" not in html
     assert "<script>" not in sh.run_line_magic("dvr", f"info {c}")._repr_html_()
+    # Text output escapes control characters (the cell's source holds an ESC).
+    assert "\x1b" not in repr(sh.run_line_magic("dvr", "log")) and "\\x1b[31m" in repr(
+        sh.run_line_magic("dvr", "log"))
+    assert "\x1b" not in repr(sh.run_line_magic("dvr", f"info {c}"))
+    assert "\x1b" not in repr(sh.run_line_magic("dvr", "ls"))
     # Labels: shown by ls, log and info, kept in the store.
     cell(sh, f"%dvr label {a} baseline params  # a comment")
     assert sh.run_line_magic("dvr", "ls")[a].label == "baseline params"
