@@ -56,7 +56,7 @@ import time
 import types
 import weakref
 from typing import (Any, Callable, Dict, Iterator, List, MutableMapping, Optional, Sequence,
-                    Set, TextIO, Tuple, Union)
+                    Set, TextIO, Tuple)
 
 import numpy as np
 
@@ -93,6 +93,8 @@ Entry = Tuple[Any, ...]
 
 class HistoryError(DvrError):
     """A history operation that cannot be done as asked (the message says what to do)."""
+
+    code = "invalid_argument"
 
 
 def _oneline(text: str, limit: int = LABEL_MAX_CHARS) -> str:
@@ -1173,11 +1175,7 @@ class NotebookHistory:
         return AutoStatus(on, self.head, self.commits, self.last_commit, self.last_commit_seconds,
                           self.last_stored_bytes, tuple(self._state.skipped), self.last_cell_seconds)
 
-    # for callers that iterate the history
     def __iter__(self) -> Iterator[NotebookSnapshot]:
+        """The session's snapshots, oldest first (same as ``ls()``)."""
         return iter(self.ls())
 
-
-def hidden_predicate(hidden: Union[Set[str], Dict[str, Any]]) -> Callable[[str], bool]:
-    """``is_hidden`` for names the shell defined itself (IPython's ``user_ns_hidden``)."""
-    return lambda name: name in hidden
