@@ -55,14 +55,15 @@ def test_magics_snapshot_restore_in_place(shell, capsys):
     assert ns["data"] is data  # tracked in place: the same array object
     assert data[0, 1] == 1 and data[-1, -1] == 299_999
     assert ns["cfg"] == {"lr": 0.1, "tags": ["a"]}
-    capsys.readouterr()
-    shell.run_line_magic("dvr", "ls")
-    out = capsys.readouterr().out
-    assert re.search(r"^loaded .* data cfg$", out, re.M) and re.search(r"^changed ", out, re.M)
-    shell.run_line_magic("dvr", "diff loaded changed")
-    out = capsys.readouterr().out
+    listing = shell.run_line_magic("dvr", "ls")  # a table object (text and HTML)
+    out = repr(listing)
+    assert re.search(r"^loaded .* data cfg( |$)", out, re.M) and re.search(r"^changed ", out, re.M)
+    assert listing.names() == ["loaded", "changed"] and listing["loaded"].variables == ("data", "cfg")
+    diff = shell.run_line_magic("dvr", "diff loaded changed")
+    out = repr(diff)
     row = next(line.split() for line in out.splitlines() if line.startswith("data "))
-    assert int(row[3]) > 0 and "dvr-magics" not in out
+    assert int(row[3]) > 0 and diff["data"].bytes_differ == int(row[3])
+    assert "dvr-magics" not in out and "obj." not in out and diff["cfg"].bytes_differ > 0
     with pytest.raises(UsageError, match="no snapshot 'notebook/nope'"):
         shell.run_line_magic("dvr", "restore nope")
     with pytest.raises(UsageError, match="unknown variable.*missing_var"):
