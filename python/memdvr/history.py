@@ -97,6 +97,13 @@ class HistoryError(DvrError):
     code = "invalid_argument"
 
 
+
+def _region_diff(store: Store, sa: str, a: str, sb: str, b: str) -> List[Dict[str, Any]]:
+    """Per-region differences with the store's own region names (obj.* included):
+    the history maps regions to its variables itself, so it reads the rows
+    before Store.diff folds put() objects into one row each."""
+    return list(store._core.diff(sa, a, sb, b))
+
 def _oneline(text: str, limit: int = LABEL_MAX_CHARS) -> str:
     """``text`` on one line, control characters escaped, cut to ``limit`` characters."""
     flat = " ⏎ ".join(" ".join(line.split()) for line in text.strip().splitlines() if line.strip())
@@ -145,19 +152,7 @@ def _trackable(val: Any) -> bool:
 def _read_object(store: Store, session: str, snapshot: str, obj: str) -> Any:
     """Object ``obj`` as stored in ``session/snapshot``, without restoring anything
     (NotFound when the snapshot has no such object)."""
-    c = store.open_snapshot(session, snapshot, verify=False)
-    region = _pickle_region(obj)
-    if region not in c.names():
-        raise NotFound(f"snapshot '{session}/{snapshot}' has no object '{obj}'")
-    mv = c.buffer(region)
-    head = bytes(mv[:len(_OBJ_MAGIC) + 16])
-    if head[:len(_OBJ_MAGIC)] != _OBJ_MAGIC:
-        raise NotFound(f"snapshot '{session}/{snapshot}': object '{obj}' has no valid header")
-    stream_len, count = struct.unpack_from("<QQ", head, len(_OBJ_MAGIC))
-    sizes = struct.unpack_from(f"<{count}Q", mv, len(head))
-    start = len(head) + 8 * count
-    buffers = [bytearray(c.buffer(f"obj.{obj}.buf.{k}")[:size]) for k, size in enumerate(sizes)]
-    return pickle.loads(bytes(mv[start:start + stream_len]), buffers=buffers)
+    return store.open_snapshot(session, snapshot, verify=False).get(obj)
 
 
 def _fingerprint(val: Any) -> Tuple[str, int]:
@@ -862,7 +857,7 @@ class NotebookHistory:
                 return False
             if info.chunks_read > meta_chunks + always:
                 return True
-        for row in self._s.store.diff(self._s.name, parent, self._s.name, info.name):
+        for row in _region_diff(self._s.store, self._s.name, parent, self._s.name, info.name):
             if not _is_object_region(row["name"]) and (row["bytes_differ"] or row["only_in_a"]
                                                        or row["only_in_b"]):
                 return True
@@ -957,7 +952,7 @@ class NotebookHistory:
         if info.parent:
             try:
                 pmeta = self.meta(info.parent)
-                rows = {r["name"]: r for r in self._s.store.diff(self._s.name, info.parent,
+                rows = {r["name"]: r for r in _region_diff(self._s.store, self._s.name, info.parent,
                                                                 self._s.name, name)}
             except NotFound:
                 pmeta = None
@@ -1011,7 +1006,7 @@ class NotebookHistory:
                     owner.setdefault(_pickle_region(e[1]), var)
         hidden = (f"obj.{META_OBJECT}.", f"obj.{MANUAL_META_OBJECT}.")
         acc: Dict[str, List[int]] = {}
-        for row in self._s.store.diff(self._s.name, na, self._s.name, nb):
+        for row in _region_diff(self._s.store, self._s.name, na, self._s.name, nb):
             region = row["name"]
             if region.startswith(hidden):
                 continue

@@ -3,11 +3,12 @@ docs/python.md is executed, so that a doc that stops working fails CI.
 
 A block's info string says what happens to it:
 
-- ``python``: run by /usr/bin/python3 against the built package. The python
-  blocks of one document share one namespace, in order (as the page reads:
-  a later block uses what an earlier one made). A python block with IPython
-  lines (``%magic``, ``%%cell``, ``!cmd``) runs through IPython's
-  InteractiveShell (a namespace of its own), as does an ``ipython`` block.
+- ``python`` (and ``ipython``): run by /usr/bin/python3 against the built
+  package, each block as one cell of IPython's InteractiveShell, one shell per
+  document: the blocks of a document share one namespace, in order, as the
+  cells of a notebook (a later block uses what an earlier one made, and the
+  cell events that ``%dvr auto`` commits on fire), so ``%magic``, ``%%cell``
+  and ``!cmd`` lines work in any python block.
 - ``cpp``: compiled against the built libdvr and run. A block without
   ``int main`` is a fragment: its ``#include`` lines go to the top and the
   rest into ``main()``, after CPP_PRELUDE below (the placeholders
@@ -156,7 +157,7 @@ def test_block_extraction_and_kinds(tmp_path):
 DRIVER = r'''
 import json, os, subprocess, sys, traceback
 cfg = json.load(sys.stdin)
-ns = {"__name__": "__main__"}
+shell = None
 
 def fail(block, what):
     print(f"\n{block['where']}: {block['kind']} block failed: {what}\n--- block ---\n{block['text']}", flush=True)
@@ -174,19 +175,17 @@ def cpp_source(text):
 for n, block in enumerate(cfg["blocks"]):
     text = block["text"].replace(cfg["doc_store"], cfg["store"])
     print(f"== {block['where']} ({block['kind']})", flush=True)
-    if block["kind"] == "python":
-        try:
-            exec(compile(text, block["where"], "exec"), ns)
-        except BaseException:
-            fail(block, traceback.format_exc())
-    elif block["kind"] == "ipython":
-        from IPython.core.interactiveshell import InteractiveShell
-        shell = InteractiveShell.instance()
-        shell.user_ns.clear()
-        shell.init_user_ns()
-        result = shell.run_cell(text, store_history=False)
+    if block["kind"] in ("python", "ipython"):
+        # One IPython shell per document, as one notebook: cells share a
+        # namespace and fire the cell events (%dvr auto commits on them).
+        if shell is None:
+            from IPython.core.interactiveshell import InteractiveShell
+            shell = InteractiveShell.instance()
+            shell.user_ns["__name__"] = "__main__"
+        result = shell.run_cell(text, store_history=True)
         if not result.success:
-            fail(block, repr(result.error_before_exec or result.error_in_exec))
+            err = result.error_before_exec or result.error_in_exec
+            fail(block, "".join(traceback.format_exception(err)) if err is not None else "failed")
     elif block["kind"] == "sh":
         proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", text])
         if proc.returncode != 0:
