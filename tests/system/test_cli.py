@@ -11,8 +11,8 @@ import pytest
 from dvrtest import DVR_ERROR, PACK_METADATA_SLACK, WORKER_REGION_SIZES, WORKER_BYTES, describe, run, worker_error
 
 CHUNK = 64 * 1024  # the worker creates stores with its 64 KiB content unit
-SNAPSHOT_FIELDS = {"session", "name", "parent", "label", "time_ns", "logical_bytes", "stored_bytes", "chunks",
-                   "zero_chunks", "chunks_read", "tracking", "damaged", "regions"}
+SNAPSHOT_FIELDS = {"session", "name", "parent", "label", "time_ns", "time", "logical_bytes", "stored_bytes", "chunks",
+                   "zero_chunks", "chunks_read", "tracking", "damaged", "damage", "pending", "regions"}
 STAT_FIELDS = {"path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes",
                "pack_bytes", "pack_files"}
 
@@ -48,7 +48,8 @@ def test_ls_json_has_the_documented_fields_and_true_values(populated):
     assert snaps[0]["time_ns"] < snaps[1]["time_ns"]
     # One session only, oldest first.
     assert [s["name"] for s in store.ls("s")] == ["a", "b"]
-    assert store.ls("nosuch") == []
+    proc = store.dvr("ls", "nosuch", "--json", expect=1)
+    assert proc.stdout == "" and "no session 'nosuch'" in proc.stderr and "dvr ls" in proc.stderr, describe(proc)
 
 
 def test_ls_text(populated):
@@ -56,14 +57,18 @@ def test_ls_text(populated):
     assert out[0].split()[:2] == ["SNAPSHOT", "TIME"]
     assert [l.split()[0] for l in out[1:]] == ["s/a", "s/b", "t/a"]
     assert "6.3 MiB" in out[1]
-    assert "no snapshots in session 'nosuch'" in populated.dvr("ls", "nosuch").stdout
+    proc = populated.dvr("ls", "nosuch", expect=1)
+    assert "no session 'nosuch'" in proc.stderr and "sessions: s, t" in proc.stderr, describe(proc)
+    proc = populated.dvr("ls", "-l", expect=2)
+    assert "unknown option '-l'" in proc.stderr and "dvr ls --help" in proc.stderr, describe(proc)
 
 
 def test_info_matches_ls(populated):
     store = populated
     listed = {(s["session"], s["name"]): s for s in store.ls()}
     for (session, name), entry in listed.items():
-        assert store.dvr_json("info", f"{session}/{name}") == entry
+        info = store.dvr_json("info", f"{session}/{name}")
+        assert info.pop("schema_version") == 1 and info == entry
     text = store.dvr("info", "s/b").stdout
     assert "snapshot  s/b" in text and "parent    a" in text and "regions   3" in text, text
     assert f"r1  293.0 KiB ({WORKER_REGION_SIZES['r1']} bytes)  tracked" in text, text
@@ -105,7 +110,7 @@ def test_verify_clean_store(populated):
     proc = populated.dvr("verify")
     assert "verified 3 snapshot(s)" in proc.stdout and "ok: no damage found" in proc.stdout, describe(proc)
     report = populated.verify()
-    assert report["ok"] is True and report["damaged"] == [] and report["problems"] == []
+    assert report["ok"] is True and report["damaged_snapshots"] == [] and report["problems"] == []
     assert report["snapshots"] == 3 and report["chunks"] > 0 and report["bytes"] > 0
 
 
@@ -256,13 +261,19 @@ def test_log_draws_the_tree_and_recover_names_the_newest_intact(make_store, tmp_
     assert any(l.startswith("`-- a1 ") for l in lines), log
     assert any(l.startswith("    `-- a2 ") for l in lines), log
     rec = json.loads(store.dvr("recover", "t", "--json").stdout)
-    assert rec["latest"]["name"] == "a2" and rec["skipped"] == []
+    assert rec["latest"]["name"] == "a2" and rec["skipped"] == [] and rec["session"] == "t"
     manifest = store.path / "sessions" / "t" / "a2.snap"
     manifest.write_bytes(manifest.read_bytes()[:-5])
     proc = store.dvr("recover", "t")
     assert "newest intact snapshot: t/a1" in proc.stdout and "skipped (damaged) t/a2" in proc.stdout, describe(proc)
-    empty = store.dvr("recover", "nosuch", expect=None)
-    assert empty.returncode == 1 and "no intact snapshot" in empty.stdout, describe(empty)
+    assert "session.restore(\"a1\")" in proc.stdout and "Session::" not in proc.stdout, describe(proc)
+    rec = json.loads(store.dvr("recover", "t", "--json").stdout)
+    assert rec["latest"]["name"] == "a1" and [s["snapshot"] for s in rec["skipped"]] == ["t/a2"], rec
+    empty = store.dvr("recover", "nosuch", expect=1)
+    assert "no session 'nosuch'" in empty.stderr, describe(empty)
     diff = json.loads(store.dvr("diff", "t/base", "t/a1", "--json").stdout)
-    assert {d["region"] for d in diff} == {"r0", "r1", "r2"}
-    assert sum(d["bytes_differ"] for d in diff) > 0
+    assert (diff["a"], diff["b"]) == ("t/base", "t/a1")
+    assert {d["name"] for d in diff["regions"]} == {"r0", "r1", "r2"}
+    assert sum(d["bytes_differ"] for d in diff["regions"]) > 0
+    proc = store.dvr("log", "nosuch", expect=1)
+    assert "no session 'nosuch'" in proc.stderr, describe(proc)
