@@ -70,9 +70,9 @@ std::string bytes(std::uint64_t n) { return format_bytes(static_cast<double>(n))
 
 // An unknown session is an error for every verb that names one.
 void require_session(const Store& store, const std::string& session) {
-  dvr::split_ref(session + "/x");  // the name's own check (invalid_argument)
   auto all = store.sessions();
   if (std::find(all.begin(), all.end(), session) != all.end()) return;
+  (void)store.list(session);  // an invalid name is invalid_argument (exit status 2)
   std::string known;
   for (std::size_t k = 0; k < all.size() && k < 8; ++k)
     known += (k ? ", " : "") + printable(all[k]);
@@ -354,12 +354,14 @@ int cmd_diff(const DiffArgs& a) {
 
 int cmd_recover(const LsArgs& a) {
   Store store = open_store(false);
-  dvr::split_ref(a.session + "/x");
   auto sessions = store.sessions();
   const bool known = std::find(sessions.begin(), sessions.end(), a.session) != sessions.end();
   std::vector<std::string> skipped;
   std::optional<SnapshotInfo> found;
-  if (known) found = store.latest(a.session, &skipped);
+  if (known)
+    found = store.latest(a.session, &skipped);
+  else
+    (void)store.list(a.session);  // an invalid name is invalid_argument (exit status 2)
   if (a.json) {
     json doc = document();
     doc["session"] = jstr(a.session);

@@ -119,10 +119,10 @@ def _open(args: argparse.Namespace, create: bool = False) -> Store:
 
 def _require_session(store: Store, session: str) -> None:
     """An unknown session is an error (NotFound), as for dvr."""
-    _ref(f"{session}/x")  # the name's own check
     sessions = store.sessions()
     if session in sessions:
         return
+    store.list(session)  # an invalid name is InvalidArgument (exit status 2)
     known = ", ".join(sessions[:8]) + (", ..." if len(sessions) > 8 else "")
     raise NotFound(f"no session '{_printable(session)}' in store {store.path} "
                    + (f"(sessions: {known})" if sessions else "(it has no snapshots)")
@@ -286,8 +286,9 @@ def _diff(args: argparse.Namespace) -> int:
 
 def _recover(args: argparse.Namespace) -> int:
     store = _open(args)
-    _ref(f"{args.session}/x")
     known = args.session in store.sessions()
+    if not known:
+        store.list(args.session)  # an invalid name is InvalidArgument (exit status 2)
     latest = store.latest(args.session) if known else None
     # The snapshots newer than the one found, newest first: what it skipped
     # (dvr also says why; Python knows only a damaged manifest's reason).

@@ -3,6 +3,7 @@ documented fields, exit codes, clear errors for unknown names, bad references an
 directories that are not stores, and space reclaimed by rm + gc."""
 
 import json
+from pathlib import Path
 import os
 import stat
 import time
@@ -13,7 +14,7 @@ from dvrtest import DVR_ERROR, PACK_METADATA_SLACK, WORKER_REGION_SIZES, WORKER_
 CHUNK = 64 * 1024  # the worker creates stores with its 64 KiB content unit
 SNAPSHOT_FIELDS = {"session", "name", "parent", "label", "time_ns", "time", "logical_bytes", "stored_bytes", "chunks",
                    "zero_chunks", "chunks_read", "tracking", "damaged", "damage", "pending", "regions"}
-STAT_FIELDS = {"path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes",
+STAT_FIELDS = {"schema_version", "path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes",
                "pack_bytes", "pack_files"}
 
 
@@ -123,7 +124,7 @@ def test_rm_then_gc_reclaims_space(populated):
     assert store.names("s") == {"a"}
     assert store.stat()["pack_bytes"] == before  # rm alone frees nothing
     gc = store.gc()
-    assert set(gc) == {"bytes_before", "bytes_after", "packs_removed", "temp_files_removed"}
+    assert set(gc) == {"schema_version", "bytes_before", "bytes_after", "packs_removed", "temp_files_removed"}
     assert gc["bytes_before"] - gc["bytes_after"] >= b_only, gc
     after = store.stat()["pack_bytes"]
     assert before - after >= b_only, (before, after, b_only)
@@ -144,6 +145,71 @@ def test_rm_of_an_unknown_snapshot_is_a_clear_error(populated):
     proc = store.dvr("rm", "nosuch/a", expect=None)
     assert proc.returncode == 1 and "nosuch/a" in proc.stderr, describe(proc)
     assert len(store.ls()) == 3
+
+
+def test_rm_collapses_duplicates(populated):
+    proc = populated.dvr("rm", "s/b", "s/b")
+    assert proc.stdout.count("removed s/b") == 1, describe(proc)
+    assert populated.names("s") == {"a"}
+
+
+def test_every_command_has_its_own_help_with_examples(store, dvr_bin):
+    commands = ["demo", "ls", "info", "rm", "gc", "verify", "stat", "log", "diff", "recover", "run", "send", "receive",
+                "export", "import", "push", "pull", "completion", "proc", "proc dump", "proc restore", "proc clone",
+                "proc ls", "proc info", "proc rm", "proc check"]
+    texts = {}
+    for c in commands:
+        text = run([dvr_bin, *c.split(), "--help"]).stdout
+        assert text.startswith(f"{c.split()[-1] if ' ' in c else c}") or "usage: dvr" in text, (c, text)
+        assert f"usage: dvr {c}" in text, (c, text)
+        texts[c] = text
+    for c in ("ls", "info", "rm", "verify", "export", "import", "proc dump", "run"):
+        assert "Examples:" in texts[c], (c, texts[c])
+    assert "--every" in texts["proc dump"] and "--keep" in texts["proc dump"]
+    assert "--dump-every" in texts["run"] and "--heap" in texts["run"]
+    assert run([dvr_bin, "ls", "-h"]).stdout == texts["ls"]
+    # The top-level help lists every command once.
+    top = run([dvr_bin, "--help"]).stdout
+    assert all(f"  {c} " in top for c in commands if " " not in c), top
+
+
+def test_typed_options_name_the_option_and_what_was_expected(store, dvr_bin):
+    proc = run([dvr_bin, "--store", store.path, "demo", "--trials", "abc"], expect=2)
+    assert "--trials" in proc.stderr and "'abc' is not a whole number" in proc.stderr, describe(proc)
+    proc = run([dvr_bin, "--store", store.path, "demo", "--size", "lots"], expect=2)
+    assert "--size" in proc.stderr and "512M or 1G" in proc.stderr, describe(proc)
+    proc = run([dvr_bin, "--store", store.path, "export", "s/a", "-o", "/dev/null", "--level", "40"], expect=2)
+    assert "--level" in proc.stderr and "1 to 19" in proc.stderr, describe(proc)
+    proc = run([dvr_bin, "--store", store.path, "export", "s/a", "-o", "/dev/null", "--compress", "fast"], expect=2)
+    assert "--compress" in proc.stderr and "fast" in proc.stderr, describe(proc)
+    proc = run([dvr_bin, "--progress=sometimes", "ls"], expect=2)
+    assert "--progress" in proc.stderr, describe(proc)
+    proc = run([dvr_bin, "info"], expect=2)
+    assert "ref" in proc.stderr and "dvr info --help" in proc.stderr, describe(proc)
+    version = run([dvr_bin, "--version"]).stdout.split()
+    assert version[0] == "dvr" and version[1].count(".") == 2, version
+
+
+def test_bash_completion_completes_commands_and_options(dvr_bin, tmp_path):
+    script = run([dvr_bin, "completion", "bash"]).stdout
+    built = Path(dvr_bin).parent / "dvr.bash-completion"
+    assert built.read_text() == script, "the build's completion file is stale"
+
+    def complete(*words):
+        words = ["dvr", *words]
+        line = f"source {tmp_path / 'c.sh'}; COMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}; " \
+               "_dvr; printf '%s\\n' \"${COMPREPLY[@]}\""
+        return set(run(["bash", "-c", line]).stdout.split())
+
+    (tmp_path / "c.sh").write_text(script)
+    assert complete("pr") == {"proc"}
+    assert {"ls", "info", "verify", "proc", "run", "export", "completion"} <= complete("")
+    assert complete("proc", "d") == {"dump"}
+    assert {"--name", "--every", "--keep", "--leave-running", "--json", "--store"} <= complete("proc", "dump", "--")
+    assert complete("verify", "--j") == {"--json"}
+    assert complete("run", "--", "l") == set()  # after --: the job's own command line
+    proc = run([dvr_bin, "completion", "zsh"], expect=2)
+    assert "zsh" in proc.stderr, describe(proc)
 
 
 def test_rm_checks_every_reference_before_removing_any(populated):
