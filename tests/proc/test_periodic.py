@@ -140,3 +140,42 @@ def test_proc_info_ls_and_rm_texts(work):
     proc = work.dvr("proc", "rm", "one", "one")
     assert "removed proc/one" in proc.stdout and proc.stdout.count("removed") == 1, describe(proc)
     assert "no process snapshots" in work.dvr("proc", "ls").stdout
+
+
+def test_a_dvr_run_job_stops_on_sigterm_and_sigint_like_the_program(work):
+    """A job is PID 1 of its own namespace, where the kernel drops signals at
+    their default disposition; `dvr run` preloads libdvr_init.so so that
+    `kill PID` and SIGINT end it as they end the program elsewhere."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        job = work.start_job("counter", mib=4, wait_count=5)
+        os.kill(job.pid, sig)
+        assert wait_gone(job.pid), f"a `dvr run` job ignored {sig.name}"
+    # The handler is part of the process: a restored job stops the same way.
+    job = work.start_job("counter", mib=4, wait_count=5)
+    work.dump(job.pid, "sig")
+    pid = work.restore("sig")
+    job.wait_next(job.status())  # it runs again
+    os.kill(pid, signal.SIGTERM)
+    assert wait_gone(pid), "a restored `dvr run` job ignored SIGTERM"
+
+
+def test_run_dump_every_passes_sigterm_on_to_the_job(work):
+    status = work.path("fwd.status")
+    argv = [str(work.job_bin), "counter", "--mib", "4", "--status", str(status)]
+    proc = subprocess.Popen([str(work.dvr_bin), "--store", str(work.store), "run", "--dump-every", "1h", "--name", "tick",
+                             "--output", str(work.path("fwd.out")), "--", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid = int(proc.stdout.readline())
+        work.pids.add(pid)
+        line = proc.stdout.readline()
+        assert line.startswith(f"dumped process {pid} as proc/tick-"), line + proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "passed on to process" in out, out
+    assert wait_gone(pid), "the job kept running after dvr run passed SIGTERM on"

@@ -91,6 +91,10 @@ def test_both_front_ends_print_the_same_documents_and_they_fit_the_schema(dvr_bi
     ls = both(dvr_bin, store, "ls")[0]
     assert [s["label"] for s in ls["snapshots"]][:3] == ["first: caf\u00e9 \u2713\ttab", "", "\x1b[2J escape"]
     assert all(s["time"].endswith("Z") and s["time"][:4].isdigit() for s in ls["snapshots"])
+    # Text for people shows control characters escaped, in both front ends.
+    for text in (dvr(dvr_bin, store, "ls").stdout, py(store, "ls").stdout, dvr(dvr_bin, store, "info", "s/three").stdout):
+        assert "\\x1b[2J escape" in text and "\x1b" not in text, text
+    assert "first: caf\u00e9 \u2713\\ttab" in dvr(dvr_bin, store, "ls", "s").stdout
     diff = both(dvr_bin, store, "diff", "s/one", "s/three")[0]
     assert [(r["name"], r["only_in_b"]) for r in diff["regions"]] == [("a", False), ("b", True)], diff
     # gc: the first run reclaims nothing here; the two agree on the same store.
