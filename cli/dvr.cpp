@@ -1150,7 +1150,15 @@ int cmd_run(const RunArgs& a) {
     o.heap_session = session;
   }
   pid_t pid = proc::run(a.argv, o);
-  if (a.dump_every.empty() || !a.json) std::cout << pid << "\n" << std::flush;
+  if (a.json && a.dump_every.empty()) {
+    json doc = document();
+    doc["pid"] = pid;
+    doc["heap"] = o.heap_bytes ? jstr(proc::heap_path(o.heap_store, session)) : json(nullptr);
+    doc["heap_session"] = o.heap_bytes ? jstr(session) : json(nullptr);
+    print_json(doc);
+  } else if (!a.json) {
+    std::cout << pid << "\n" << std::flush;
+  }
   if (o.heap_bytes)
     std::cerr << "dvr run: heap " << proc::heap_path(o.heap_store, session) << " (" << bytes(o.heap_bytes) << ", session " << session
               << "); dump it with `dvr proc dump " << pid << " --name NAME`\n";

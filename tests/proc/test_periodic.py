@@ -13,6 +13,7 @@ import subprocess
 import time
 
 from dvrtest import alive, describe, wait_gone
+from schema_check import check
 
 SERIES = re.compile(r"tick-\d{8}T\d{6}Z(-\d+)?")
 
@@ -31,7 +32,7 @@ def read_events(proc, want, timeout=120):
         line = proc.stdout.readline()
         assert line, f"dvr ended early (status {proc.wait()}): {proc.stderr.read()}; events: {events}"
         doc = json.loads(line)
-        assert doc["schema_version"] == 1, doc
+        check(doc, f"proc_event_{doc['event']}")
         events.append(doc)
     return events
 
@@ -135,8 +136,19 @@ def test_proc_info_ls_and_rm_texts(work):
     for what in ("proc/one", "time", "CRIU", "kernel", "heaps", "images", "dvr proc restore one"):
         assert what in text, text
     info = work.dvr_json("proc", "info", "one")
-    assert info["schema_version"] == 1 and info["time"].endswith("Z") and info["kernel"], info
+    check(info, "proc_info")
+    assert info["time"].endswith("Z") and info["kernel"], info
+    check(work.dvr_json("proc", "ls"), "proc_ls")
     assert info["criu_version"] in text and info["kernel"] in text, text
+    job2 = work.start_job("counter", mib=4, wait_count=5)
+    doc = work.dvr_json("run", "--output", work.path("run2.out"), "--", str(work.job_bin), "counter", "--mib", "4",
+                        "--status", str(work.path("run2.status")))
+    check(doc, "run")
+    work.pids.add(doc["pid"])
+    work.dump(job2.pid, "two", leave_running=True)
+    doc = work.dvr_json("proc", "rm", "two")
+    check(doc, "proc_rm")
+    assert doc["removed"] == ["two"]
     proc = work.dvr("proc", "rm", "one", "one")
     assert "removed proc/one" in proc.stdout and proc.stdout.count("removed") == 1, describe(proc)
     assert "no process snapshots" in work.dvr("proc", "ls").stdout

@@ -160,7 +160,6 @@ def test_every_command_has_its_own_help_with_examples(store, dvr_bin):
     texts = {}
     for c in commands:
         text = run([dvr_bin, *c.split(), "--help"]).stdout
-        assert text.startswith(f"{c.split()[-1] if ' ' in c else c}") or "usage: dvr" in text, (c, text)
         assert f"usage: dvr {c}" in text, (c, text)
         texts[c] = text
     for c in ("ls", "info", "rm", "verify", "export", "import", "proc dump", "run"):
