@@ -141,8 +141,9 @@ def test_proc_info_ls_and_rm_texts(work):
     check(work.dvr_json("proc", "ls"), "proc_ls")
     assert info["criu_version"] in text and info["kernel"] in text, text
     job2 = work.start_job("counter", mib=4, wait_count=5)
-    doc = work.dvr_json("run", "--output", work.path("run2.out"), "--", str(work.job_bin), "counter", "--mib", "4",
-                        "--status", str(work.path("run2.status")))
+    proc = work.dvr("run", "--json", "--output", work.path("run2.out"), "--", str(work.job_bin), "counter", "--mib", "4",
+                    "--status", str(work.path("run2.status")))
+    doc = json.loads(proc.stdout)
     check(doc, "run")
     work.pids.add(doc["pid"])
     work.dump(job2.pid, "two", leave_running=True)
