@@ -97,6 +97,18 @@ CLI::Validator whole_number(long long lo, long long hi) {
       "N");
 }
 
+// One of the words (CLI11 prefixes the option's name).
+CLI::Validator one_of(std::vector<std::string> words) {
+  std::string list;
+  for (std::size_t k = 0; k < words.size(); ++k)
+    list += (k == 0 ? "" : k + 1 == words.size() ? " or " : ", ") + words[k];
+  return CLI::Validator(
+      [words, list](std::string& s) -> std::string {
+        return std::find(words.begin(), words.end(), s) != words.end() ? "" : "must be " + list + ", not '" + s + "'";
+      },
+      "MODE");
+}
+
 CLI::Validator size_value() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
@@ -1183,7 +1195,7 @@ void add_json(CLI::App* sub, bool& flag) { sub->add_flag("--json", flag, "print 
 void add_transfer_options(CLI::App* sub, TransferArgs& t) {
   sub->add_option("--base", t.base, "send only what differs from this snapshot of the same session, which the receiver holds");
   sub->add_option("--compress", t.compress, "auto (default: chunks that compress), zstd (every chunk) or none")
-      ->check(CLI::IsMember({"auto", "zstd", "none"}));
+      ->check(one_of({"auto", "zstd", "none"}));
   sub->add_flag("--no-compress", t.no_compress, "the same as --compress=none");
   sub->add_option("--level", t.level, "zstd's level (default 1)")->check(whole_number(1, 19));
 }
@@ -1197,8 +1209,7 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", std::string("dvr ") + dvr::version(), "print the version");
   app.add_option("--store", g.store_path, "the store directory (default: $DVR_STORE, else /dev/shm/dvr-$UID)")->type_name("DIR");
   app.add_option("--progress", g.progress, "progress of long operations on stderr: auto (a bar on a terminal), bar, json (lines), none")
-      ->check(CLI::IsMember({"auto", "bar", "json", "none"}))
-      ->type_name("MODE");
+      ->check(one_of({"auto", "bar", "json", "none"}));
   app.footer(
       "Examples:\n"
       "  dvr ls                          every snapshot of the default store\n"
@@ -1428,7 +1439,7 @@ int run(int argc, char** argv) {
 
   std::string shell;
   auto* c_comp = app.add_subcommand("completion", "print a shell completion script");
-  c_comp->add_option("shell", shell, "the shell (bash)")->required()->check(CLI::IsMember({"bash"}));
+  c_comp->add_option("shell", shell, "the shell (bash)")->required()->check(one_of({"bash"}));
   c_comp->footer("Examples:\n  source <(dvr completion bash)\n  dvr completion bash > /etc/bash_completion.d/dvr");
   c_comp->callback([&] {
     action = [&] {
