@@ -38,6 +38,36 @@ inline std::uint64_t parse_size(const std::string& text) {
   return static_cast<std::uint64_t>(v * mult);
 }
 
+/// "10m", "2s", "1h30m", "1d", "90" (seconds) → seconds. Throws invalid_argument.
+inline double parse_duration(const std::string& text) {
+  double total = 0;
+  std::size_t k = 0;
+  bool any = false;
+  while (k < text.size()) {
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text.substr(k), &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || v < 0) break;
+    k += used;
+    double mult = 1;
+    if (k < text.size()) {
+      char u = text[k++];
+      mult = u == 's' ? 1 : u == 'm' ? 60 : u == 'h' ? 3600 : u == 'd' ? 86400 : -1;
+      if (mult < 0) break;
+    } else if (any) {
+      break;  // "1h30": a number without a unit after the first part
+    }
+    total += v * mult;
+    any = true;
+    if (k == text.size()) return total;
+  }
+  throw std::invalid_argument("duration '" + text + "' is not a duration like 30s, 10m, 2h or 1h30m");
+}
+
 inline std::string format_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;

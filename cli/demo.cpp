@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli_util.hpp"
+#include "output.hpp"
 
 namespace dvr::cli {
 namespace {
@@ -157,13 +158,22 @@ int run_demo(Store& store, const DemoOptions& o) {
   GcReport gc = store.gc();  // drop data of earlier demo runs that was replaced
 
   if (o.json) {
-    std::cout << "{\"data_bytes\":" << data_bytes << ",\"rows\":" << rows << ",\"store\":" << json_string(store.path()) << ",\"medium\":\""
-              << medium_name(store.medium()) << "\",\"first_build_s\":" << json_number(first_build) << ",\"rebuild_s\":" << json_number(rebuild)
-              << ",\"snapshot_s\":" << json_number(snapshot_s) << ",\"snapshot_again_s\":" << json_number(again_s)
-              << ",\"snapshot_again_bytes\":" << again.stored_bytes << ",\"restore_mean_s\":" << json_number(mean)
-              << ",\"restore_best_s\":" << json_number(best) << ",\"speedup\":" << json_number(speedup) << ",\"tracking\":\""
-              << tracking_name(session.tracking("features")) << "\""
-              << ",\"checksums_ok\":" << (all_ok ? "true" : "false") << "}\n";
+    json doc = document();
+    doc["data_bytes"] = data_bytes;
+    doc["rows"] = rows;
+    doc["store"] = jstr(store.path());
+    doc["medium"] = medium_name(store.medium());
+    doc["first_build_s"] = first_build;
+    doc["rebuild_s"] = rebuild;
+    doc["snapshot_s"] = snapshot_s;
+    doc["snapshot_again_s"] = again_s;
+    doc["snapshot_again_bytes"] = again.stored_bytes;
+    doc["restore_mean_s"] = mean;
+    doc["restore_best_s"] = best;
+    doc["speedup"] = speedup;
+    doc["tracking"] = tracking_name(session.tracking("features"));
+    doc["checksums_ok"] = all_ok;
+    print_json(doc);
   } else {
     std::printf("\n  %-34s %s\n", "rebuild the data set", format_seconds(rebuild).c_str());
     std::printf("  %-34s %s\n", "snapshot", format_seconds(snapshot_s).c_str());

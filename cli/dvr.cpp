@@ -1,158 +1,60 @@
-// dvr — the Memory DVR command line. A thin layer over <dvr/dvr.hpp>.
+// dvr — the Memory DVR command line. A thin layer over <dvr/dvr.hpp>:
+// parsing with CLI11, JSON with nlohmann-json (output.hpp), progress on
+// stderr (progress.hpp). docs/cli.md documents every verb, its JSON document
+// and its exit status.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cctype>
-#include <optional>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <functional>
-#include <map>
-#include <set>
-#include <chrono>
 #include <ctime>
+#include <functional>
 #include <iomanip>
 #include <iostream>
-#include <memory>
+#include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli_util.hpp"
+#include "completion.hpp"
 #include "demo.hpp"
 #include "dvr/dvr.hpp"
 #include "dvr/proc.hpp"
 #include "dvr/transfer.hpp"
+#include "output.hpp"
+#include "progress.hpp"
 
 namespace {
 
 using namespace dvr;
 using namespace dvr::cli;
 
-const char* kUsage = R"(usage: dvr [--store DIR] COMMAND [ARGS]
+// ---- what every command shares --------------------------------------------
 
-Memory DVR: named snapshots of application memory, restored in milliseconds.
-
-Commands:
-  demo [--size 1G] [--trials N] [--json]
-                      build a data set, snapshot it, run trials that mutate it
-                      and restore between them; print build vs restore times
-  ls [SESSION] [--json]
-                      list snapshots (all sessions, or one)
-  info SESSION/NAME [--json]
-                      show one snapshot: time, parent, label, sizes, regions
-  rm SESSION/NAME...  remove snapshots (their space is reclaimed by gc)
-  gc [--json]         reclaim the space of removed and interrupted snapshots
-  verify [--json]     re-hash every stored chunk; name each damaged snapshot
-                      (exit status 1 when anything is damaged)
-  stat [--json]       the store: path, medium, format, space used
-  log SESSION [--json]
-                      the session's snapshots as a tree of parent links
-                      (time, label, bytes added)
-  diff SESSION/A SESSION/B [--json]
-                      per region: how many bytes and pages differ
-  proc dump PID --name NAME [--leave-running] [--tcp-established] [--json]
-                      snapshot a whole process tree with CRIU (root); a DVR
-                      persistent heap it maps is snapshotted, not copied;
-                      --tcp-established: with its connected TCP sockets
-                      (clients stay connected across dump and restore)
-  proc restore NAME [--detach] [--pidfile FILE] [--tcp-established] [--json]
-                      bring it back (waits for it unless --detach); a dump
-                      with --tcp-established restores its connections
-  proc clone NAME [--net new|NETNS] [--ip ADDR/PREFIX [--host-ip ADDR]]
-       [--pidfile FILE] [--tcp-established] [--json]
-                      start a copy beside the running original (fresh PID
-                      namespace, private copies of its heaps, its own Unix
-                      sockets); --net new: in a network namespace of its
-                      own with a veth pair to the host (the clone at --ip,
-                      default a free 10.213.x.y/30), --net NETNS: in
-                      /run/netns/NETNS; its TCP connections are closed
-                      unless --tcp-established
-  proc ls [--json] | proc info NAME [--json] | proc rm NAME...
-                      process snapshots of the store
-  proc check [--json] every capability dvr proc depends on (root, CRIU,
-                      kernel features, plugin, TCP sockets: a real dump and
-                      restore of a tiny process), one line each, with what
-                      to do about what is missing
-  run [--output FILE] [--cwd DIR] [--heap [MAX] [--heap-session NAME]]
-      -- CMD [ARGS...]
-                      start CMD as PID 1 of its own PID namespace, detached,
-                      so it can be dumped, restored and cloned; prints its PID;
-                      --heap: an unmodified program's heap (malloc, new, its
-                      own anonymous mmap) lives in a DVR persistent heap of
-                      MAX bytes (default 4G) in the store, so `proc dump`
-                      stores only the pages written since the last dump
-  send REF [--base BASE] [--compress=auto|zstd|none] [--level N] [--json]
-                      write snapshot REF (SESSION/NAME, or proc/NAME with its
-                      heaps) as a verified, compressed stream to stdout;
-                      --compress: auto (default: zstd for the chunks whose
-                      first bytes compress, the others raw), zstd (every
-                      chunk), none; --level: zstd's level (default 1)
-  receive [--json]    read such a stream from stdin into the store; nothing
-                      is stored unless all of it checks out
-  export REF -o FILE [--base BASE] [--compress=auto|zstd|none] [--level N] [--json]
-  import FILE [--json]
-                      the same through a file
-  push REF ssh://[USER@]HOST[:PORT]/STORE [--base BASE] [--ssh CMD]
-       [--remote-dvr PATH] [--compress=auto|zstd|none] [--level N] [--json]
-                      send REF to a store on another machine through ssh;
-                      only what the far store lacks travels
-  pull ssh://[USER@]HOST[:PORT]/STORE REF [--ssh CMD] [--remote-dvr PATH] [--json]
-                      the reverse
-  recover SESSION [--json]
-                      the newest intact snapshot of a session (after a crash,
-                      the one to restore); exit status 1 when there is none
-
-Options:
-  --store DIR         the store directory (default: $DVR_STORE, else
-                      /dev/shm/dvr-$UID)
-  --version           print the version
-  -h, --help          this help
-)";
-
-struct Args {
+struct Globals {
   std::string store_path;
-  std::string command;
-  std::vector<std::string> rest;
-  bool json = false;
-
-  bool take_flag(const std::string& flag) {
-    for (auto it = rest.begin(); it != rest.end(); ++it)
-      if (*it == flag) {
-        rest.erase(it);
-        return true;
-      }
-    return false;
-  }
-  std::string take_option(const std::string& flag, const std::string& fallback) {
-    for (auto it = rest.begin(); it != rest.end(); ++it) {
-      if (*it == flag) {
-        if (it + 1 == rest.end()) throw Error(Errc::invalid_argument, flag + " needs a value");
-        std::string v = *(it + 1);
-        rest.erase(it, it + 2);
-        return v;
-      }
-      if (it->rfind(flag + "=", 0) == 0) {
-        std::string v = it->substr(flag.size() + 1);
-        rest.erase(it);
-        return v;
-      }
-    }
-    return fallback;
-  }
-  void no_more() const {
-    for (auto& r : rest)
-      throw Error(Errc::invalid_argument, "unexpected argument '" + r + "' for `dvr " + command + "`; see `dvr --help`");
-  }
+  std::string progress = "auto";
 };
+Globals g;
 
-Store open_store(const Args& a, bool create) {
+ProgressMode progress_mode() { return parse_progress_mode(g.progress); }
+
+Store open_store(bool create) {
   StoreOptions o;
   o.create = create;
-  return a.store_path.empty() ? Store::open_default(o) : Store::open(a.store_path, o);
+  return g.store_path.empty() ? Store::open_default(o) : Store::open(g.store_path, o);
 }
 
 std::string format_time(std::int64_t ns) {
@@ -164,195 +66,236 @@ std::string format_time(std::int64_t ns) {
   return buf;
 }
 
-std::string info_json(const SnapshotInfo& i) {
-  std::string s = "{\"session\":" + json_string(i.session) + ",\"name\":" + json_string(i.name);
-  if (i.damaged) return s + ",\"damaged\":true,\"damage\":" + json_string(i.damage) + "}";
-  s += ",\"parent\":" + json_string(i.parent) + ",\"label\":" + json_string(i.label) + ",\"time_ns\":" + std::to_string(i.time_ns) +
-       ",\"logical_bytes\":" + std::to_string(i.logical_bytes) + ",\"stored_bytes\":" + std::to_string(i.stored_bytes) +
-       ",\"chunks\":" + std::to_string(i.chunks) + ",\"zero_chunks\":" + std::to_string(i.zero_chunks) +
-       ",\"chunks_read\":" + std::to_string(i.chunks_read) + ",\"tracking\":" + json_string(i.tracking) + ",\"damaged\":false,\"regions\":[";
-  for (std::size_t k = 0; k < i.regions.size(); ++k)
-    s += (k ? "," : "") + std::string("{\"name\":") + json_string(i.regions[k].name) + ",\"size\":" + std::to_string(i.regions[k].size) +
-         ",\"sdk_owned\":" + (i.regions[k].sdk_owned ? "true" : "false") + "}";
-  return s + "]}";
+std::string bytes(std::uint64_t n) { return format_bytes(static_cast<double>(n)); }
+
+// An unknown session is an error for every verb that names one.
+void require_session(const Store& store, const std::string& session) {
+  auto all = store.sessions();
+  if (std::find(all.begin(), all.end(), session) != all.end()) return;
+  (void)store.list(session);  // an invalid name is invalid_argument (exit status 2)
+  std::string known;
+  for (std::size_t k = 0; k < all.size() && k < 8; ++k)
+    known += (k ? ", " : "") + printable(all[k]);
+  if (all.size() > 8) known += ", ...";
+  throw Error(Errc::not_found, "no session '" + printable(session) + "' in store " + store.path() +
+                                   (all.empty() ? std::string(" (it has no snapshots)") : " (sessions: " + known + ")") +
+                                   "; `dvr ls` lists the snapshots");
 }
 
-std::string snapshots_json(const std::vector<SnapshotInfo>& snaps) {
-  std::string out = "[";
-  for (std::size_t k = 0; k < snaps.size(); ++k)
-    out += (k ? "," : "") + info_json(snaps[k]);
-  return out + "]";
+// A whole number within [lo, hi] (CLI11 validator: the message names the
+// option, CLI11 prefixes it).
+CLI::Validator whole_number(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        long long v = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end || errno == ERANGE) return "'" + s + "' is not a whole number (expected " + std::to_string(lo) + " or more)";
+        if (v < lo || v > hi) return "'" + s + "' is out of range (expected " + std::to_string(lo) + " to " + std::to_string(hi) + ")";
+        return "";
+      },
+      "N");
 }
 
-int cmd_ls(Args& a) {
-  a.json = a.take_flag("--json");
-  std::string session = a.rest.empty() ? "" : a.rest.front();
-  if (session.rfind("--", 0) == 0) throw Error(Errc::invalid_argument, "unknown option '" + session + "' for `dvr ls`; see `dvr --help`");
-  if (!a.rest.empty()) a.rest.erase(a.rest.begin());
-  a.no_more();
-  Store store = open_store(a, false);
-  auto snaps = session.empty() ? store.list() : store.list(session);
+// One of the words (CLI11 prefixes the option's name).
+CLI::Validator one_of(std::vector<std::string> words) {
+  std::string list;
+  for (std::size_t k = 0; k < words.size(); ++k)
+    list += (k == 0 ? "" : k + 1 == words.size() ? " or " : ", ") + words[k];
+  return CLI::Validator(
+      [words, list](std::string& s) -> std::string {
+        return std::find(words.begin(), words.end(), s) != words.end() ? "" : "must be " + list + ", not '" + s + "'";
+      },
+      "MODE");
+}
+
+CLI::Validator size_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          parse_size(s);
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+        return "";
+      },
+      "SIZE");
+}
+
+CLI::Validator duration_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          if (parse_duration(s) < 1) return "duration '" + s + "' is shorter than a second";
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+        return "";
+      },
+      "DURATION");
+}
+
+// ---- snapshots --------------------------------------------------------------
+
+struct LsArgs {
+  std::string session;
+  bool json = false;
+};
+
+int cmd_ls(const LsArgs& a) {
+  Store store = open_store(false);
+  if (!a.session.empty()) require_session(store, a.session);
+  auto snaps = a.session.empty() ? store.list() : store.list(a.session);
   if (a.json) {
-    std::cout << snapshots_json(snaps) << "\n";
+    json doc = document();
+    doc["session"] = a.session.empty() ? json(nullptr) : jstr(a.session);
+    doc["snapshots"] = to_json(snaps);
+    print_json(doc);
     return 0;
   }
   if (snaps.empty()) {
-    std::cout << (session.empty() ? "no snapshots in " + store.path() : "no snapshots in session '" + session + "'") << "\n";
+    std::cout << "no snapshots in " << store.path() << "\n";
     return 0;
   }
   std::printf("%-32s %-19s %10s %10s  %s\n", "SNAPSHOT", "TIME", "SIZE", "ADDED", "LABEL");
   for (auto& i : snaps) {
-    std::string ref = i.session + "/" + i.name;
+    std::string ref = printable(i.session + "/" + i.name);
     if (i.damaged) {
-      std::printf("%-32s DAMAGED: %s\n", ref.c_str(), i.damage.c_str());
+      std::printf("%-32s DAMAGED: %s\n", ref.c_str(), printable(i.damage).c_str());
       continue;
     }
-    std::printf("%-32s %-19s %10s %10s  %s\n", ref.c_str(), format_time(i.time_ns).c_str(),
-                format_bytes(static_cast<double>(i.logical_bytes)).c_str(), format_bytes(static_cast<double>(i.stored_bytes)).c_str(),
-                i.label.c_str());
+    std::printf("%-32s %-19s %10s %10s  %s\n", ref.c_str(), format_time(i.time_ns).c_str(), bytes(i.logical_bytes).c_str(),
+                bytes(i.stored_bytes).c_str(), printable(i.label).c_str());
   }
   return 0;
 }
 
-int cmd_info(Args& a) {
-  a.json = a.take_flag("--json");
-  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr info SESSION/NAME [--json]");
-  auto [session, name] = dvr::split_ref(a.rest.front());
-  Store store = open_store(a, false);
+struct RefArgs {
+  std::string ref;
+  bool json = false;
+};
+
+int cmd_info(const RefArgs& a) {
+  auto [session, name] = dvr::split_ref(a.ref);
+  Store store = open_store(false);
   SnapshotInfo i = store.info(session, name);
   if (a.json) {
-    std::cout << info_json(i) << "\n";
+    json doc = document();
+    doc.update(to_json(i));
+    print_json(doc);
     return 0;
   }
-  std::cout << "snapshot  " << i.session << "/" << i.name << "\n"
-            << "time      " << format_time(i.time_ns) << "\n"
-            << "parent    " << (i.parent.empty() ? "(none)" : i.parent) << "\n"
-            << "label     " << i.label << "\n"
-            << "size      " << format_bytes(static_cast<double>(i.logical_bytes)) << " (" << i.logical_bytes << " bytes)\n"
-            << "added     " << format_bytes(static_cast<double>(i.stored_bytes)) << " to the store when taken\n"
+  std::cout << "snapshot  " << printable(i.session + "/" + i.name) << "\n"
+            << "time      " << format_time(i.time_ns) << " (" << rfc3339(i.time_ns) << ")\n"
+            << "parent    " << (i.parent.empty() ? "(none)" : printable(i.parent)) << "\n"
+            << "label     " << printable(i.label) << "\n"
+            << "size      " << bytes(i.logical_bytes) << " (" << i.logical_bytes << " bytes)\n"
+            << "added     " << bytes(i.stored_bytes) << " to the store when taken\n"
             << "chunks    " << i.chunks << " (" << i.zero_chunks << " all-zero, not stored)\n"
             << "taken     " << (i.tracking == "write_protect" ? "incrementally (write-protect tracking): " : "by reading all memory (hash): ")
             << i.chunks_read << " chunk(s) read\n"
             << "regions   " << i.regions.size() << "\n";
   for (auto& r : i.regions)
-    std::cout << "  " << r.name << "  " << format_bytes(static_cast<double>(r.size)) << " (" << r.size << " bytes)"
-              << (r.sdk_owned ? "  sdk-owned" : "  tracked") << "\n";
+    std::cout << "  " << printable(r.name) << "  " << bytes(r.size) << " (" << r.size << " bytes)" << (r.sdk_owned ? "  sdk-owned" : "  tracked")
+              << "\n";
   return 0;
 }
 
-int cmd_rm(Args& a) {
-  if (a.rest.empty()) throw Error(Errc::invalid_argument, "usage: dvr rm SESSION/NAME...");
-  Store store = open_store(a, false);
-  for (auto& ref : a.rest) {  // check every reference before removing any
-    auto [session, name] = dvr::split_ref(ref);
+struct RmArgs {
+  std::vector<std::string> refs;
+  bool json = false;
+};
+
+int cmd_rm(const RmArgs& a) {
+  // Each reference once, in the order given; every one is checked before
+  // any is removed.
+  std::vector<std::pair<std::string, std::string>> refs;
+  std::set<std::string> seen;
+  for (auto& ref : a.refs)
+    if (seen.insert(ref).second) refs.push_back(dvr::split_ref(ref));
+  Store store = open_store(false);
+  for (auto& [session, name] : refs) {
     try {
       store.info(session, name);
     } catch (const Error& e) {
       if (e.code() != Errc::corrupt) throw;  // a damaged snapshot can still be removed
     }
   }
-  for (auto& ref : a.rest) {
-    auto [session, name] = dvr::split_ref(ref);
+  json removed = json::array();
+  for (auto& [session, name] : refs) {
     store.remove(session, name);
-    std::cout << "removed " << ref << "\n";
+    removed.push_back(jstr(session + "/" + name));
+    if (!a.json) std::cout << "removed " << printable(session + "/" + name) << "\n";
   }
-  std::cout << "run `dvr gc` to reclaim the space\n";
+  if (a.json) {
+    json doc = document();
+    doc["removed"] = std::move(removed);
+    print_json(doc);
+  } else {
+    std::cout << "run `dvr gc` to reclaim the space\n";
+  }
   return 0;
 }
 
-int cmd_gc(Args& a) {
-  a.json = a.take_flag("--json");
-  a.no_more();
-  Store store = open_store(a, false);
+int cmd_gc(bool as_json) {
+  Store store = open_store(false);
   GcReport r = store.gc();
-  double freed = static_cast<double>(r.bytes_before > r.bytes_after ? r.bytes_before - r.bytes_after : 0);
-  if (a.json) {
-    std::cout << "{\"bytes_before\":" << r.bytes_before << ",\"bytes_after\":" << r.bytes_after << ",\"packs_removed\":" << r.packs_removed
-              << ",\"temp_files_removed\":" << r.temp_files_removed << "}\n";
+  if (as_json) {
+    print_json(to_json(r));
     return 0;
   }
-  std::cout << "gc: reclaimed " << format_bytes(freed) << " (" << format_bytes(static_cast<double>(r.bytes_before)) << " -> "
-            << format_bytes(static_cast<double>(r.bytes_after)) << "), " << r.packs_removed << " pack file(s) removed, " << r.temp_files_removed
-            << " leftover temporary file(s) removed\n";
+  std::uint64_t freed = r.bytes_before > r.bytes_after ? r.bytes_before - r.bytes_after : 0;
+  std::cout << "gc: reclaimed " << bytes(freed) << " (" << bytes(r.bytes_before) << " -> " << bytes(r.bytes_after) << "), " << r.packs_removed
+            << " pack file(s) removed, " << r.temp_files_removed << " leftover temporary file(s) removed\n";
   return 0;
 }
 
-int cmd_verify(Args& a) {
-  a.json = a.take_flag("--json");
-  a.no_more();
-  Store store = open_store(a, false);
-  bool tty = ::isatty(STDERR_FILENO) && !a.json;
-  double last = 0;
-  VerifyReport r = store.verify([&](std::uint64_t done, std::uint64_t total) {
-    double now = seconds_now();
-    if (!tty || (now - last < 0.2 && done < total)) return;
-    last = now;
-    std::fprintf(stderr, "\rverify: %3.0f%% (%s of %s)", total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
-                 format_bytes(static_cast<double>(done)).c_str(), format_bytes(static_cast<double>(total)).c_str());
-  });
-  if (tty) std::fprintf(stderr, "\r\033[K");
-  if (a.json) {
-    std::cout << "{\"ok\":" << (r.ok() ? "true" : "false") << ",\"snapshots\":" << r.snapshots << ",\"chunks\":" << r.chunks
-              << ",\"bytes\":" << r.bytes << ",\"damaged\":[";
-    auto d = r.damaged_snapshots();
-    for (std::size_t k = 0; k < d.size(); ++k)
-      std::cout << (k ? "," : "") << json_string(d[k]);
-    std::cout << "],\"problems\":[";
-    for (std::size_t k = 0; k < r.problems.size(); ++k)
-      std::cout << (k ? "," : "") << "{\"session\":" << json_string(r.problems[k].session) << ",\"snapshot\":" << json_string(r.problems[k].snapshot)
-                << ",\"what\":" << json_string(r.problems[k].what) << "}";
-    std::cout << "]}\n";
+int cmd_verify(bool as_json) {
+  Store store = open_store(false);
+  ProgressReporter progress("verify", progress_mode());
+  VerifyReport r = store.verify(progress.callback());
+  progress.finish();
+  if (as_json) {
+    print_json(to_json(r));
     return r.ok() ? 0 : 1;
   }
-  std::cout << "verified " << r.snapshots << " snapshot(s), " << r.chunks << " stored chunk(s), " << format_bytes(static_cast<double>(r.bytes))
-            << "\n";
+  std::cout << "verified " << r.snapshots << " snapshot(s), " << r.chunks << " stored chunk(s), " << bytes(r.bytes) << "\n";
   if (r.ok()) {
     std::cout << "ok: no damage found\n";
     return 0;
   }
   for (auto& p : r.problems)
-    std::cout << "DAMAGED " << (p.snapshot.empty() ? p.session : p.session + "/" + p.snapshot) << ": " << p.what << "\n";
-  std::cout << r.damaged_snapshots().size() << " damaged snapshot(s)\n";
+    std::cout << "DAMAGED " << printable(p.snapshot.empty() ? p.session : p.session + "/" + p.snapshot) << ": " << printable(p.what) << "\n";
+  std::cout << r.damaged_snapshots().size() << " damaged snapshot(s); `dvr rm SESSION/NAME` removes one, `dvr recover SESSION` names the "
+            << "newest intact one\n";
   return 1;
 }
 
-int cmd_stat(Args& a) {
-  a.json = a.take_flag("--json");
-  a.no_more();
-  Store store = open_store(a, false);
+int cmd_stat(bool as_json) {
+  Store store = open_store(false);
   StoreStats s = store.stats();
-  if (a.json) {
-    std::cout << "{\"path\":" << json_string(s.path) << ",\"medium\":\"" << medium_name(s.medium) << "\",\"format_version\":" << s.format_version
-              << ",\"chunk_size\":" << s.chunk_size << ",\"sessions\":" << s.sessions << ",\"snapshots\":" << s.snapshots
-              << ",\"logical_bytes\":" << s.logical_bytes << ",\"pack_bytes\":" << s.pack_bytes << ",\"pack_files\":" << s.pack_files << "}\n";
+  if (as_json) {
+    print_json(to_json(s));
     return 0;
   }
   std::cout << "store      " << s.path << "\n"
             << "medium     " << medium_name(s.medium) << (s.medium == Medium::dram ? "  (tmpfs: survives process crashes, NOT reboots)" : "") << "\n"
             << "format     " << s.format_version << ", chunk size " << format_bytes(s.chunk_size) << "\n"
             << "sessions   " << s.sessions << ", snapshots " << s.snapshots << "\n"
-            << "logical    " << format_bytes(static_cast<double>(s.logical_bytes)) << " in all snapshots\n"
-            << "stored     " << format_bytes(static_cast<double>(s.pack_bytes)) << " in " << s.pack_files << " pack file(s)\n";
+            << "logical    " << bytes(s.logical_bytes) << " in all snapshots\n"
+            << "stored     " << bytes(s.pack_bytes) << " in " << s.pack_files << " pack file(s)\n";
   return 0;
 }
 
-// The one positional argument of a command that also takes --json.
-std::string single_argument(Args& a, const char* usage) {
-  a.json = a.take_flag("--json");
-  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, std::string("usage: ") + usage);
-  return a.rest.front();
-}
-
-int cmd_log(Args& a) {
-  std::string session = single_argument(a, "dvr log SESSION [--json]");
-  Store store = open_store(a, false);
-  auto snaps = store.list(session);
+int cmd_log(const LsArgs& a) {
+  Store store = open_store(false);
+  require_session(store, a.session);
+  auto snaps = store.list(a.session);
   if (a.json) {
-    std::cout << snapshots_json(snaps) << "\n";
-    return 0;
-  }
-  if (snaps.empty()) {
-    std::cout << "no snapshots in session '" << session << "'\n";
+    json doc = document();
+    doc["session"] = jstr(a.session);
+    doc["snapshots"] = to_json(snaps);
+    print_json(doc);
     return 0;
   }
   // Children by parent, oldest first; roots are snapshots whose parent is
@@ -372,10 +315,10 @@ int cmd_log(Args& a) {
                                                                                       bool root) {
     std::string line = root ? "" : prefix + (last ? "`-- " : "|-- ");
     if (i->damaged) {
-      std::cout << line << i->name << "  DAMAGED: " << i->damage << "\n";
+      std::cout << line << printable(i->name) << "  DAMAGED: " << printable(i->damage) << "\n";
     } else {
-      std::printf("%s%s  %s  +%s%s%s\n", line.c_str(), i->name.c_str(), format_time(i->time_ns).c_str(),
-                  format_bytes(static_cast<double>(i->stored_bytes)).c_str(), i->label.empty() ? "" : "  ", i->label.c_str());
+      std::printf("%s%s  %s  +%s%s%s\n", line.c_str(), printable(i->name).c_str(), format_time(i->time_ns).c_str(), bytes(i->stored_bytes).c_str(),
+                  i->label.empty() ? "" : "  ", printable(i->label).c_str());
     }
     auto& kids = children[i->name];
     std::string next = root ? "" : prefix + (last ? "    " : "|   ");
@@ -387,310 +330,206 @@ int cmd_log(Args& a) {
   return 0;
 }
 
-int cmd_diff(Args& a) {
-  a.json = a.take_flag("--json");
-  if (a.rest.size() != 2) throw Error(Errc::invalid_argument, "usage: dvr diff SESSION/A SESSION/B [--json]");
-  auto [sa, na] = dvr::split_ref(a.rest[0]);
-  auto [sb, nb] = dvr::split_ref(a.rest[1]);
-  Store store = open_store(a, false);
+struct DiffArgs {
+  std::string a, b;
+  bool json = false;
+};
+
+int cmd_diff(const DiffArgs& a) {
+  auto [sa, na] = dvr::split_ref(a.a);
+  auto [sb, nb] = dvr::split_ref(a.b);
+  Store store = open_store(false);
   auto diffs = store.diff(sa, na, sb, nb);
   if (a.json) {
-    std::cout << "[";
-    for (std::size_t k = 0; k < diffs.size(); ++k) {
-      auto& d = diffs[k];
-      std::cout << (k ? "," : "") << "{\"region\":" << json_string(d.name) << ",\"size_a\":" << d.size_a << ",\"size_b\":" << d.size_b
-                << ",\"only_in_a\":" << (d.only_in_a ? "true" : "false") << ",\"only_in_b\":" << (d.only_in_b ? "true" : "false")
-                << ",\"bytes_differ\":" << d.bytes_differ << ",\"pages_differ\":" << d.pages_differ << "}";
-    }
-    std::cout << "]\n";
+    json doc = document();
+    doc["a"] = jstr(a.a);
+    doc["b"] = jstr(a.b);
+    json regions = json::array();
+    for (auto& d : diffs)
+      regions.push_back(to_json(d));
+    doc["regions"] = std::move(regions);
+    print_json(doc);
     return 0;
   }
   std::printf("%-24s %14s %12s  %s\n", "REGION", "BYTES DIFFER", "PAGES", "NOTE");
   for (auto& d : diffs) {
-    std::string note = d.only_in_a            ? "only in " + a.rest[0]
-                       : d.only_in_b          ? "only in " + a.rest[1]
+    std::string note = d.only_in_a            ? "only in " + a.a
+                       : d.only_in_b          ? "only in " + a.b
                        : d.size_a != d.size_b ? "size " + std::to_string(d.size_a) + " -> " + std::to_string(d.size_b)
                        : d.bytes_differ == 0  ? "identical"
                                               : "";
-    std::printf("%-24s %14llu %12llu  %s\n", d.name.c_str(), static_cast<unsigned long long>(d.bytes_differ),
+    std::printf("%-24s %14llu %12llu  %s\n", printable(d.name).c_str(), static_cast<unsigned long long>(d.bytes_differ),
                 static_cast<unsigned long long>(d.pages_differ), note.c_str());
   }
   return 0;
 }
 
-int cmd_recover(Args& a) {
-  std::string session = single_argument(a, "dvr recover SESSION [--json]");
-  Store store = open_store(a, false);
+int cmd_recover(const LsArgs& a) {
+  Store store = open_store(false);
+  auto sessions = store.sessions();
+  const bool known = std::find(sessions.begin(), sessions.end(), a.session) != sessions.end();
   std::vector<std::string> skipped;
-  auto found = store.latest(session, &skipped);
+  std::optional<SnapshotInfo> found;
+  if (known)
+    found = store.latest(a.session, &skipped);
+  else
+    (void)store.list(a.session);  // an invalid name is invalid_argument (exit status 2)
   if (a.json) {
-    std::cout << "{\"latest\":" << (found ? info_json(*found) : "null") << ",\"skipped\":[";
-    for (std::size_t k = 0; k < skipped.size(); ++k)
-      std::cout << (k ? "," : "") << json_string(skipped[k]);
-    std::cout << "]}\n";
-    return found ? 0 : 1;
+    json doc = document();
+    doc["session"] = jstr(a.session);
+    doc["latest"] = found ? to_json(*found) : json(nullptr);
+    json sk = json::array();
+    for (auto& s : skipped) {  // "session/name: why"
+      auto colon = s.find(": ");
+      sk.push_back({{"snapshot", jstr(s.substr(0, colon))}, {"why", jstr(colon == std::string::npos ? "" : s.substr(colon + 2))}});
+    }
+    doc["skipped"] = std::move(sk);
+    print_json(doc);
   }
+  if (!known) require_session(store, a.session);  // the message, exit status 1
+  if (a.json) return found ? 0 : 1;
   for (auto& s : skipped)
-    std::cout << "skipped (damaged) " << s << "\n";
+    std::cout << "skipped (damaged) " << printable(s) << "\n";
   if (!found) {
-    std::cout << "no intact snapshot in session '" << session << "'\n";
+    std::cout << "no intact snapshot in session '" << printable(a.session) << "'\n";
     return 1;
   }
-  std::cout << "newest intact snapshot: " << session << "/" << found->name << "  (" << format_time(found->time_ns) << ")\n"
-            << "restore it with Session::restore(\"" << found->name << "\")\n";
+  std::cout << "newest intact snapshot: " << printable(a.session + "/" + found->name) << "  (" << format_time(found->time_ns) << ")\n"
+            << "restore it in the program with session.restore(\"" << printable(found->name) << "\") (Python, C++), or copy it elsewhere with "
+            << "`dvr export " << printable(a.session + "/" + found->name) << " -o FILE`\n";
   return 0;
-}
-
-std::string proc_json(const proc::ProcInfo& p) {
-  std::string s = "{\"name\":" + json_string(p.name) + ",\"time_ns\":" + std::to_string(p.time_ns) + ",\"pid\":" + std::to_string(p.pid) +
-                  ",\"own_pid_namespace\":" + (p.own_pid_namespace ? "true" : "false") + ",\"command\":" + json_string(p.command) +
-                  ",\"criu_version\":" + json_string(p.criu_version) + ",\"leave_running\":" + (p.leave_running ? "true" : "false") +
-                  ",\"tcp_established\":" + (p.tcp_established ? "true" : "false") + ",\"image_bytes\":" + std::to_string(p.image_bytes) +
-                  ",\"stored_bytes\":" + std::to_string(p.stored_bytes) + ",\"parent\":" + json_string(p.parent) + ",\"heaps\":[";
-  for (std::size_t k = 0; k < p.heaps.size(); ++k)
-    s += (k ? "," : "") + std::string("{\"path\":") + json_string(p.heaps[k].path) + ",\"bytes\":" + std::to_string(p.heaps[k].bytes) + "}";
-  s += "]";
-  if (p.seconds > 0) s += ",\"seconds\":" + std::to_string(p.seconds);
-  return s + "}";
-}
-
-pid_t parse_pid(const std::string& text) {
-  char* end = nullptr;
-  long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end || v <= 0 || v > 0x7fffffff) throw Error(Errc::invalid_argument, "'" + text + "' is not a process ID");
-  return static_cast<pid_t>(v);
-}
-
-int cmd_proc(Args& a) {
-  if (a.rest.empty()) throw Error(Errc::invalid_argument, "dvr proc needs a verb: dump, restore, clone, ls, info, rm or check; see `dvr --help`");
-  std::string verb = a.rest.front();
-  a.rest.erase(a.rest.begin());
-  a.command = "proc " + verb;
-  a.json = a.take_flag("--json");
-  if (verb == "check") {
-    a.no_more();
-    proc::Preflight p = proc::preflight();
-    auto status = [](const proc::Capability& c) { return !c.checked ? "skipped" : c.ok ? "ok" : "missing"; };
-    if (a.json) {
-      std::string s = "{\"ok\":" + std::string(p.ok ? "true" : "false") + ",\"criu\":" + json_string(p.criu) +
-                      ",\"criu_version\":" + json_string(p.criu_version) + ",\"plugin\":" + json_string(p.plugin) + ",\"problems\":[";
-      for (std::size_t k = 0; k < p.problems.size(); ++k)
-        s += (k ? "," : "") + json_string(p.problems[k]);
-      s += "],\"capabilities\":[";
-      for (std::size_t k = 0; k < p.capabilities.size(); ++k) {
-        const auto& c = p.capabilities[k];
-        s += (k ? "," : "") + std::string("{\"name\":") + json_string(c.name) + ",\"status\":\"" + status(c) +
-             "\",\"ok\":" + (c.ok ? "true" : "false") + ",\"required\":" + (c.required ? "true" : "false") + ",\"detail\":" + json_string(c.detail) +
-             "}";
-      }
-      std::cout << s << "]}\n";
-    } else {
-      // One line per capability: its status, its name, what was found or
-      // what to do (an optional one missing says so).
-      for (auto& c : p.capabilities) {
-        std::string st = status(c), name = c.name;
-        st.resize(std::max<std::size_t>(st.size() + 1, 9), ' ');
-        name.resize(std::max<std::size_t>(name.size() + 1, 17), ' ');
-        // A detail of several lines (CRIU's errors) goes on under the first.
-        std::string detail, line;
-        std::istringstream in(c.detail);
-        for (bool first = true; std::getline(in, line); first = false) {
-          if (!first) line.erase(0, line.find_first_not_of(' '));
-          detail += (first ? "" : "\n" + std::string(st.size() + name.size() + 2, ' ')) + line;
-        }
-        std::cout << st << name << (!c.required && c.checked && !c.ok ? "optional: " : "") << detail << "\n";
-      }
-      for (auto& x : p.problems)
-        std::cerr << "dvr: " << x << "\n";
-      if (p.ok)
-        std::cout << "ready: processes can be dumped and restored\n";
-      else
-        std::cout << "not ready: " << p.problems.size() << (p.problems.size() == 1 ? " capability is" : " capabilities are") << " missing (above)\n";
-    }
-    return p.ok ? 0 : 1;
-  }
-  if (verb == "dump") {
-    proc::DumpOptions o;
-    o.leave_running = a.take_flag("--leave-running");
-    o.tcp_established = a.take_flag("--tcp-established");
-    std::string name = a.take_option("--name", "");
-    if (a.rest.size() != 1 || name.empty())
-      throw Error(Errc::invalid_argument, "usage: dvr proc dump PID --name NAME [--leave-running] [--tcp-established] [--json]");
-    pid_t pid = parse_pid(a.rest.front());
-    Store store = open_store(a, true);
-    proc::ProcInfo p = proc::dump(store, pid, name, o);
-    if (a.json) {
-      std::cout << proc_json(p) << "\n";
-    } else {
-      std::cout << "dumped process " << p.pid << " as proc/" << p.name << " in " << format_seconds(p.seconds) << ": "
-                << format_bytes(static_cast<double>(p.image_bytes)) << " of CRIU images, " << format_bytes(static_cast<double>(p.stored_bytes))
-                << " added to the store" << (p.parent.empty() ? "" : " (compared with proc/" + p.parent + ")") << "\n";
-      for (auto& h : p.heaps)
-        std::cout << "  heap " << h.path << " (" << format_bytes(static_cast<double>(h.bytes)) << ") snapshotted as " << h.session << "/"
-                  << proc::kHeapPrefix << p.name << "\n";
-      std::cout << (o.leave_running ? "the process keeps running\n" : "the process was stopped\n");
-      if (o.tcp_established)
-        std::cout << "its established TCP connections were dumped (their peers' packets wait until they are restored); "
-                     "`dvr proc restore "
-                  << p.name << "` restores them\n";
-    }
-    return 0;
-  }
-  if (verb == "restore" || verb == "clone") {
-    proc::RestoreOptions o;
-    o.clone = verb == "clone";
-    o.detach = o.clone || a.take_flag("--detach");
-    o.pidfile = a.take_option("--pidfile", "");
-    // Taken for restore too, so that the library says they are for clones.
-    o.net = a.take_option("--net", "");
-    o.ip = a.take_option("--ip", "");
-    o.host_ip = a.take_option("--host-ip", "");
-    o.tcp_established = a.take_flag("--tcp-established");
-    if (a.rest.size() != 1)
-      throw Error(Errc::invalid_argument, "usage: dvr proc " + verb + " NAME " +
-                                              (o.clone ? "[--net new|NETNS] [--ip ADDR/PREFIX [--host-ip ADDR]] " : "[--detach] ") +
-                                              "[--pidfile FILE] [--tcp-established] [--json]");
-    Store store = open_store(a, false);
-    // A dump with established connections restores them by itself (a clone
-    // closes them, the original still holding them): say so.
-    proc::ProcInfo before = proc::info(store, a.rest.front());
-    if (before.tcp_established && !o.tcp_established)
-      std::cerr
-          << "dvr: "
-          << (o.clone ? "note: proc/" + before.name +
-                            " was dumped with --tcp-established; the clone gets its TCP connections closed (--tcp-close), as the original holds them"
-                      : "note: proc/" + before.name + " was dumped with --tcp-established: restoring its TCP connections (--tcp-established)")
-          << "\n";
-    proc::RestoreResult r = proc::restore(store, a.rest.front(), o);
-    for (auto& n : r.notes)
-      std::cerr << "dvr: note: " << n << "\n";
-    if (!o.detach) return r.exit_status;
-    if (a.json) {
-      std::cout << "{\"name\":" << json_string(a.rest.front()) << ",\"pid\":" << r.pid << ",\"seconds\":" << r.seconds;
-      if (!r.net.empty()) std::cout << ",\"net\":" << json_string(r.net);
-      if (!r.ip.empty())
-        std::cout << ",\"ip\":" << json_string(r.ip) << ",\"host_ip\":" << json_string(r.host_ip) << ",\"host_if\":" << json_string(r.host_if);
-      std::cout << "}\n";
-    } else {
-      if (!r.ip.empty())
-        std::cerr << "dvr: clone " << r.pid << " runs in a network namespace of its own at " << r.ip << " (host end " << r.host_if << " at "
-                  << r.host_ip << "); it goes when the clone exits; run commands in it with nsenter -t " << r.pid << " -n CMD\n";
-      else if (!r.net.empty())
-        std::cerr << "dvr: clone " << r.pid << " runs in network namespace " << r.net << "\n";
-      std::cout << r.pid << "\n";
-    }
-    return 0;
-  }
-  if (verb == "ls" || verb == "info") {
-    std::string name;
-    if (verb == "info") {
-      if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr proc info NAME [--json]");
-      name = a.rest.front();
-      a.rest.clear();
-    }
-    a.no_more();
-    Store store = open_store(a, false);
-    std::vector<proc::ProcInfo> all = verb == "ls" ? proc::list(store) : std::vector<proc::ProcInfo>{proc::info(store, name)};
-    if (a.json) {
-      if (verb == "info") {
-        std::cout << proc_json(all.front()) << "\n";
-      } else {
-        std::cout << "[";
-        for (std::size_t k = 0; k < all.size(); ++k)
-          std::cout << (k ? "," : "") << proc_json(all[k]);
-        std::cout << "]\n";
-      }
-      return 0;
-    }
-    for (auto& p : all) {
-      std::cout << p.name << "  " << format_time(p.time_ns) << "  pid " << p.pid << "  images " << format_bytes(static_cast<double>(p.image_bytes))
-                << "  stored " << format_bytes(static_cast<double>(p.stored_bytes));
-      if (!p.heaps.empty()) std::cout << "  heaps " << p.heaps.size();
-      std::cout << "  " << p.command << "\n";
-    }
-    return 0;
-  }
-  if (verb == "rm") {
-    if (a.rest.empty()) throw Error(Errc::invalid_argument, "usage: dvr proc rm NAME...");
-    Store store = open_store(a, false);
-    for (auto& n : a.rest)
-      proc::info(store, n);  // every name is checked before anything is removed
-    for (auto& n : a.rest)
-      proc::remove(store, n);
-    return 0;
-  }
-  throw Error(Errc::invalid_argument, "unknown verb 'proc " + verb + "'; use dump, restore, clone, ls, info, rm or check");
 }
 
 // ---- moving snapshots -------------------------------------------------------
 
-transfer::Options transfer_options(Args& a) {
+struct TransferArgs {
+  std::string ref, file, url, base, compress, level, ssh, remote_dvr = "dvr";
+  bool no_compress = false, negotiate = false, json = false;
+};
+
+transfer::Options transfer_options(const TransferArgs& a) {
   transfer::Options o;
-  o.base = a.take_option("--base", "");
-  std::string level = a.take_option("--level", "");
-  std::string compress = a.take_option("--compress", "");
-  if (!compress.empty()) o.compress = transfer::parse_compress(compress, "--compress");
-  if (a.take_flag("--no-compress")) {
-    if (!compress.empty() && o.compress != transfer::Compress::none)
-      throw Error(Errc::invalid_argument, "--compress=" + compress + " and --no-compress exclude each other");
+  o.base = a.base;
+  if (!a.compress.empty()) o.compress = transfer::parse_compress(a.compress, "--compress");
+  if (a.no_compress) {
+    if (!a.compress.empty() && o.compress != transfer::Compress::none)
+      throw Error(Errc::invalid_argument, "--compress=" + a.compress + " and --no-compress exclude each other");
     o.compress = transfer::Compress::none;
   }
-  if (!level.empty()) {
+  if (!a.level.empty()) {
     if (o.compress == transfer::Compress::none) throw Error(Errc::invalid_argument, "--level and --compress=none (--no-compress) exclude each other");
-    char* end = nullptr;
-    long v = std::strtol(level.c_str(), &end, 10);
-    if (*end || v < 1 || v > 19) throw Error(Errc::invalid_argument, "--level must be 1 to 19 (zstd), not '" + level + "'");
-    o.level = static_cast<int>(v);
-  }
-  // Progress on a terminal: bytes, rate, ETA, ten times a second.
-  if (::isatty(2)) {
-    auto t0 = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
-    auto last = std::make_shared<double>(-1);
-    o.progress = [t0, last](std::uint64_t done, std::uint64_t total) {
-      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - *t0).count();
-      if (t - *last < 0.1 && done < total) return;
-      *last = t;
-      double rate = t > 0 ? static_cast<double>(done) / t : 0;
-      double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
-      std::fprintf(stderr, "\r  %s / %s  %s/s  ETA %s   ", format_bytes(static_cast<double>(done)).c_str(),
-                   format_bytes(static_cast<double>(total)).c_str(), format_bytes(rate).c_str(), format_seconds(eta).c_str());
-      if (done >= total) std::fprintf(stderr, "\n");
-    };
+    o.level = std::stoi(a.level);  // checked by its validator: 1 to 19
   }
   return o;
 }
 
-std::string transfer_json(const transfer::Stats& st, bool sent) {
-  std::string refs = "[";
-  for (std::size_t k = 0; k < st.refs.size(); ++k)
-    refs += (k ? "," : "") + json_string(st.refs[k]);
-  refs += "]";
-  std::ostringstream o;
-  o << "{\"ref\":" << refs << ",\"base\":" << json_string(st.base) << ",\"logical_bytes\":" << st.logical_bytes
-    << (sent ? ",\"sent_bytes\":" : ",\"received_bytes\":") << st.wire_bytes << ",\"data_bytes\":" << st.data_bytes
-    << ",\"compression_ratio\":" << st.compression_ratio << ",\"chunks\":" << st.chunks << ",\"chunks_skipped\":" << st.chunks_skipped
-    << ",\"stored_bytes\":" << st.stored_bytes;
-  if (sent)
-    o << ",\"chunks_compressed\":" << st.chunks_compressed << ",\"chunks_raw\":" << st.chunks_raw << ",\"read_bytes\":" << st.read_bytes;
-  o << ",\"seconds\":" << st.seconds << "}";
-  return o.str();
-}
-
-void print_transfer(const transfer::Stats& st, bool sent, bool json, std::ostream& out) {
-  if (json) {
-    out << transfer_json(st, sent) << "\n";
+void print_transfer(const transfer::Stats& st, bool sent, bool as_json, std::ostream& out) {
+  if (as_json) {
+    out << to_json(st, sent).dump() << "\n";
     return;
   }
   std::string refs;
   for (auto& r : st.refs)
-    refs += (refs.empty() ? "" : ", ") + r;
-  out << (sent ? "sent " : "received ") << refs << ": " << format_bytes(static_cast<double>(st.logical_bytes)) << " of snapshot data, "
-      << format_bytes(static_cast<double>(st.wire_bytes)) << (sent ? " sent" : " received");
+    refs += (refs.empty() ? "" : ", ") + printable(r);
+  out << (sent ? "sent " : "received ") << refs << ": " << bytes(st.logical_bytes) << " of snapshot data, " << bytes(st.wire_bytes)
+      << (sent ? " sent" : " received");
   if (st.data_bytes) out << " (compression " << std::fixed << std::setprecision(2) << st.compression_ratio << "x)";
-  out << ", " << st.chunks_skipped << " of " << st.chunks << " chunks skipped"
-      << (st.base.empty() ? std::string() : " (relative to " + st.base + ")");
-  if (!sent) out << ", " << format_bytes(static_cast<double>(st.stored_bytes)) << " added to the store";
+  out << ", " << st.chunks_skipped << " of " << st.chunks << " chunks skipped" << (st.base.empty() ? std::string() : " (relative to " + st.base + ")");
+  if (!sent) out << ", " << bytes(st.stored_bytes) << " added to the store";
   out << ", " << format_seconds(st.seconds) << "\n";
+}
+
+// Copies `from` into a pipe whose read end the library reads, counting the
+// bytes for a progress report (the receiving calls take no progress
+// callback): `total` is the file's size, 0 when unknown (a pipe). splice()
+// moves the pages without copying them through user space where it can.
+class CountingPump {
+ public:
+  CountingPump(int from, std::uint64_t total, ProgressReporter& progress) : from_(from), total_(total), progress_(progress) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) throw Error(Errc::io, std::string("cannot create a pipe: ") + std::strerror(errno));
+    read_end_ = p[0];
+    write_end_ = p[1];
+    ::fcntl(write_end_, F_SETPIPE_SZ, 1 << 20);
+    thread_ = std::thread([this] { pump(); });
+  }
+  ~CountingPump() {
+    close_read_end();
+    if (thread_.joinable()) thread_.join();
+  }
+  int fd() const { return read_end_; }
+  /// After the library call: the pump's own failure (a read error), if any.
+  void finish() {
+    close_read_end();
+    thread_.join();
+    if (!error_.empty()) throw Error(Errc::io, error_);
+  }
+
+ private:
+  void close_read_end() {
+    if (read_end_ >= 0) ::close(read_end_);
+    read_end_ = -1;
+  }
+  void pump() {
+    std::uint64_t done = 0;
+    bool can_splice = true;
+    std::vector<char> buf;
+    progress_.update(0, total_);
+    for (;;) {
+      ssize_t n = -1;
+      if (can_splice) {
+        n = ::splice(from_, nullptr, write_end_, nullptr, 1 << 20, SPLICE_F_MOVE);
+        if (n < 0 && (errno == EINVAL || errno == ESPIPE)) {
+          can_splice = false;
+          continue;
+        }
+      } else {
+        if (buf.empty()) buf.resize(1 << 20);
+        n = ::read(from_, buf.data(), buf.size());
+        for (ssize_t off = 0; n > 0 && off < n;) {
+          ssize_t w = ::write(write_end_, buf.data() + off, static_cast<std::size_t>(n - off));
+          if (w < 0 && errno == EINTR) continue;
+          if (w < 0) {
+            n = -2;  // the reader went away: its error is the one to report
+            break;
+          }
+          off += w;
+        }
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n == -2 || (n < 0 && errno == EPIPE)) break;
+      if (n < 0) {
+        error_ = std::string("cannot read the stream: ") + std::strerror(errno);
+        break;
+      }
+      if (n == 0) break;
+      done += static_cast<std::uint64_t>(n);
+      progress_.update(done, std::max(total_, done));
+    }
+    if (total_ == 0 && error_.empty()) progress_.update(done, done);
+    ::close(write_end_);
+  }
+
+  int from_;
+  std::uint64_t total_;
+  ProgressReporter& progress_;
+  int read_end_ = -1, write_end_ = -1;
+  std::string error_;
+  std::thread thread_;
+};
+
+std::uint64_t size_of_regular(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<std::uint64_t>(st.st_size) : 0;
+}
+
+transfer::Stats receive_counted(Store& store, int fd, const char* op) {
+  ProgressReporter progress(op, progress_mode());
+  if (!progress.callback()) return transfer::receive(store, fd);
+  CountingPump pump(fd, size_of_regular(fd), progress);
+  transfer::Stats st = transfer::receive(store, pump.fd());
+  pump.finish();
+  return st;
 }
 
 struct SshTarget {
@@ -787,65 +626,61 @@ struct SshChild {
   }
 };
 
-int cmd_send(Args& a) {
-  a.json = a.take_flag("--json");
-  bool negotiate = a.take_flag("--negotiate");
+int cmd_send(const TransferArgs& a) {
   transfer::Options o = transfer_options(a);
-  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr send REF [--base BASE] [--compress=auto|zstd|none] [--level N] [--json] > FILE");
-  if (!negotiate && ::isatty(1))
+  if (!a.negotiate && ::isatty(1))
     throw Error(Errc::invalid_argument, "dvr send writes a binary stream: redirect it (dvr send REF > FILE, or | dvr receive)");
-  Store store = open_store(a, false);
-  transfer::Stats st = negotiate ? transfer::send_negotiated(store, a.rest.front(), 0, 1, o) : transfer::send(store, a.rest.front(), 1, o);
+  Store store = open_store(false);
+  // The far side of a push or pull shows no bar: its stderr is the near
+  // side's terminal, which shows its own.
+  ProgressReporter progress("send", a.negotiate ? ProgressMode::none : progress_mode());
+  o.progress = progress.callback();
+  transfer::Stats st = a.negotiate ? transfer::send_negotiated(store, a.ref, 0, 1, o) : transfer::send(store, a.ref, 1, o);
+  progress.finish();
   print_transfer(st, true, a.json, std::cerr);
   return 0;
 }
 
-int cmd_receive(Args& a) {
-  a.json = a.take_flag("--json");
-  bool negotiate = a.take_flag("--negotiate");
-  a.no_more();
-  Store store = open_store(a, true);
-  transfer::Stats st = negotiate ? transfer::receive_negotiated(store, 0, 1) : transfer::receive(store, 0);
-  print_transfer(st, false, a.json, negotiate ? std::cerr : std::cout);
+int cmd_receive(const TransferArgs& a) {
+  Store store = open_store(true);
+  transfer::Stats st = a.negotiate ? transfer::receive_negotiated(store, 0, 1) : receive_counted(store, 0, "receive");
+  print_transfer(st, false, a.json, a.negotiate ? std::cerr : std::cout);
   return 0;
 }
 
-int cmd_export(Args& a) {
-  a.json = a.take_flag("--json");
-  std::string file = a.take_option("-o", "");
+int cmd_export(const TransferArgs& a) {
   transfer::Options o = transfer_options(a);
-  if (a.rest.size() != 1 || file.empty())
-    throw Error(Errc::invalid_argument, "usage: dvr export REF -o FILE [--base BASE] [--compress=auto|zstd|none] [--level N] [--json]");
-  Store store = open_store(a, false);
+  Store store = open_store(false);
   // Written beside FILE, renamed over it when complete: no half files.
-  std::string tmp = file + ".part-" + std::to_string(::getpid());
+  std::string tmp = a.file + ".part-" + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw Error(errno == ENOENT ? Errc::not_found : Errc::io, "cannot create " + tmp + ": " + std::strerror(errno));
+  ProgressReporter progress("export", progress_mode());
+  o.progress = progress.callback();
   transfer::Stats st;
   try {
-    st = transfer::send(store, a.rest.front(), fd, o);
+    st = transfer::send(store, a.ref, fd, o);
     if (::fsync(fd) != 0) throw Error(errno == ENOSPC ? Errc::no_space : Errc::io, "cannot write " + tmp + ": " + std::strerror(errno));
     ::close(fd);
     fd = -1;
-    if (::rename(tmp.c_str(), file.c_str()) != 0) throw Error(Errc::io, "cannot rename " + tmp + " to " + file + ": " + std::strerror(errno));
+    if (::rename(tmp.c_str(), a.file.c_str()) != 0) throw Error(Errc::io, "cannot rename " + tmp + " to " + a.file + ": " + std::strerror(errno));
   } catch (...) {
     if (fd >= 0) ::close(fd);
     ::unlink(tmp.c_str());
     throw;
   }
+  progress.finish();
   print_transfer(st, true, a.json, std::cout);
   return 0;
 }
 
-int cmd_import(Args& a) {
-  a.json = a.take_flag("--json");
-  if (a.rest.size() != 1) throw Error(Errc::invalid_argument, "usage: dvr import FILE [--json]");
-  int fd = ::open(a.rest.front().c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(errno == ENOENT ? Errc::not_found : Errc::io, "cannot open " + a.rest.front() + ": " + std::strerror(errno));
-  Store store = open_store(a, true);
+int cmd_import(const TransferArgs& a) {
+  int fd = ::open(a.file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(errno == ENOENT ? Errc::not_found : Errc::io, "cannot open " + a.file + ": " + std::strerror(errno));
   transfer::Stats st;
   try {
-    st = transfer::receive(store, fd);
+    Store store = open_store(true);
+    st = receive_counted(store, fd, "import");
   } catch (...) {
     ::close(fd);
     throw;
@@ -855,23 +690,20 @@ int cmd_import(Args& a) {
   return 0;
 }
 
-int cmd_push_pull(Args& a, bool push) {
-  a.json = a.take_flag("--json");
-  const char* env_ssh = std::getenv("DVR_SSH");
-  std::string ssh = a.take_option("--ssh", env_ssh && *env_ssh ? env_ssh : "ssh");
-  std::string remote_dvr = a.take_option("--remote-dvr", "dvr");
+int cmd_push_pull(const TransferArgs& a, bool push) {
+  std::string ssh = a.ssh;
+  if (ssh.empty()) {
+    const char* env_ssh = std::getenv("DVR_SSH");
+    ssh = env_ssh && *env_ssh ? env_ssh : "ssh";
+  }
   transfer::Options o = transfer_options(a);
-  if (a.rest.size() != 2)
-    throw Error(Errc::invalid_argument, push ? "usage: dvr push REF ssh://[USER@]HOST[:PORT]/STORE [--ssh CMD] [--remote-dvr PATH] [--json]"
-                                             : "usage: dvr pull ssh://[USER@]HOST[:PORT]/STORE REF [--ssh CMD] [--remote-dvr PATH] [--json]");
-  std::string ref = push ? a.rest[0] : a.rest[1];
-  SshTarget t = parse_ssh_url(push ? a.rest[1] : a.rest[0]);
-  Store store = open_store(a, !push);
-  std::vector<std::string> remote = {remote_dvr, "--store", t.path};
+  SshTarget t = parse_ssh_url(a.url);
+  Store store = open_store(!push);
+  std::vector<std::string> remote = {a.remote_dvr, "--store", t.path};
   if (push) {
     remote.insert(remote.end(), {"receive", "--negotiate"});
   } else {
-    remote.insert(remote.end(), {"send", "--negotiate", ref});
+    remote.insert(remote.end(), {"send", "--negotiate", a.ref});
     if (!o.base.empty()) remote.insert(remote.end(), {"--base", o.base});
     // Spelled so that a far dvr older than --compress understands the
     // default and none (it compresses every chunk, as zstd does).
@@ -883,50 +715,445 @@ int cmd_push_pull(Args& a, bool push) {
     }
   }
   SshChild child(ssh, t, remote);
+  ProgressReporter progress(push ? "push" : "pull", progress_mode());
+  o.progress = progress.callback();
   transfer::Stats st;
   try {
-    st = push ? transfer::send_negotiated(store, ref, child.from, child.to, o) : transfer::receive_negotiated(store, child.from, child.to);
+    if (push) {
+      st = transfer::send_negotiated(store, a.ref, child.from, child.to, o);
+    } else if (!o.progress) {
+      st = transfer::receive_negotiated(store, child.from, child.to);
+    } else {
+      CountingPump pump(child.from, 0, progress);  // the size is not known before
+      st = transfer::receive_negotiated(store, pump.fd(), child.to);
+      pump.finish();
+    }
   } catch (const Error& e) {
+    progress.finish();
     int rc = child.finish();
     if (rc == 255) throw Error(Errc::io, "ssh to " + t.host + " failed (exit 255; see its message above)");
     throw;
   }
+  progress.finish();
   int rc = child.finish();
   if (rc != 0) throw Error(Errc::io, "the far side (ssh " + t.host + ") exited with status " + std::to_string(rc) + " after the transfer");
   print_transfer(st, push, a.json, std::cout);
   return 0;
 }
 
-int cmd_run(Args& a) {
-  auto dashes = std::find(a.rest.begin(), a.rest.end(), std::string("--"));
-  const char* usage = "usage: dvr run [--output FILE] [--cwd DIR] [--heap [MAX] [--heap-session NAME]] -- CMD [ARGS...]";
-  if (dashes == a.rest.end() || dashes + 1 == a.rest.end()) throw Error(Errc::invalid_argument, usage);
-  std::vector<std::string> argv(dashes + 1, a.rest.end());
-  a.rest.erase(dashes, a.rest.end());
-  proc::RunOptions o;
-  o.output = a.take_option("--output", "");
-  o.cwd = a.take_option("--cwd", "");
-  std::string session = a.take_option("--heap-session", "");
-  // --heap [MAX]: the size is optional (default 4G).
-  for (auto it = a.rest.begin(); it != a.rest.end(); ++it) {
-    if (*it != "--heap" && it->rfind("--heap=", 0) != 0) continue;
-    std::string size = *it == "--heap" ? "4G" : it->substr(7);
-    auto next = it + 1;
-    if (*it == "--heap" && next != a.rest.end() && next->rfind("--", 0) != 0) {
-      size = *next;
-      a.rest.erase(next);
-    }
-    o.heap_bytes = parse_size(size);
-    a.rest.erase(it);
-    break;
+// ---- whole processes --------------------------------------------------------
+
+pid_t parse_pid(const std::string& text) {
+  char* end = nullptr;
+  long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end || v <= 0 || v > 0x7fffffff) throw Error(Errc::invalid_argument, "'" + text + "' is not a process ID");
+  return static_cast<pid_t>(v);
+}
+
+// Whether `pid` still runs (a zombie does not).
+bool process_alive(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return false;
+  char line[512] = {};
+  bool alive = std::fgets(line, sizeof line, f) != nullptr;
+  std::fclose(f);
+  const char* close = std::strrchr(line, ')');
+  return alive && !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
+}
+
+void print_dump(const proc::ProcInfo& p, const proc::DumpOptions& o) {
+  std::cout << "dumped process " << p.pid << " as proc/" << printable(p.name) << " in " << format_seconds(p.seconds) << ": " << bytes(p.image_bytes)
+            << " of CRIU images, " << bytes(p.stored_bytes) << " added to the store"
+            << (p.parent.empty() ? "" : " (compared with proc/" + printable(p.parent) + ")") << "\n";
+  for (auto& h : p.heaps)
+    std::cout << "  heap " << printable(h.path) << " (" << bytes(h.bytes) << ") snapshotted as " << printable(h.session) << "/" << proc::kHeapPrefix
+              << printable(p.name) << "\n";
+  std::cout << (o.leave_running ? "the process keeps running\n" : "the process was stopped\n");
+  if (o.tcp_established)
+    std::cout << "its established TCP connections were dumped (their peers' packets wait until they are restored); `dvr proc restore "
+              << printable(p.name) << "` restores them\n";
+}
+
+// A periodic dump series: NAME-YYYYMMDDTHHMMSSZ.
+std::string series_name(const std::string& name) {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return name + "-" + buf;
+}
+
+bool in_series(const std::string& dump, const std::string& name) {
+  if (dump.size() < name.size() + 17 || dump.compare(0, name.size() + 1, name + "-") != 0) return false;
+  std::string stamp = dump.substr(name.size() + 1, 16);  // YYYYMMDDTHHMMSSZ, then maybe -N
+  for (std::size_t k = 0; k < 16; ++k) {
+    bool digit = std::isdigit(static_cast<unsigned char>(stamp[k]));
+    if ((k == 8 && stamp[k] != 'T') || (k == 15 && stamp[k] != 'Z') || (k != 8 && k != 15 && !digit)) return false;
   }
-  a.no_more();
+  std::string rest = dump.substr(name.size() + 17);
+  return rest.empty() || (rest.size() > 1 && rest[0] == '-' && rest.find_first_not_of("0123456789", 1) == std::string::npos);
+}
+
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+struct StopSignals {
+  struct sigaction old_int {}, old_term {};
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;  // no SA_RESTART: sleeps end at once
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int);
+    ::sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGTERM, &old_term, nullptr);
+  }
+};
+
+struct PeriodicArgs {
+  std::string name;
+  double every_s = 0;
+  unsigned keep = 0;  // 0 = keep all
+  bool tcp_established = false;
+  bool json = false;
+  // What a stop signal does to the process (dvr run --dump-every: passed on).
+  bool forward_signal = false;
+};
+
+// Dumps `pid` as NAME-<UTC time> every `every_s` seconds (each compared with
+// the previous one, so it stores what changed) until the process exits or a
+// SIGINT/SIGTERM arrives, keeping the newest `keep` of the series.
+int periodic_dumps(pid_t pid, const PeriodicArgs& a) {
+  dvr::split_ref("proc/" + a.name);  // the name's check, before the first dump
+  Store store = open_store(true);
+  StopSignals signals;
+  proc::DumpOptions o;
+  o.leave_running = true;
+  o.tcp_established = a.tcp_established;
+  unsigned dumps = 0, removed = 0;
+  auto say = [&](const std::string& what, json event) {
+    if (a.json) {
+      json doc = document();
+      doc["event"] = event.at("event");
+      event.erase("event");
+      doc.update(event);
+      print_json(doc);
+      std::cout.flush();
+    } else {
+      std::cout << what << "\n" << std::flush;
+    }
+  };
+  std::string why;
+  while (true) {
+    if (g_stop_signal) {
+      why = std::string("stopped by ") + strsignal(g_stop_signal) + "; the process keeps running";
+      break;
+    }
+    if (!process_alive(pid)) {
+      why = "process " + std::to_string(pid) + " has exited";
+      break;
+    }
+    std::string dump = series_name(a.name);
+    for (int n = 2; [&] {
+           try {
+             proc::info(store, dump);
+             return true;
+           } catch (const Error&) {
+             return false;
+           }
+         }();
+         ++n)
+      dump = series_name(a.name) + "-" + std::to_string(n);
+    proc::ProcInfo p;
+    try {
+      p = proc::dump(store, pid, dump, o);
+    } catch (const Error& e) {
+      if (!process_alive(pid)) {
+        why = "process " + std::to_string(pid) + " exited during a dump (proc/" + dump + " was not stored)";
+        break;
+      }
+      throw;
+    }
+    ++dumps;
+    if (a.json) {
+      json ev = to_json(p);
+      ev["event"] = "dump";
+      say("", ev);
+    } else {
+      std::cout << "dumped process " << pid << " as proc/" << printable(p.name) << ": " << bytes(p.stored_bytes) << " added"
+                << (p.parent.empty() ? "" : " (compared with proc/" + printable(p.parent) + ")") << ", " << format_seconds(p.seconds) << "\n"
+                << std::flush;
+    }
+    if (a.keep > 0) {
+      std::vector<proc::ProcInfo> series;
+      for (auto& q : proc::list(store))
+        if (in_series(q.name, a.name)) series.push_back(q);
+      std::sort(series.begin(), series.end(), [](auto& x, auto& y) { return x.time_ns < y.time_ns; });
+      for (std::size_t k = 0; k + a.keep < series.size(); ++k) {
+        proc::remove(store, series[k].name);
+        ++removed;
+        say("removed proc/" + printable(series[k].name) + " (keeping the newest " + std::to_string(a.keep) + ")",
+            json{{"event", "removed"}, {"name", jstr(series[k].name)}});
+      }
+    }
+    // Sleeps in short steps: the process's exit and a signal end it early.
+    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(a.every_s);
+    while (!g_stop_signal && process_alive(pid) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (g_stop_signal && a.forward_signal && process_alive(pid)) {
+    ::kill(pid, g_stop_signal);
+    why = std::string("stopped by ") + strsignal(g_stop_signal) + ", passed on to process " + std::to_string(pid);
+  }
+  unsigned kept = 0;
+  for (auto& q : proc::list(store))
+    kept += in_series(q.name, a.name);
+  say(why + "; " + std::to_string(dumps) + " dump(s) taken, " + std::to_string(removed) + " removed, " + std::to_string(kept) + " of series " +
+          printable(a.name) + " in the store (`dvr proc ls`)",
+      json{{"event", "end"}, {"why", why}, {"dumps", dumps}, {"removed", removed}, {"kept", kept}});
+  return 0;
+}
+
+struct ProcArgs {
+  std::string target;  // PID or NAME
+  std::vector<std::string> names;
+  std::string name, pidfile, net, ip, host_ip, every;
+  unsigned keep = 0;
+  bool leave_running = false, tcp_established = false, detach = false, json = false;
+};
+
+int cmd_proc_check(bool as_json) {
+  proc::Preflight p = proc::preflight();
+  auto status = [](const proc::Capability& c) { return !c.checked ? "skipped" : c.ok ? "ok" : "missing"; };
+  if (as_json) {
+    json doc = document();
+    doc["ok"] = p.ok;
+    doc["criu"] = jstr(p.criu);
+    doc["criu_version"] = jstr(p.criu_version);
+    doc["plugin"] = jstr(p.plugin);
+    json problems = json::array();
+    for (auto& x : p.problems)
+      problems.push_back(jstr(x));
+    doc["problems"] = std::move(problems);
+    json caps = json::array();
+    for (auto& c : p.capabilities)
+      caps.push_back({{"name", jstr(c.name)}, {"status", status(c)}, {"ok", c.ok}, {"required", c.required}, {"detail", jstr(c.detail)}});
+    doc["capabilities"] = std::move(caps);
+    print_json(doc);
+    return p.ok ? 0 : 1;
+  }
+  // One line per capability: its status, its name, what was found or what to
+  // do (an optional one missing says so).
+  for (auto& c : p.capabilities) {
+    std::string st = status(c), name = c.name;
+    st.resize(std::max<std::size_t>(st.size() + 1, 9), ' ');
+    name.resize(std::max<std::size_t>(name.size() + 1, 17), ' ');
+    // A detail of several lines (CRIU's errors) goes on under the first.
+    std::string detail, line;
+    std::istringstream in(c.detail);
+    for (bool first = true; std::getline(in, line); first = false) {
+      if (!first) line.erase(0, line.find_first_not_of(' '));
+      detail += (first ? "" : "\n" + std::string(st.size() + name.size() + 2, ' ')) + printable(line);
+    }
+    std::cout << st << name << (!c.required && c.checked && !c.ok ? "optional: " : "") << detail << "\n";
+  }
+  for (auto& x : p.problems)
+    std::cerr << "dvr: " << x << "\n";
+  if (p.ok)
+    std::cout << "ready: processes can be dumped and restored\n";
+  else
+    std::cout << "not ready: " << p.problems.size() << (p.problems.size() == 1 ? " capability is" : " capabilities are") << " missing (above)\n";
+  return p.ok ? 0 : 1;
+}
+
+int cmd_proc_dump(const ProcArgs& a) {
+  pid_t pid = parse_pid(a.target);
+  if (!a.every.empty()) {
+    if (!process_alive(pid)) throw Error(Errc::not_found, "no process " + std::to_string(pid) + " runs; `ps -p " + std::to_string(pid) + "` shows it");
+    PeriodicArgs p;
+    p.name = a.name;
+    p.every_s = parse_duration(a.every);
+    p.keep = a.keep;
+    p.tcp_established = a.tcp_established;
+    p.json = a.json;
+    return periodic_dumps(pid, p);
+  }
+  if (a.keep) throw Error(Errc::invalid_argument, "--keep goes with --every (a series of periodic dumps)");
+  proc::DumpOptions o;
+  o.leave_running = a.leave_running;
+  o.tcp_established = a.tcp_established;
+  Store store = open_store(true);
+  proc::ProcInfo p = proc::dump(store, pid, a.name, o);
+  if (a.json) {
+    json doc = document();
+    doc.update(to_json(p));
+    print_json(doc);
+  } else {
+    print_dump(p, o);
+  }
+  return 0;
+}
+
+int cmd_proc_restore(const ProcArgs& a, bool clone) {
+  proc::RestoreOptions o;
+  o.clone = clone;
+  o.detach = clone || a.detach;
+  o.pidfile = a.pidfile;
+  o.net = a.net;  // taken for restore too, so that the library says they are for clones
+  o.ip = a.ip;
+  o.host_ip = a.host_ip;
+  o.tcp_established = a.tcp_established;
+  Store store = open_store(false);
+  // A dump with established connections restores them by itself (a clone
+  // closes them, the original still holding them): say so.
+  proc::ProcInfo before = proc::info(store, a.target);
+  if (before.tcp_established && !o.tcp_established)
+    std::cerr << "dvr: "
+              << (o.clone ? "note: proc/" + before.name +
+                                " was dumped with --tcp-established; the clone gets its TCP connections closed (--tcp-close), as the original holds them"
+                          : "note: proc/" + before.name + " was dumped with --tcp-established: restoring its TCP connections (--tcp-established)")
+              << "\n";
+  proc::RestoreResult r = proc::restore(store, a.target, o);
+  for (auto& n : r.notes)
+    std::cerr << "dvr: note: " << n << "\n";
+  if (!o.detach) return r.exit_status;
+  if (a.json) {
+    json doc = document();
+    doc["name"] = jstr(a.target);
+    doc["pid"] = r.pid;
+    doc["seconds"] = r.seconds;
+    if (!r.net.empty()) doc["net"] = jstr(r.net);
+    if (!r.ip.empty()) {
+      doc["ip"] = jstr(r.ip);
+      doc["host_ip"] = jstr(r.host_ip);
+      doc["host_if"] = jstr(r.host_if);
+    }
+    print_json(doc);
+  } else {
+    if (!r.ip.empty())
+      std::cerr << "dvr: clone " << r.pid << " runs in a network namespace of its own at " << r.ip << " (host end " << r.host_if << " at " << r.host_ip
+                << "); it goes when the clone exits; run commands in it with nsenter -t " << r.pid << " -n CMD\n";
+    else if (!r.net.empty())
+      std::cerr << "dvr: clone " << r.pid << " runs in network namespace " << r.net << "\n";
+    std::cout << r.pid << "\n";
+  }
+  return 0;
+}
+
+int cmd_proc_ls(bool as_json) {
+  Store store = open_store(false);
+  auto all = proc::list(store);
+  if (as_json) {
+    json doc = document();
+    json list = json::array();
+    for (auto& p : all)
+      list.push_back(to_json(p));
+    doc["processes"] = std::move(list);
+    print_json(doc);
+    return 0;
+  }
+  if (all.empty()) {
+    std::cout << "no process snapshots in " << store.path() << " (`dvr proc dump PID --name NAME` takes one)\n";
+    return 0;
+  }
+  std::printf("%-28s %-19s %8s %10s %10s %5s  %s\n", "NAME", "TIME", "PID", "IMAGES", "STORED", "HEAPS", "COMMAND");
+  for (auto& p : all)
+    std::printf("%-28s %-19s %8d %10s %10s %5zu  %s\n", printable(p.name).c_str(), format_time(p.time_ns).c_str(), static_cast<int>(p.pid),
+                bytes(p.image_bytes).c_str(), bytes(p.stored_bytes).c_str(), p.heaps.size(), printable(p.command).c_str());
+  return 0;
+}
+
+int cmd_proc_info(const ProcArgs& a) {
+  Store store = open_store(false);
+  proc::ProcInfo p = proc::info(store, a.target);
+  if (a.json) {
+    json doc = document();
+    doc.update(to_json(p));
+    print_json(doc);
+    return 0;
+  }
+  std::uint64_t heap_bytes = 0;
+  for (auto& h : p.heaps)
+    heap_bytes += h.bytes;
+  std::cout << "process snapshot  proc/" << printable(p.name) << "\n"
+            << "time              " << format_time(p.time_ns) << " (" << rfc3339(p.time_ns) << ")\n"
+            << "process           " << p.pid << (p.own_pid_namespace ? " (PID 1 of its own PID namespace: `dvr run`)" : "") << "\n"
+            << "command           " << printable(p.command) << "\n"
+            << "images            " << bytes(p.image_bytes) << " of CRIU images\n"
+            << "stored            " << bytes(p.stored_bytes) << " added to the store by this dump\n"
+            << "compared with     " << (p.parent.empty() ? "(none: a full dump)" : "proc/" + printable(p.parent)) << "\n"
+            << "dumped            " << (p.leave_running ? "leaving it running" : "stopping it")
+            << (p.tcp_established ? ", with its established TCP connections" : "") << "\n"
+            << "CRIU              " << (p.criu_version.empty() ? "(not recorded)" : printable(p.criu_version)) << "\n"
+            << "kernel            " << (p.kernel.empty() ? "(not recorded)" : printable(p.kernel)) << "\n"
+            << "heaps             " << p.heaps.size() << (p.heaps.empty() ? "" : " (" + bytes(heap_bytes) + ")") << "\n";
+  for (auto& h : p.heaps)
+    std::cout << "  " << printable(h.path) << "  " << bytes(h.bytes) << "  snapshot " << printable(h.session) << "/" << proc::kHeapPrefix
+              << printable(p.name) << "\n";
+  std::cout << "mapped files      " << p.files.size() << " (programs and libraries a restore needs unchanged)\n"
+            << "restore it with `dvr proc restore " << printable(p.name) << "`, or start a copy beside it with `dvr proc clone "
+            << printable(p.name) << "`\n";
+  return 0;
+}
+
+int cmd_proc_rm(const ProcArgs& a) {
+  std::vector<std::string> names;
+  std::set<std::string> seen;
+  for (auto& n : a.names)
+    if (seen.insert(n).second) names.push_back(n);
+  Store store = open_store(false);
+  std::vector<proc::ProcInfo> infos;
+  for (auto& n : names)
+    infos.push_back(proc::info(store, n));  // every name is checked before anything is removed
+  json removed = json::array();
+  for (auto& p : infos) {
+    proc::remove(store, p.name);
+    removed.push_back(jstr(p.name));
+    if (!a.json) {
+      std::cout << "removed proc/" << printable(p.name);
+      for (auto& h : p.heaps)
+        std::cout << " and its heap snapshot " << printable(h.session) << "/" << proc::kHeapPrefix << printable(p.name);
+      std::cout << "\n";
+    }
+  }
+  if (a.json) {
+    json doc = document();
+    doc["removed"] = std::move(removed);
+    print_json(doc);
+  } else {
+    std::cout << "run `dvr gc` to reclaim the space\n";
+  }
+  return 0;
+}
+
+struct RunArgs {
+  std::vector<std::string> argv;
+  std::string output, cwd, heap, heap_session, dump_every, name;
+  unsigned keep = 0;
+  bool heap_given = false, json = false;
+};
+
+int cmd_run(const RunArgs& a) {
+  if (a.argv.empty()) throw Error(Errc::invalid_argument, "dvr run needs a command: dvr run [OPTIONS] -- CMD [ARGS...]");
+  proc::RunOptions o;
+  o.output = a.output;
+  o.cwd = a.cwd;
+  std::string session = a.heap_session;
+  if (a.heap_given) o.heap_bytes = parse_size(a.heap.empty() ? "4G" : a.heap);
   if (!session.empty() && !o.heap_bytes) throw Error(Errc::invalid_argument, "--heap-session goes with --heap");
+  if (!a.dump_every.empty() && a.name.empty()) throw Error(Errc::invalid_argument, "--dump-every needs --name NAME (the dumps are NAME-<UTC time>)");
+  if (a.dump_every.empty() && (!a.name.empty() || a.keep))
+    throw Error(Errc::invalid_argument, "--name and --keep go with --dump-every (periodic dumps of the job)");
+  if (!a.name.empty()) dvr::split_ref("proc/" + a.name);
   std::optional<Store> store;
   if (o.heap_bytes) {
-    store = a.store_path.empty() ? Store::open_default() : Store::open(a.store_path);
+    store = open_store(true);
     if (session.empty()) {
-      std::string base = argv[0].substr(argv[0].find_last_of('/') + 1);
+      std::string base = a.argv[0].substr(a.argv[0].find_last_of('/') + 1);
       for (char& c : base)
         if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '-';
       session = "run-" + (base.empty() ? std::string("job") : base) + "-" + std::to_string(::time(nullptr));
@@ -934,85 +1161,327 @@ int cmd_run(Args& a) {
     o.heap_store = store->path();
     o.heap_session = session;
   }
-  pid_t pid = proc::run(argv, o);
-  std::cout << pid << "\n";
+  pid_t pid = proc::run(a.argv, o);
+  if (a.json && a.dump_every.empty()) {
+    json doc = document();
+    doc["pid"] = pid;
+    doc["heap"] = o.heap_bytes ? jstr(proc::heap_path(o.heap_store, session)) : json(nullptr);
+    doc["heap_session"] = o.heap_bytes ? jstr(session) : json(nullptr);
+    print_json(doc);
+  } else if (!a.json) {
+    std::cout << pid << "\n" << std::flush;
+  }
   if (o.heap_bytes)
-    std::cerr << "dvr run: heap " << proc::heap_path(o.heap_store, session) << " (" << format_bytes(static_cast<double>(o.heap_bytes))
-              << ", session " << session << "); dump it with `dvr proc dump " << pid << " --name NAME`\n";
-  return 0;
+    std::cerr << "dvr run: heap " << proc::heap_path(o.heap_store, session) << " (" << bytes(o.heap_bytes) << ", session " << session
+              << "); dump it with `dvr proc dump " << pid << " --name NAME`\n";
+  if (a.dump_every.empty()) return 0;
+  PeriodicArgs p;
+  p.name = a.name;
+  p.every_s = parse_duration(a.dump_every);
+  p.keep = a.keep;
+  p.json = a.json;
+  p.forward_signal = true;
+  return periodic_dumps(pid, p);
+}
+
+// ---- the command tree -------------------------------------------------------
+
+const char* kDescription =
+    "Memory DVR: named snapshots of application memory, restored in milliseconds.\n"
+    "Snapshots are SESSION/NAME; process snapshots are proc/NAME. `dvr COMMAND --help` shows a command's options and examples.";
+
+void add_json(CLI::App* sub, bool& flag) { sub->add_flag("--json", flag, "print one JSON document on stdout (docs/cli.md)"); }
+
+void add_transfer_options(CLI::App* sub, TransferArgs& t) {
+  sub->add_option("--base", t.base, "send only what differs from this snapshot of the same session, which the receiver holds");
+  sub->add_option("--compress", t.compress, "auto (default: chunks that compress), zstd (every chunk) or none")
+      ->check(one_of({"auto", "zstd", "none"}));
+  sub->add_flag("--no-compress", t.no_compress, "the same as --compress=none");
+  sub->add_option("--level", t.level, "zstd's level (default 1)")->check(whole_number(1, 19));
 }
 
 int run(int argc, char** argv) {
-  Args a;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (std::size_t k = 0; k < args.size(); ++k) {
-    const std::string& s = args[k];
-    if (a.command.empty() && (s == "-h" || s == "--help" || s == "help")) {
-      std::cout << kUsage;
+  CLI::App app(kDescription, "dvr");
+  app.get_formatter()->label("Usage", "usage");
+  app.get_formatter()->column_width(34);
+  app.fallthrough();  // --store and --progress after the command too
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("dvr ") + dvr::version(), "print the version");
+  app.add_option("--store", g.store_path, "the store directory (default: $DVR_STORE, else /dev/shm/dvr-$UID)")->type_name("DIR");
+  app.add_option("--progress", g.progress, "progress of long operations on stderr: auto (a bar on a terminal), bar, json (lines), none")
+      ->check(one_of({"auto", "bar", "json", "none"}));
+  app.footer(
+      "Examples:\n"
+      "  dvr ls                          every snapshot of the default store\n"
+      "  dvr --store /mnt/pmem0/dvr ls sweep\n"
+      "  dvr verify --progress=json      progress as JSON lines on stderr\n"
+      "  dvr completion bash > /etc/bash_completion.d/dvr\n"
+      "Exit status: 0 success, 1 failure (or damage found), 2 bad usage. See docs/cli.md.");
+  int rc = 0;
+  std::function<int()> action;
+
+  DemoOptions demo;
+  std::string demo_size = "1G";
+  auto* c_demo = app.add_subcommand("demo", "build a data set, snapshot it, run trials that mutate it and restore between them");
+  c_demo->add_option("--size", demo_size, "bytes of feature data (default 1G)")->check(size_value());
+  c_demo->add_option("--trials", demo.trials, "trials, each followed by a restore (default 5)")->check(whole_number(1, 1000000));
+  add_json(c_demo, demo.json);
+  c_demo->footer("Examples:\n  dvr demo\n  dvr demo --size 4G --trials 10 --json");
+  c_demo->callback([&] {
+    action = [&] {
+      demo.size = parse_size(demo_size);
+      Store store = open_store(true);
+      return run_demo(store, demo);
+    };
+  });
+
+  LsArgs ls;
+  auto* c_ls = app.add_subcommand("ls", "list snapshots (of every session, or of one), oldest first");
+  c_ls->add_option("session", ls.session, "only this session (an unknown one is an error)");
+  add_json(c_ls, ls.json);
+  c_ls->footer("Examples:\n  dvr ls\n  dvr ls sweep --json | jq '.snapshots[].name'");
+  c_ls->callback([&] { action = [&] { return cmd_ls(ls); }; });
+
+  RefArgs info;
+  auto* c_info = app.add_subcommand("info", "one snapshot: time, parent, label, sizes, regions");
+  c_info->add_option("ref", info.ref, "the snapshot")->required()->type_name("SESSION/NAME");
+  add_json(c_info, info.json);
+  c_info->footer("Examples:\n  dvr info sweep/loaded\n  dvr info sweep/loaded --json | jq .regions");
+  c_info->callback([&] { action = [&] { return cmd_info(info); }; });
+
+  RmArgs rm;
+  auto* c_rm = app.add_subcommand("rm", "remove snapshots (every name is checked before any is removed; `dvr gc` reclaims the space)");
+  c_rm->add_option("refs", rm.refs, "the snapshots (a name given twice is removed once)")->required()->type_name("SESSION/NAME...");
+  add_json(c_rm, rm.json);
+  c_rm->footer("Examples:\n  dvr rm sweep/trial-1 sweep/trial-2 && dvr gc");
+  c_rm->callback([&] { action = [&] { return cmd_rm(rm); }; });
+
+  bool gc_json = false;
+  auto* c_gc = app.add_subcommand("gc", "reclaim the space of removed and interrupted snapshots");
+  add_json(c_gc, gc_json);
+  c_gc->footer("Examples:\n  dvr gc\n  dvr gc --json | jq '.bytes_before - .bytes_after'");
+  c_gc->callback([&] { action = [&] { return cmd_gc(gc_json); }; });
+
+  bool verify_json = false;
+  auto* c_verify = app.add_subcommand("verify", "re-hash every stored chunk, name each damaged snapshot (exit status 1 on damage)");
+  add_json(c_verify, verify_json);
+  c_verify->footer("Examples:\n  dvr verify\n  dvr verify --json --progress=json");
+  c_verify->callback([&] { action = [&] { return cmd_verify(verify_json); }; });
+
+  bool stat_json = false;
+  auto* c_stat = app.add_subcommand("stat", "the store: path, medium, format, space used");
+  add_json(c_stat, stat_json);
+  c_stat->footer("Examples:\n  dvr stat\n  dvr --store /mnt/pmem0/dvr stat --json");
+  c_stat->callback([&] { action = [&] { return cmd_stat(stat_json); }; });
+
+  LsArgs log;
+  auto* c_log = app.add_subcommand("log", "a session's snapshots as a tree of parent links (time, label, bytes added)");
+  c_log->add_option("session", log.session, "the session")->required();
+  add_json(c_log, log.json);
+  c_log->footer("Examples:\n  dvr log sweep");
+  c_log->callback([&] { action = [&] { return cmd_log(log); }; });
+
+  DiffArgs diff;
+  auto* c_diff = app.add_subcommand("diff", "per region: how many bytes and pages differ between two snapshots");
+  c_diff->add_option("a", diff.a, "the first snapshot")->required()->type_name("SESSION/A");
+  c_diff->add_option("b", diff.b, "the second snapshot")->required()->type_name("SESSION/B");
+  add_json(c_diff, diff.json);
+  c_diff->footer("Examples:\n  dvr diff sweep/loaded sweep/trial-3");
+  c_diff->callback([&] { action = [&] { return cmd_diff(diff); }; });
+
+  LsArgs rec;
+  auto* c_rec = app.add_subcommand("recover", "the newest intact snapshot of a session (exit status 1 when there is none)");
+  c_rec->add_option("session", rec.session, "the session")->required();
+  add_json(c_rec, rec.json);
+  c_rec->footer("Examples:\n  dvr recover sweep\n  dvr recover sweep --json | jq -r .latest.name");
+  c_rec->callback([&] { action = [&] { return cmd_recover(rec); }; });
+
+  // proc
+  auto* c_proc = app.add_subcommand("proc", "whole-process snapshots with CRIU (root): dump, restore, clone, ls, info, rm, check");
+  c_proc->require_subcommand(1);
+  c_proc->footer("Examples:\n  dvr proc check\n  dvr proc dump 1234 --name job --every 10m --keep 6\n  dvr proc restore job-20261202T003107Z");
+  ProcArgs pa;
+  auto* p_dump = c_proc->add_subcommand("dump", "snapshot a process tree (a DVR persistent heap it maps is snapshotted, not copied)");
+  p_dump->add_option("pid", pa.target, "the root process")->required()->type_name("PID");
+  p_dump->add_option("--name", pa.name, "the snapshot's name (with --every: the series' prefix)")->required();
+  p_dump->add_flag("--leave-running", pa.leave_running, "keep the process running (default: stop it once dumped)");
+  p_dump->add_flag("--tcp-established", pa.tcp_established, "with its connected TCP sockets (clients stay connected)");
+  p_dump->add_option("--every", pa.every, "dump every DURATION (10m, 2h, 30s) as NAME-<UTC time>, each compared with the previous, until the "
+                                          "process exits or SIGINT/SIGTERM; implies --leave-running")
+      ->check(duration_value());
+  p_dump->add_option("--keep", pa.keep, "with --every: keep the newest N dumps of the series (default: all)")->check(whole_number(1, 1000000));
+  add_json(p_dump, pa.json);
+  p_dump->footer(
+      "Examples:\n  dvr proc dump 1234 --name before-upgrade --leave-running\n"
+      "  dvr proc dump 1234 --name train --every 10m --keep 6     (train-20261202T003107Z, ...)");
+  p_dump->callback([&] { action = [&] { return cmd_proc_dump(pa); }; });
+
+  auto* p_restore = c_proc->add_subcommand("restore", "bring a process snapshot back (waits for it and exits with its status, unless --detach)");
+  p_restore->add_option("name", pa.target, "the process snapshot")->required()->type_name("NAME");
+  p_restore->add_flag("--detach", pa.detach, "return once it runs; print its PID");
+  p_restore->add_option("--pidfile", pa.pidfile, "write its PID to FILE")->type_name("FILE");
+  p_restore->add_flag("--tcp-established", pa.tcp_established, "restore its TCP connections (automatic for a dump that has them)");
+  p_restore->add_option("--net", pa.net, "(clones only)")->group("");
+  p_restore->add_option("--ip", pa.ip, "(clones only)")->group("");
+  p_restore->add_option("--host-ip", pa.host_ip, "(clones only)")->group("");
+  add_json(p_restore, pa.json);
+  p_restore->footer("Examples:\n  dvr proc restore job --detach --pidfile /run/job.pid");
+  p_restore->callback([&] { action = [&] { return cmd_proc_restore(pa, false); }; });
+
+  auto* p_clone = c_proc->add_subcommand("clone", "start a copy beside the running original (fresh PID namespace, private heaps)");
+  p_clone->add_option("name", pa.target, "the process snapshot")->required()->type_name("NAME");
+  p_clone->add_option("--net", pa.net, "new (a network namespace of its own, veth pair to the host) or NETNS (/run/netns/NETNS)");
+  p_clone->add_option("--ip", pa.ip, "with --net new: the clone's address (default a free 10.213.x.y/30)")->type_name("ADDR/PREFIX");
+  p_clone->add_option("--host-ip", pa.host_ip, "with --ip: the host end's address")->type_name("ADDR");
+  p_clone->add_option("--pidfile", pa.pidfile, "write its PID to FILE")->type_name("FILE");
+  p_clone->add_flag("--tcp-established", pa.tcp_established, "keep TCP connections (default: closed, the original holds them)");
+  add_json(p_clone, pa.json);
+  p_clone->footer("Examples:\n  dvr proc clone job --net new\n  dvr proc clone job --net new --ip 10.213.0.2/30 --json");
+  p_clone->callback([&] { action = [&] { return cmd_proc_restore(pa, true); }; });
+
+  bool pls_json = false;
+  auto* p_ls = c_proc->add_subcommand("ls", "process snapshots of the store, oldest first");
+  add_json(p_ls, pls_json);
+  p_ls->callback([&] { action = [&] { return cmd_proc_ls(pls_json); }; });
+
+  auto* p_info = c_proc->add_subcommand("info", "one process snapshot: time, sizes, heaps, kernel, CRIU version");
+  p_info->add_option("name", pa.target, "the process snapshot")->required()->type_name("NAME");
+  add_json(p_info, pa.json);
+  p_info->callback([&] { action = [&] { return cmd_proc_info(pa); }; });
+
+  auto* p_rm = c_proc->add_subcommand("rm", "remove process snapshots and their heap snapshots (every name checked first)");
+  p_rm->add_option("names", pa.names, "the process snapshots")->required()->type_name("NAME...");
+  add_json(p_rm, pa.json);
+  p_rm->callback([&] { action = [&] { return cmd_proc_rm(pa); }; });
+
+  bool check_json = false;
+  auto* p_check = c_proc->add_subcommand("check", "every capability dvr proc depends on, one line each, with what to do about what is missing");
+  add_json(p_check, check_json);
+  p_check->callback([&] { action = [&] { return cmd_proc_check(check_json); }; });
+
+  RunArgs ra;
+  auto* c_run = app.add_subcommand("run", "start CMD as PID 1 of its own PID namespace, detached, so that it can be dumped, restored, cloned");
+  c_run->add_option("--output", ra.output, "append its stdout and stderr to FILE (default /dev/null)")->type_name("FILE");
+  c_run->add_option("--cwd", ra.cwd, "its working directory")->type_name("DIR");
+  auto* heap_opt = c_run->add_option("--heap", ra.heap, "its heap (malloc, new, anonymous mmap) lives in a DVR persistent heap of MAX bytes "
+                                                        "(default 4G) in the store")
+                       ->expected(0, 1)
+                       ->type_name("[MAX]")
+                       ->check(size_value());
+  c_run->add_option("--heap-session", ra.heap_session, "the heap's session (default run-PROGRAM-UNIXTIME)")->type_name("NAME");
+  c_run->add_option("--dump-every", ra.dump_every, "stay in the foreground and dump the job every DURATION as NAME-<UTC time> until it exits "
+                                                   "(SIGINT/SIGTERM are passed on to the job)")
+      ->check(duration_value());
+  c_run->add_option("--name", ra.name, "with --dump-every: the dumps' prefix");
+  c_run->add_option("--keep", ra.keep, "with --dump-every: keep the newest N dumps")->check(whole_number(1, 1000000));
+  add_json(c_run, ra.json);
+  c_run->add_option("command", ra.argv, "the program and its arguments, after --")->type_name("-- CMD [ARGS...]");
+  c_run->footer(
+      "Examples:\n  dvr run --output job.log -- ./train --epochs 10\n  dvr run --heap 8G -- redis-server --save ''\n"
+      "  dvr run --dump-every 10m --keep 6 --name train -- ./train");
+  c_run->callback([&] {
+    ra.heap_given = heap_opt->count() > 0;
+    action = [&] { return cmd_run(ra); };
+  });
+
+  TransferArgs send;
+  auto* c_send = app.add_subcommand("send", "write a snapshot (SESSION/NAME, or proc/NAME with its heaps) as a verified stream to stdout");
+  c_send->add_option("ref", send.ref, "the snapshot")->required()->type_name("REF");
+  add_transfer_options(c_send, send);
+  c_send->add_flag("--negotiate", send.negotiate, "(the far side of push/pull)")->group("");
+  add_json(c_send, send.json);
+  c_send->footer("Examples:\n  dvr send sweep/loaded > loaded.dvr\n  dvr send sweep/b --base sweep/a | ssh host dvr receive");
+  c_send->callback([&] { action = [&] { return cmd_send(send); }; });
+
+  TransferArgs recv;
+  auto* c_recv = app.add_subcommand("receive", "read such a stream from stdin into the store; nothing is stored unless all of it checks out");
+  c_recv->add_flag("--negotiate", recv.negotiate, "(the far side of push)")->group("");
+  add_json(c_recv, recv.json);
+  c_recv->footer("Examples:\n  dvr receive < loaded.dvr");
+  c_recv->callback([&] { action = [&] { return cmd_receive(recv); }; });
+
+  TransferArgs exp;
+  auto* c_exp = app.add_subcommand("export", "write a snapshot's stream to a file (complete or not at all)");
+  c_exp->add_option("ref", exp.ref, "the snapshot")->required()->type_name("REF");
+  c_exp->add_option("-o,--output", exp.file, "the file")->required()->type_name("FILE");
+  add_transfer_options(c_exp, exp);
+  add_json(c_exp, exp.json);
+  c_exp->footer("Examples:\n  dvr export sweep/loaded -o loaded.dvr\n  dvr export proc/job -o job.dvr --compress=zstd --level 3");
+  c_exp->callback([&] { action = [&] { return cmd_export(exp); }; });
+
+  TransferArgs imp;
+  auto* c_imp = app.add_subcommand("import", "read a stream file into the store");
+  c_imp->add_option("file", imp.file, "the file")->required()->type_name("FILE");
+  add_json(c_imp, imp.json);
+  c_imp->footer("Examples:\n  dvr import loaded.dvr\n  dvr import loaded.dvr --progress=json");
+  c_imp->callback([&] { action = [&] { return cmd_import(imp); }; });
+
+  TransferArgs push, pull;
+  auto* c_push = app.add_subcommand("push", "send a snapshot to a store on another machine through ssh (only what it lacks travels)");
+  c_push->add_option("ref", push.ref, "the snapshot")->required()->type_name("REF");
+  c_push->add_option("url", push.url, "the far store")->required()->type_name("ssh://[USER@]HOST[:PORT]/STORE");
+  c_push->add_option("--ssh", push.ssh, "the ssh command (default $DVR_SSH, else ssh)")->type_name("CMD");
+  c_push->add_option("--remote-dvr", push.remote_dvr, "the far dvr (default dvr)")->type_name("PATH");
+  add_transfer_options(c_push, push);
+  add_json(c_push, push.json);
+  c_push->footer("Examples:\n  dvr push sweep/loaded ssh://node2/dev/shm/dvr-0");
+  c_push->callback([&] { action = [&] { return cmd_push_pull(push, true); }; });
+
+  auto* c_pull = app.add_subcommand("pull", "the reverse of push");
+  c_pull->add_option("url", pull.url, "the far store")->required()->type_name("ssh://[USER@]HOST[:PORT]/STORE");
+  c_pull->add_option("ref", pull.ref, "the snapshot")->required()->type_name("REF");
+  c_pull->add_option("--ssh", pull.ssh, "the ssh command (default $DVR_SSH, else ssh)")->type_name("CMD");
+  c_pull->add_option("--remote-dvr", pull.remote_dvr, "the far dvr (default dvr)")->type_name("PATH");
+  add_transfer_options(c_pull, pull);
+  add_json(c_pull, pull.json);
+  c_pull->footer("Examples:\n  dvr pull ssh://node2/dev/shm/dvr-0 sweep/loaded");
+  c_pull->callback([&] { action = [&] { return cmd_push_pull(pull, false); }; });
+
+  std::string shell;
+  auto* c_comp = app.add_subcommand("completion", "print a shell completion script");
+  c_comp->add_option("shell", shell, "the shell (bash)")->required()->check(one_of({"bash"}));
+  c_comp->footer("Examples:\n  source <(dvr completion bash)\n  dvr completion bash > /etc/bash_completion.d/dvr");
+  c_comp->callback([&] {
+    action = [&] {
+      std::cout << bash_completion(app);
       return 0;
+    };
+  });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // The innermost command given, for the message.
+    const CLI::App* cmd = &app;
+    std::string path = "dvr";
+    for (auto subs = cmd->get_subcommands(); !subs.empty(); subs = cmd->get_subcommands()) {
+      cmd = subs.front();
+      path += " " + cmd->get_name();
     }
-    if (a.command.empty() && s == "--version") {
-      std::cout << "dvr " << dvr::version() << "\n";
-      return 0;
+    std::string msg = e.what();
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) || dynamic_cast<const CLI::RequiredError*>(&e)) {
+      auto extra = app.remaining(true);
+      if (cmd == &app && !extra.empty() && extra.front().rfind("-", 0) != 0)
+        msg = "unknown command '" + extra.front() + "'";
+      else if (!extra.empty())
+        msg = std::string(extra.front().rfind("-", 0) == 0 ? "unknown option '" : "unexpected argument '") + extra.front() + "' for `" + path + "`";
+      else if (cmd == &app)
+        msg = "a command is needed";
     }
-    if (s == "--store" || s.rfind("--store=", 0) == 0) {
-      if (s == "--store") {
-        if (k + 1 == args.size()) throw Error(Errc::invalid_argument, "--store needs a directory");
-        a.store_path = args[++k];
-      } else {
-        a.store_path = s.substr(8);
-      }
-      continue;
-    }
-    if (!a.command.empty() && s == "--") {  // the rest is a command line (dvr run)
-      a.rest.insert(a.rest.end(), args.begin() + static_cast<std::ptrdiff_t>(k), args.end());
-      break;
-    }
-    if (a.command.empty())
-      a.command = s;
-    else
-      a.rest.push_back(s);
-  }
-  for (auto& r : a.rest) {
-    if (r == "--") break;
-    if (r == "-h" || r == "--help") {
-      std::cout << kUsage;
-      return 0;
-    }
-  }
-  if (a.command.empty()) {
-    std::cerr << kUsage;
+    if (argc == 1) std::cerr << app.help();
+    std::cerr << "dvr: " << msg << "; see `" << path << " --help`\n";
     return 2;
   }
-  if (a.command == "ls") return cmd_ls(a);
-  if (a.command == "info") return cmd_info(a);
-  if (a.command == "rm") return cmd_rm(a);
-  if (a.command == "gc") return cmd_gc(a);
-  if (a.command == "verify") return cmd_verify(a);
-  if (a.command == "stat") return cmd_stat(a);
-  if (a.command == "log") return cmd_log(a);
-  if (a.command == "diff") return cmd_diff(a);
-  if (a.command == "recover") return cmd_recover(a);
-  if (a.command == "proc") return cmd_proc(a);
-  if (a.command == "run") return cmd_run(a);
-  if (a.command == "send") return cmd_send(a);
-  if (a.command == "receive") return cmd_receive(a);
-  if (a.command == "export") return cmd_export(a);
-  if (a.command == "import") return cmd_import(a);
-  if (a.command == "push") return cmd_push_pull(a, true);
-  if (a.command == "pull") return cmd_push_pull(a, false);
-  if (a.command == "demo") {
-    DemoOptions o;
-    o.size = parse_size(a.take_option("--size", "1G"));
-    o.trials = std::stoi(a.take_option("--trials", "5"));
-    o.json = a.take_flag("--json");
-    a.no_more();
-    if (o.trials < 1) throw Error(Errc::invalid_argument, "--trials must be at least 1");
-    StoreOptions so;
-    Store store = a.store_path.empty() ? Store::open_default(so) : Store::open(a.store_path, so);
-    return run_demo(store, o);
-  }
-  throw Error(Errc::invalid_argument, "unknown command '" + a.command + "'; see `dvr --help`");
+  if (!action) return 2;
+  progress_mode();
+  rc = action();
+  return rc;
 }
 
 }  // namespace

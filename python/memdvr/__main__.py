@@ -2,26 +2,34 @@
 
     python -m memdvr [--store DIR] ls [SESSION] [--json]
     python -m memdvr [--store DIR] info SESSION/NAME [--json]
-    python -m memdvr [--store DIR] rm SESSION/NAME...
+    python -m memdvr [--store DIR] log SESSION [--json]
+    python -m memdvr [--store DIR] rm SESSION/NAME... [--json]
     python -m memdvr [--store DIR] gc [--json]
     python -m memdvr [--store DIR] verify [--json]      (exit 1 when something is damaged)
     python -m memdvr [--store DIR] stat [--json]
     python -m memdvr [--store DIR] diff SESSION/A SESSION/B [--json]
     python -m memdvr [--store DIR] recover SESSION [--json]   (exit 1 when nothing is intact)
 
-Without --store the default store (memdvr.default_path()) is used. Errors are
-printed as "memdvr: MESSAGE" with exit status 2 for bad usage and 1 otherwise.
+Without --store the default store (memdvr.default_path()) is used. --json
+prints the same documents as `dvr --json` (docs/cli.md, "JSON documents":
+same names, same shapes, "schema_version": 1). Errors are printed as
+"memdvr: MESSAGE" with exit status 2 for bad usage and 1 otherwise; an
+unknown session or snapshot is an error for every verb.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import sys
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from . import DvrError, Store, default_path
+from . import DvrError, NotFound, Store, default_path
 from ._core import split_ref
+
+#: The version of the JSON documents (the same as dvr's).
+SCHEMA_VERSION = 1
 
 
 def _ref(text: str) -> Tuple[str, str]:
@@ -38,8 +46,70 @@ def _size(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def _utf8(value: Any) -> str:
+    """Text as valid UTF-8, as dvr writes it: bytes that are not UTF-8 become
+    the four characters \\xNN (Python's "backslashreplace")."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    text = str(value)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:  # lone surrogates from surrogateescape
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _printable(value: Any) -> str:
+    """Text for a terminal: control characters escaped, as dvr does."""
+    out = []
+    for ch in _utf8(value):
+        o = ord(ch)
+        if ch in "\n\t\r":
+            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}[ch])
+        elif o < 0x20 or o == 0x7F:
+            out.append(f"\\x{o:02x}")
+        elif 0x80 <= o < 0xA0:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _rfc3339(time_ns: int) -> str:
+    """Nanoseconds since the epoch as RFC 3339 UTC with nanoseconds."""
+    sec, frac = divmod(int(time_ns), 1_000_000_000)
+    t = _dt.datetime.fromtimestamp(sec, tz=_dt.timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
+
+
+def _doc(**fields: Any) -> Dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, **fields}
+
+
+def _snapshot(s: Any) -> Dict[str, Any]:
+    """A SnapshotInfo as dvr's JSON object (docs/cli.md, "Snapshot")."""
+    return {
+        "session": _utf8(s.session),
+        "name": _utf8(s.name),
+        "parent": _utf8(s.parent),
+        "label": _utf8(s.label),
+        "time_ns": int(s.time_ns),
+        "time": _rfc3339(s.time_ns),
+        "logical_bytes": int(s.logical_bytes),
+        "stored_bytes": int(s.stored_bytes),
+        "chunks": int(s.chunks),
+        "zero_chunks": int(s.zero_chunks),
+        "regions": [{"name": _utf8(r.name), "size": int(r.size), "sdk_owned": bool(r.sdk_owned)} for r in s.regions],
+        "tracking": _utf8(s.tracking),
+        "chunks_read": int(s.chunks_read),
+        "damaged": bool(s.damaged),
+        "damage": _utf8(s.damage),
+        "pending": bool(getattr(s, "pending", False)),
+    }
+
+
 def _print_json(value: Any) -> None:
-    json.dump(value, sys.stdout, sort_keys=True)
+    json.dump(value, sys.stdout, ensure_ascii=False)
     sys.stdout.write("\n")
 
 
@@ -47,19 +117,38 @@ def _open(args: argparse.Namespace, create: bool = False) -> Store:
     return Store(args.store or default_path(), create=create)
 
 
+def _require_session(store: Store, session: str) -> None:
+    """An unknown session is an error (NotFound), as for dvr."""
+    sessions = store.sessions()
+    if session in sessions:
+        return
+    store.list(session)  # an invalid name is InvalidArgument (exit status 2)
+    known = ", ".join(sessions[:8]) + (", ..." if len(sessions) > 8 else "")
+    raise NotFound(f"no session '{_printable(session)}' in store {store.path} "
+                   + (f"(sessions: {known})" if sessions else "(it has no snapshots)")
+                   + "; `python -m memdvr ls` lists the snapshots")
+
+
 def _ls(args: argparse.Namespace) -> int:
-    snaps = _open(args).list(args.session)
+    store = _open(args)
+    if args.session:
+        _require_session(store, args.session)
+    snaps = store.list(args.session)
     if args.json:
-        _print_json([s.to_dict() for s in snaps])
+        _print_json(_doc(session=_utf8(args.session) if args.session else None, snapshots=[_snapshot(s) for s in snaps]))
         return 0
     if not snaps:
-        print(f"no snapshots in session '{args.session}'" if args.session else "no snapshots")
+        print(f"no snapshots in {store.path}")
         return 0
     print(f"{'SNAPSHOT':32} {'TIME':19} {'SIZE':>10} {'ADDED':>10}  LABEL")
     for s in snaps:
-        ref = f"{s.session}/{s.name}"
-        print(f"{ref:32} {s.time.strftime('%Y-%m-%d %H:%M:%S'):19} {_size(s.logical_bytes):>10} "
-              f"{_size(s.stored_bytes):>10}  {s.label}")
+        ref = _printable(f"{s.session}/{s.name}")
+        if s.damaged:
+            print(f"{ref:32} DAMAGED: {_printable(s.damage)}")
+            continue
+        local = s.time.astimezone()
+        print(f"{ref:32} {local.strftime('%Y-%m-%d %H:%M:%S'):19} {_size(s.logical_bytes):>10} "
+              f"{_size(s.stored_bytes):>10}  {_printable(s.label)}")
     return 0
 
 
@@ -67,102 +156,188 @@ def _info(args: argparse.Namespace) -> int:
     session, name = _ref(args.ref)
     info = _open(args).info(session, name)
     if args.json:
-        _print_json(info.to_dict())
+        _print_json(_doc(**_snapshot(info)))
         return 0
-    for key, value in info.to_dict().items():
+    d = _snapshot(info)
+    for key, value in d.items():
         if key != "regions":
-            print(f"{key:14} {value}")
+            print(f"{key:14} {_printable(value)}")
     for r in info.regions:
-        print(f"region         {r.name} ({r.size} bytes){' sdk-owned' if r.sdk_owned else ''}")
+        print(f"region         {_printable(r.name)} ({r.size} bytes){' sdk-owned' if r.sdk_owned else ''}")
+    return 0
+
+
+def _log(args: argparse.Namespace) -> int:
+    store = _open(args)
+    _require_session(store, args.session)
+    snaps = store.list(args.session)
+    if args.json:
+        _print_json(_doc(session=_utf8(args.session), snapshots=[_snapshot(s) for s in snaps]))
+        return 0
+    names = {s.name for s in snaps}
+    children: Dict[str, list] = {}
+    roots = []
+    for s in snaps:
+        if not s.damaged and s.parent and s.parent in names and s.parent != s.name:
+            children.setdefault(s.parent, []).append(s)
+        else:
+            roots.append(s)
+
+    def draw(s: Any, prefix: str, last: bool, root: bool) -> None:
+        line = "" if root else prefix + ("`-- " if last else "|-- ")
+        if s.damaged:
+            print(f"{line}{_printable(s.name)}  DAMAGED: {_printable(s.damage)}")
+        else:
+            label = f"  {_printable(s.label)}" if s.label else ""
+            print(f"{line}{_printable(s.name)}  {s.time.astimezone().strftime('%Y-%m-%d %H:%M:%S')}  "
+                  f"+{_size(s.stored_bytes)}{label}")
+        kids = children.get(s.name, [])
+        nxt = "" if root else prefix + ("    " if last else "|   ")
+        for k, kid in enumerate(kids):
+            draw(kid, nxt, k + 1 == len(kids), False)
+
+    for r in roots:
+        draw(r, "", True, True)
     return 0
 
 
 def _rm(args: argparse.Namespace) -> int:
     store = _open(args)
-    refs = [_ref(r) for r in args.refs]  # all checked before anything is removed
+    refs: List[Tuple[str, str]] = []
+    for text in dict.fromkeys(args.refs):  # each once, in the order given
+        refs.append(_ref(text))
+    for session, name in refs:  # all checked before anything is removed
+        try:
+            store.info(session, name)
+        except DvrError as e:
+            if type(e).__name__ != "Corrupt":  # a damaged snapshot can still be removed
+                raise
+    removed = []
     for session, name in refs:
         store.remove(session, name)
-        print(f"removed {session}/{name}")
+        removed.append(f"{session}/{name}")
+        if not args.json:
+            print(f"removed {_printable(session + '/' + name)}")
+    if args.json:
+        _print_json(_doc(removed=[_utf8(r) for r in removed]))
+    else:
+        print("run `python -m memdvr gc` to reclaim the space")
     return 0
 
 
 def _gc(args: argparse.Namespace) -> int:
-    report = _open(args).gc()
+    r = _open(args).gc()
     if args.json:
-        _print_json(report)
+        _print_json(_doc(**{k: int(r[k]) for k in ("bytes_before", "bytes_after", "packs_removed", "temp_files_removed")}))
     else:
-        print(f"gc: {_size(report['bytes_before'])} -> {_size(report['bytes_after'])}, "
-              f"{report['packs_removed']} pack(s) and {report['temp_files_removed']} leftover file(s) removed")
+        freed = max(0, r["bytes_before"] - r["bytes_after"])
+        print(f"gc: reclaimed {_size(freed)} ({_size(r['bytes_before'])} -> {_size(r['bytes_after'])}), "
+              f"{r['packs_removed']} pack file(s) removed, {r['temp_files_removed']} leftover temporary file(s) removed")
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
-    report = _open(args).verify()
+    r = _open(args).verify()
+    problems = [{"session": _utf8(p["session"]), "snapshot": _utf8(p["snapshot"]), "what": _utf8(p["what"])}
+                for p in r.get("problems", [])]
+    doc = _doc(snapshots=int(r["snapshots"]), chunks=int(r["chunks"]), bytes=int(r["bytes"]), problems=problems,
+               damaged_snapshots=[_utf8(d) for d in r.get("damaged_snapshots", [])], ok=bool(r["ok"]))
     if args.json:
-        _print_json(report)
+        _print_json(doc)
     else:
-        print(f"verified {report['snapshots']} snapshot(s), {report['chunks']} stored chunk(s), {_size(report['bytes'])}")
-        for p in report.get("problems", []):
-            print(f"DAMAGED {p['session']}/{p['snapshot']}: {p['what']}")
-        print("ok" if report["ok"] else "damage found")
-    return 0 if report["ok"] else 1
+        print(f"verified {doc['snapshots']} snapshot(s), {doc['chunks']} stored chunk(s), {_size(doc['bytes'])}")
+        if doc["ok"]:
+            print("ok: no damage found")
+        for p in problems:
+            where = f"{p['session']}/{p['snapshot']}" if p["snapshot"] else p["session"]
+            print(f"DAMAGED {_printable(where)}: {_printable(p['what'])}")
+        if not doc["ok"]:
+            print(f"{len(doc['damaged_snapshots'])} damaged snapshot(s)")
+    return 0 if doc["ok"] else 1
 
 
 def _stat(args: argparse.Namespace) -> int:
-    stats = _open(args).stats()
+    st = _open(args).stats()
+    keys = ("path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes", "pack_bytes", "pack_files")
+    doc = _doc(**{k: (_utf8(st[k]) if isinstance(st[k], str) else int(st[k])) for k in keys})
     if args.json:
-        _print_json(stats)
+        _print_json(doc)
     else:
-        for key, value in stats.items():
-            print(f"{key:15} {value}")
+        for key in keys:
+            print(f"{key:15} {_printable(doc[key])}")
     return 0
 
 
 def _diff(args: argparse.Namespace) -> int:
     (sa, a), (sb, b) = _ref(args.a), _ref(args.b)
-    regions = _open(args).diff(sa, a, sb, b)
+    regions = []
+    for r in _open(args).diff(sa, a, sb, b):
+        regions.append({"name": _utf8(r.get("name", r.get("region", ""))), "size_a": int(r["size_a"]), "size_b": int(r["size_b"]),
+                        "only_in_a": bool(r["only_in_a"]), "only_in_b": bool(r["only_in_b"]),
+                        "bytes_differ": int(r["bytes_differ"]), "pages_differ": int(r["pages_differ"])})
     if args.json:
-        _print_json(regions)
+        _print_json(_doc(a=_utf8(args.a), b=_utf8(args.b), regions=regions))
         return 0
     for r in regions:
-        where = " (only in A)" if r["only_in_a"] else " (only in B)" if r["only_in_b"] else ""
-        print(f"{r['name']}: {r['bytes_differ']} bytes in {r['pages_differ']} pages differ{where}")
+        where = f" (only in {args.a})" if r["only_in_a"] else f" (only in {args.b})" if r["only_in_b"] else ""
+        print(f"{_printable(r['name'])}: {r['bytes_differ']} bytes in {r['pages_differ']} pages differ{where}")
     return 0
 
 
 def _recover(args: argparse.Namespace) -> int:
-    latest = _open(args).latest(args.session)
+    store = _open(args)
+    known = args.session in store.sessions()
+    if not known:
+        store.list(args.session)  # an invalid name is InvalidArgument (exit status 2)
+    latest = store.latest(args.session) if known else None
+    # The snapshots newer than the one found, newest first: what it skipped
+    # (dvr also says why; Python knows only a damaged manifest's reason).
+    skipped = []
+    if known:
+        for s in reversed(store.list(args.session)):
+            if latest is not None and s.name == latest.name:
+                break
+            skipped.append({"snapshot": _utf8(f"{s.session}/{s.name}"),
+                            "why": _utf8(s.damage if s.damaged else "its data is damaged; run `python -m memdvr verify`")})
     if args.json:
-        _print_json(latest.to_dict() if latest else None)
-    elif latest:
-        print(f"{latest.session}/{latest.name}")
-    else:
-        print(f"no intact snapshot in session '{args.session}'")
-    return 0 if latest else 1
+        _print_json(_doc(session=_utf8(args.session), latest=_snapshot(latest) if latest else None, skipped=skipped))
+    if not known:
+        _require_session(store, args.session)
+    if args.json:
+        return 0 if latest else 1
+    for s in skipped:
+        print(f"skipped (damaged) {_printable(s['snapshot'])}: {_printable(s['why'])}")
+    if latest is None:
+        print(f"no intact snapshot in session '{_printable(args.session)}'")
+        return 1
+    print(f"newest intact snapshot: {_printable(latest.session + '/' + latest.name)}  "
+          f"({latest.time.astimezone().strftime('%Y-%m-%d %H:%M:%S')})")
+    print(f"restore it with session.restore({latest.name!r}) in the program")
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m memdvr", description="Memory DVR store commands.")
+    p = argparse.ArgumentParser(prog="python -m memdvr", description="Memory DVR store commands (the dvr command's store verbs).")
     p.add_argument("--store", help="store directory (default: memdvr.default_path())")
     sub = p.add_subparsers(dest="verb", required=True)
 
-    def verb(name: str, func, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
-        v = sub.add_parser(name, help=help_text)
+    def verb(name: str, func, help_text: str) -> argparse.ArgumentParser:
+        v = sub.add_parser(name, help=help_text, description=help_text)
         v.set_defaults(func=func)
-        if json_flag:
-            v.add_argument("--json", action="store_true", help="print JSON")
+        v.add_argument("--json", action="store_true", help="print one JSON document (the same as dvr --json)")
         return v
 
-    verb("ls", _ls, "list snapshots").add_argument("session", nargs="?")
+    verb("ls", _ls, "list snapshots (an unknown session is an error)").add_argument("session", nargs="?")
     verb("info", _info, "one snapshot").add_argument("ref", metavar="SESSION/NAME")
-    verb("rm", _rm, "remove snapshots", json_flag=False).add_argument("refs", metavar="SESSION/NAME", nargs="+")
+    verb("log", _log, "a session's snapshots as a tree of parent links").add_argument("session")
+    verb("rm", _rm, "remove snapshots (all checked first; duplicates once)").add_argument("refs", metavar="SESSION/NAME", nargs="+")
     verb("gc", _gc, "give the space of removed snapshots back")
     verb("verify", _verify, "re-hash everything; exit 1 on damage")
     verb("stat", _stat, "store path, medium, format, space used")
     d = verb("diff", _diff, "bytes and pages that differ, per region")
     d.add_argument("a", metavar="SESSION/A")
     d.add_argument("b", metavar="SESSION/B")
-    verb("recover", _recover, "the newest intact snapshot of a session").add_argument("session")
+    verb("recover", _recover, "the newest intact snapshot of a session (exit 1 when there is none)").add_argument("session")
     return p
 
 
@@ -173,7 +348,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return args.func(args)
     except DvrError as e:
         print(f"memdvr: {e}", file=sys.stderr)
-        return 1
+        return 2 if type(e).__name__ == "InvalidArgument" else 1
 
 
 if __name__ == "__main__":

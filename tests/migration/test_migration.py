@@ -865,7 +865,7 @@ def test_process_snapshots_pushed_over_ssh_restore_and_continue_on_the_other_sto
         f"{first['sent_bytes']}")
 
     store_a.dvr("proc", "rm", "c1", "c2")
-    listed = {p["name"] for p in store_b.dvr_json("proc", "ls")}
+    listed = {p["name"] for p in store_b.dvr_json("proc", "ls")["processes"]}
     assert {"c1", "c2"} <= listed, listed
     work.store = store_b.path
     pid = work.restore("c2")

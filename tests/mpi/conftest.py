@@ -70,7 +70,7 @@ def dvr_ls(dvr_bin):
     """dvr_ls(store_dir) -> {session: [snapshot names, oldest first]} from `dvr ls --json`."""
 
     def ls(store):
-        rows = json_stdout(run_group([dvr_bin, "--store", store, "ls", "--json"]))
+        rows = json_stdout(run_group([dvr_bin, "--store", store, "ls", "--json"]))["snapshots"]
         out = {}
         for row in sorted(rows, key=lambda r: (r["session"], r["time_ns"], r["name"])):
             assert not row["damaged"], f"{store}: {row['session']}/{row['name']} damaged: {row['damage']}"

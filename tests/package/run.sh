@@ -65,7 +65,8 @@ step "cmake --install $build --prefix $prefix"
 step "installed files"
 for f in bin/dvr "$libdir/libdvr.so" "$libdir/libdvr.so.0" "$libdir/libdvr.so.$version" \
          include/dvr/dvr.hpp "$libdir/cmake/dvr/dvrConfig.cmake" "$libdir/cmake/dvr/dvrConfigVersion.cmake" \
-         "$libdir/cmake/dvr/dvrTargets.cmake" "$libdir/pkgconfig/dvr.pc"; do
+         "$libdir/cmake/dvr/dvrTargets.cmake" "$libdir/pkgconfig/dvr.pc" share/bash-completion/completions/dvr \
+         "$libdir/dvr/libdvr_init.so"; do
   [[ -e $prefix/$f ]] || fail "$prefix/$f is not installed"
 done
 for h in "$here"/../../libdvr/include/dvr/*.hpp "$here"/../../libdvr/include/dvr/*.h; do

@@ -229,7 +229,7 @@ def test_a_restored_heap_job_still_snapshots_its_own_writes(work, tracking):
     inside_snapshot(job, pid, 2)
     changed = run([work.job_bin, "expect", "--mib", mib, "--gen", 1, "--pages"], expect=0).stdout.split()
     diff = work.dvr_json("diff", "job/inside-1", "job/inside-2")
-    heap = [r for r in diff if r["region"] == "heap"]
+    heap = [r for r in diff["regions"] if r["name"] == "heap"]
     assert heap and heap[0]["pages_differ"] == len(changed), (
         f"the snapshot taken after the restore should differ from the one before in the {len(changed)} "
         f"pages mutation 1 wrote: {diff}")
@@ -709,7 +709,7 @@ def test_proc_ls_rm_and_the_region_commands_still_work(work):
 
     # The store's own commands see a store with process snapshots in it.
     work.dvr("ls")
-    assert isinstance(work.dvr_json("ls"), list)
+    assert isinstance(work.dvr_json("ls")["snapshots"], list)
     work.dvr_json("stat")
     work.verify()
 

@@ -646,7 +646,7 @@ def test_redis_heap_bgsave_child_writes_a_consistent_rdb(work, tcp_dumps):
 
 def damaged_refs(work):
     out = work.dvr_json("verify", expect=None)
-    return {d if isinstance(d, str) else f"{d.get('session')}/{d.get('name')}" for d in out.get("damaged", [])}, out
+    return {d if isinstance(d, str) else f"{d.get('session')}/{d.get('name')}" for d in out["damaged_snapshots"]}, out
 
 
 @pytest.mark.parametrize("heap_change", ["altered", "deleted"])

@@ -144,4 +144,4 @@ def test_python_m_memdvr(installed, tmp_path):
     r = subprocess.run([PYTHON, "-m", "memdvr", "ls", "--json"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert [(x["session"], x["name"]) for x in json.loads(r.stdout)] == [("cli", "one")]
+    assert [(x["session"], x["name"]) for x in json.loads(r.stdout)["snapshots"]] == [("cli", "one")]

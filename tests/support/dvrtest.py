@@ -427,7 +427,10 @@ class Store:
         return json_stdout(self.dvr(*args, "--json", expect=expect, **kwargs))
 
     def ls(self, session=None):
-        return self.dvr_json("ls", *([session] if session else []))
+        """`dvr ls [SESSION] --json`: its list of snapshot objects."""
+        doc = self.dvr_json("ls", *([session] if session else []))
+        assert doc["schema_version"] == 1 and doc["session"] == session, doc
+        return doc["snapshots"]
 
     def names(self, session):
         return {s["name"] for s in self.ls(session)}
@@ -445,7 +448,7 @@ class Store:
         """`dvr verify --json`; with expect=0 (the default) it must find everything intact."""
         out = self.dvr_json("verify", expect=expect)
         if expect == 0:
-            assert out.get("ok") is True and not out.get("damaged"), f"verify of {self.path} found damage: {out}"
+            assert out.get("ok") is True and not out.get("damaged_snapshots"), f"verify of {self.path} found damage: {out}"
         return out
 
     def gc(self):
@@ -722,7 +725,8 @@ class Work:
         return self.dvr("verify", expect=expect)
 
     def proc_ls(self):
-        return self.dvr_json("proc", "ls")
+        """`dvr proc ls --json`: its list of process snapshot objects."""
+        return self.dvr_json("proc", "ls")["processes"]
 
     # --- jobs
     def path(self, name):

@@ -3,6 +3,7 @@ documented fields, exit codes, clear errors for unknown names, bad references an
 directories that are not stores, and space reclaimed by rm + gc."""
 
 import json
+from pathlib import Path
 import os
 import stat
 import time
@@ -11,9 +12,9 @@ import pytest
 from dvrtest import DVR_ERROR, PACK_METADATA_SLACK, WORKER_REGION_SIZES, WORKER_BYTES, describe, run, worker_error
 
 CHUNK = 64 * 1024  # the worker creates stores with its 64 KiB content unit
-SNAPSHOT_FIELDS = {"session", "name", "parent", "label", "time_ns", "logical_bytes", "stored_bytes", "chunks",
-                   "zero_chunks", "chunks_read", "tracking", "damaged", "regions"}
-STAT_FIELDS = {"path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes",
+SNAPSHOT_FIELDS = {"session", "name", "parent", "label", "time_ns", "time", "logical_bytes", "stored_bytes", "chunks",
+                   "zero_chunks", "chunks_read", "tracking", "damaged", "damage", "pending", "regions"}
+STAT_FIELDS = {"schema_version", "path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes",
                "pack_bytes", "pack_files"}
 
 
@@ -48,7 +49,8 @@ def test_ls_json_has_the_documented_fields_and_true_values(populated):
     assert snaps[0]["time_ns"] < snaps[1]["time_ns"]
     # One session only, oldest first.
     assert [s["name"] for s in store.ls("s")] == ["a", "b"]
-    assert store.ls("nosuch") == []
+    proc = store.dvr("ls", "nosuch", "--json", expect=1)
+    assert proc.stdout == "" and "no session 'nosuch'" in proc.stderr and "dvr ls" in proc.stderr, describe(proc)
 
 
 def test_ls_text(populated):
@@ -56,14 +58,18 @@ def test_ls_text(populated):
     assert out[0].split()[:2] == ["SNAPSHOT", "TIME"]
     assert [l.split()[0] for l in out[1:]] == ["s/a", "s/b", "t/a"]
     assert "6.3 MiB" in out[1]
-    assert "no snapshots in session 'nosuch'" in populated.dvr("ls", "nosuch").stdout
+    proc = populated.dvr("ls", "nosuch", expect=1)
+    assert "no session 'nosuch'" in proc.stderr and "sessions: s, t" in proc.stderr, describe(proc)
+    proc = populated.dvr("ls", "-l", expect=2)
+    assert "unknown option '-l'" in proc.stderr and "dvr ls --help" in proc.stderr, describe(proc)
 
 
 def test_info_matches_ls(populated):
     store = populated
     listed = {(s["session"], s["name"]): s for s in store.ls()}
     for (session, name), entry in listed.items():
-        assert store.dvr_json("info", f"{session}/{name}") == entry
+        info = store.dvr_json("info", f"{session}/{name}")
+        assert info.pop("schema_version") == 1 and info == entry
     text = store.dvr("info", "s/b").stdout
     assert "snapshot  s/b" in text and "parent    a" in text and "regions   3" in text, text
     assert f"r1  293.0 KiB ({WORKER_REGION_SIZES['r1']} bytes)  tracked" in text, text
@@ -105,7 +111,7 @@ def test_verify_clean_store(populated):
     proc = populated.dvr("verify")
     assert "verified 3 snapshot(s)" in proc.stdout and "ok: no damage found" in proc.stdout, describe(proc)
     report = populated.verify()
-    assert report["ok"] is True and report["damaged"] == [] and report["problems"] == []
+    assert report["ok"] is True and report["damaged_snapshots"] == [] and report["problems"] == []
     assert report["snapshots"] == 3 and report["chunks"] > 0 and report["bytes"] > 0
 
 
@@ -118,7 +124,7 @@ def test_rm_then_gc_reclaims_space(populated):
     assert store.names("s") == {"a"}
     assert store.stat()["pack_bytes"] == before  # rm alone frees nothing
     gc = store.gc()
-    assert set(gc) == {"bytes_before", "bytes_after", "packs_removed", "temp_files_removed"}
+    assert set(gc) == {"schema_version", "bytes_before", "bytes_after", "packs_removed", "temp_files_removed"}
     assert gc["bytes_before"] - gc["bytes_after"] >= b_only, gc
     after = store.stat()["pack_bytes"]
     assert before - after >= b_only, (before, after, b_only)
@@ -139,6 +145,70 @@ def test_rm_of_an_unknown_snapshot_is_a_clear_error(populated):
     proc = store.dvr("rm", "nosuch/a", expect=None)
     assert proc.returncode == 1 and "nosuch/a" in proc.stderr, describe(proc)
     assert len(store.ls()) == 3
+
+
+def test_rm_collapses_duplicates(populated):
+    proc = populated.dvr("rm", "s/b", "s/b")
+    assert proc.stdout.count("removed s/b") == 1, describe(proc)
+    assert populated.names("s") == {"a"}
+
+
+def test_every_command_has_its_own_help_with_examples(store, dvr_bin):
+    commands = ["demo", "ls", "info", "rm", "gc", "verify", "stat", "log", "diff", "recover", "run", "send", "receive",
+                "export", "import", "push", "pull", "completion", "proc", "proc dump", "proc restore", "proc clone",
+                "proc ls", "proc info", "proc rm", "proc check"]
+    texts = {}
+    for c in commands:
+        text = run([dvr_bin, *c.split(), "--help"]).stdout
+        assert f"usage: dvr {c}" in text, (c, text)
+        texts[c] = text
+    for c in ("ls", "info", "rm", "verify", "export", "import", "proc dump", "run"):
+        assert "Examples:" in texts[c], (c, texts[c])
+    assert "--every" in texts["proc dump"] and "--keep" in texts["proc dump"]
+    assert "--dump-every" in texts["run"] and "--heap" in texts["run"]
+    assert run([dvr_bin, "ls", "-h"]).stdout == texts["ls"]
+    # The top-level help lists every command once.
+    top = run([dvr_bin, "--help"]).stdout
+    assert all(f"  {c} " in top for c in commands if " " not in c), top
+
+
+def test_typed_options_name_the_option_and_what_was_expected(store, dvr_bin):
+    proc = run([dvr_bin, "--store", store.path, "demo", "--trials", "abc"], expect=2)
+    assert "--trials" in proc.stderr and "'abc' is not a whole number" in proc.stderr, describe(proc)
+    proc = run([dvr_bin, "--store", store.path, "demo", "--size", "lots"], expect=2)
+    assert "--size" in proc.stderr and "512M or 1G" in proc.stderr, describe(proc)
+    proc = run([dvr_bin, "--store", store.path, "export", "s/a", "-o", "/dev/null", "--level", "40"], expect=2)
+    assert "--level" in proc.stderr and "1 to 19" in proc.stderr, describe(proc)
+    proc = run([dvr_bin, "--store", store.path, "export", "s/a", "-o", "/dev/null", "--compress", "fast"], expect=2)
+    assert "--compress" in proc.stderr and "fast" in proc.stderr, describe(proc)
+    proc = run([dvr_bin, "--progress=sometimes", "ls"], expect=2)
+    assert "--progress" in proc.stderr, describe(proc)
+    proc = run([dvr_bin, "info"], expect=2)
+    assert "ref" in proc.stderr and "dvr info --help" in proc.stderr, describe(proc)
+    version = run([dvr_bin, "--version"]).stdout.split()
+    assert version[0] == "dvr" and version[1].count(".") == 2, version
+
+
+def test_bash_completion_completes_commands_and_options(dvr_bin, tmp_path):
+    script = run([dvr_bin, "completion", "bash"]).stdout
+    built = Path(dvr_bin).parent / "dvr.bash-completion"
+    assert built.read_text() == script, "the build's completion file is stale"
+
+    def complete(*words):
+        words = ["dvr", *words]
+        line = f"source {tmp_path / 'c.sh'}; COMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}; " \
+               "_dvr; printf '%s\\n' \"${COMPREPLY[@]}\""
+        return set(run(["bash", "-c", line]).stdout.split())
+
+    (tmp_path / "c.sh").write_text(script)
+    assert complete("pr") == {"proc"}
+    assert {"ls", "info", "verify", "proc", "run", "export", "completion"} <= complete("")
+    assert complete("proc", "d") == {"dump"}
+    assert {"--name", "--every", "--keep", "--leave-running", "--json", "--store"} <= complete("proc", "dump", "--")
+    assert complete("verify", "--j") == {"--json"}
+    assert complete("run", "--", "l") == set()  # after --: the job's own command line
+    proc = run([dvr_bin, "completion", "zsh"], expect=2)
+    assert "zsh" in proc.stderr, describe(proc)
 
 
 def test_rm_checks_every_reference_before_removing_any(populated):
@@ -256,13 +326,19 @@ def test_log_draws_the_tree_and_recover_names_the_newest_intact(make_store, tmp_
     assert any(l.startswith("`-- a1 ") for l in lines), log
     assert any(l.startswith("    `-- a2 ") for l in lines), log
     rec = json.loads(store.dvr("recover", "t", "--json").stdout)
-    assert rec["latest"]["name"] == "a2" and rec["skipped"] == []
+    assert rec["latest"]["name"] == "a2" and rec["skipped"] == [] and rec["session"] == "t"
     manifest = store.path / "sessions" / "t" / "a2.snap"
     manifest.write_bytes(manifest.read_bytes()[:-5])
     proc = store.dvr("recover", "t")
     assert "newest intact snapshot: t/a1" in proc.stdout and "skipped (damaged) t/a2" in proc.stdout, describe(proc)
-    empty = store.dvr("recover", "nosuch", expect=None)
-    assert empty.returncode == 1 and "no intact snapshot" in empty.stdout, describe(empty)
+    assert "session.restore(\"a1\")" in proc.stdout and "Session::" not in proc.stdout, describe(proc)
+    rec = json.loads(store.dvr("recover", "t", "--json").stdout)
+    assert rec["latest"]["name"] == "a1" and [s["snapshot"] for s in rec["skipped"]] == ["t/a2"], rec
+    empty = store.dvr("recover", "nosuch", expect=1)
+    assert "no session 'nosuch'" in empty.stderr, describe(empty)
     diff = json.loads(store.dvr("diff", "t/base", "t/a1", "--json").stdout)
-    assert {d["region"] for d in diff} == {"r0", "r1", "r2"}
-    assert sum(d["bytes_differ"] for d in diff) > 0
+    assert (diff["a"], diff["b"]) == ("t/base", "t/a1")
+    assert {d["name"] for d in diff["regions"]} == {"r0", "r1", "r2"}
+    assert sum(d["bytes_differ"] for d in diff["regions"]) > 0
+    proc = store.dvr("log", "nosuch", expect=1)
+    assert "no session 'nosuch'" in proc.stderr, describe(proc)

@@ -50,7 +50,7 @@ def test_verify_names_each_damaged_snapshot_in_text_and_json(damaged_store):
 
     report = store.verify(expect=1)
     assert report["ok"] is False
-    assert report["damaged"] == ["s/b", "s/c"]
+    assert report["damaged_snapshots"] == ["s/b", "s/c"]
     assert report["snapshots"] == 4
     by_snapshot = {p["snapshot"]: p["what"] for p in report["problems"]}
     assert set(by_snapshot) == {"b", "c"} and all(p["session"] == "s" for p in report["problems"])
@@ -111,7 +111,7 @@ def test_a_damaged_shared_chunk_names_every_snapshot_that_uses_it(store):
     users = {f"{s}/{n}" for s, n in (("s", "a"), ("s", "b"), ("s", "c"), ("t", "x")) if uses_it(n)}
     assert "s/a" in users and len(users) >= 3, users  # the chunk really is shared
     report = store.verify(expect=1)
-    assert set(report["damaged"]) == users, report
+    assert set(report["damaged_snapshots"]) == users, report
     for ref in users:
         session, name = ref.split("/")
         proc = store.check(session, name, expect=DVR_ERROR)
@@ -122,7 +122,7 @@ def test_altered_manifest_byte_is_caught_by_its_checksum(store):
     store.snap("s", "a", "b")
     manifest = store.path / "sessions" / "s" / "a.snap"
     flip_byte(manifest, manifest.stat().st_size // 2)
-    assert store.verify(expect=1)["damaged"] == ["s/a"]
+    assert store.verify(expect=1)["damaged_snapshots"] == ["s/a"]
     proc = store.check("s", "a", expect=DVR_ERROR)
     assert "corrupt" in proc.stderr and "s/a" in proc.stderr, describe(proc)
     store.check("s", "b")
@@ -133,7 +133,7 @@ def test_missing_pack_damages_every_snapshot_stored_in_it(store):
     for pack in (store.path / "packs").glob("*.pack"):
         pack.unlink()
     report = store.verify(expect=1)
-    assert report["damaged"] == ["s/a", "s/b"], report
+    assert report["damaged_snapshots"] == ["s/a", "s/b"], report
     proc = store.check("s", "a", expect=DVR_ERROR)
     assert "corrupt" in proc.stderr and "s/a" in proc.stderr and "missing" in proc.stderr, describe(proc)
 
@@ -146,4 +146,4 @@ def test_a_new_snapshot_of_intact_memory_does_not_inherit_stored_damage(store):
     store.snap("t", "b")  # the same content as s/b, from intact memory
     proc = store.check("t", "b", expect=None)
     assert proc.returncode == 0, "a snapshot taken after the damage reuses the damaged chunk:\n" + describe(proc)
-    assert store.verify(expect=1)["damaged"] == ["s/b"]
+    assert store.verify(expect=1)["damaged_snapshots"] == ["s/b"]

@@ -86,7 +86,7 @@ def test_sigkill_during_snapshot_remove_and_gc_keeps_every_committed_snapshot(cr
         assert printed_keep == numbered(prefix, len(printed_keep)), f"{context}: worker output {printed}"
 
         report = store.verify()
-        assert report["ok"] and not report["damaged"] and not report["problems"], f"{context}: {report}"
+        assert report["ok"] and not report["damaged_snapshots"] and not report["problems"], f"{context}: {report}"
         after = store.ls(SESSION)
         assert not [s for s in after if s["damaged"]], f"{context}: damaged after kill: {after}"
         names = {s["name"] for s in after}

@@ -212,6 +212,12 @@ DVR_EXPORT std::string heap_preload();
 /// stdin from /dev/null: a job that can be dumped, restored and cloned without
 /// PID clashes. Returns its PID as the caller sees it; the job is not the
 /// caller's child. Needs root (or CAP_SYS_ADMIN).
+/// The kernel drops signals at their default disposition sent to a
+/// namespace's PID 1, so the job gets libdvr_init.so preloaded (found like
+/// heap_preload(); $DVR_INIT_PRELOAD another file, set empty: none): as PID 1
+/// it ends on SIGTERM, SIGINT, SIGHUP and SIGQUIT with status 128+N unless
+/// the program handles or ignores them itself (a statically linked program
+/// still ignores them).
 /// With options.heap_bytes, returns once the heap is in place. Throws
 /// unsupported for a statically linked or setuid program (the loader
 /// preloads nothing into them) or when libdvr_heap.so is missing,

@@ -69,6 +69,9 @@ struct SessionOptions {
 
 struct SnapshotOptions {
   /// Free text kept with the snapshot (shown by `dvr ls` / `dvr info`).
+  /// Must be valid UTF-8 (snapshot() throws invalid_argument otherwise);
+  /// snapshots received from elsewhere may carry any bytes, which `dvr`
+  /// and its JSON show escaped as \xNN (docs/cli.md).
   std::string label;
   /// Replace an existing snapshot of the same name (atomically) instead of
   /// failing with already_exists.

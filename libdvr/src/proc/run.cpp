@@ -32,6 +32,7 @@ namespace dvr::proc {
 namespace {
 
 constexpr const char* kHeapPreloadFile = "libdvr_heap.so";
+constexpr const char* kInitPreloadFile = "libdvr_init.so";
 constexpr const char* kHeapRegion = "heap";
 
 using impl::dir_of;
@@ -101,20 +102,38 @@ void wait_for_heap(pid_t job, const std::string& heap) {
 
 std::string heap_path(const std::string& store, const std::string& session) { return store + "/heaps/" + session + "/" + kHeapRegion; }
 
-std::string heap_preload() {
-  if (const char* e = std::getenv("DVR_HEAP_PRELOAD"); e && *e) return is_file(e) ? e : "";
+namespace {
+
+// A preload library of ours: build/preload/ beside the dvr binary, or the
+// installed lib/dvr/, or beside libdvr.so (a Python program: the running
+// program is python). "" when not found.
+std::string find_preload(const char* file) {
   const std::string self = impl::self_dir();
   std::vector<std::string> dirs = {self + "/preload", self + "/" DVR_HEAP_PRELOAD_RELDIR};
-  // Beside libdvr.so (a Python program: the running program is python).
   Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(&heap_preload), &info) && info.dli_fname) {
+  if (::dladdr(reinterpret_cast<void*>(&find_preload), &info) && info.dli_fname) {
     std::string lib = dir_of(info.dli_fname);
     dirs.push_back(lib + "/dvr");
     dirs.push_back(lib + "/../preload");
   }
   for (auto& d : dirs)
-    if (is_file(d + "/" + kHeapPreloadFile)) return d + "/" + kHeapPreloadFile;
+    if (is_file(d + "/" + file)) return d + "/" + file;
   return "";
+}
+
+// libdvr_init.so (preload/dvr_init.c): makes the job, PID 1 of its
+// namespace, end on SIGTERM/SIGINT/SIGHUP/SIGQUIT as the program would.
+// $DVR_INIT_PRELOAD names another file; set but empty, none is preloaded.
+std::string init_preload() {
+  if (const char* e = std::getenv("DVR_INIT_PRELOAD")) return *e && is_file(e) ? e : "";
+  return find_preload(kInitPreloadFile);
+}
+
+}  // namespace
+
+std::string heap_preload() {
+  if (const char* e = std::getenv("DVR_HEAP_PRELOAD"); e && *e) return is_file(e) ? e : "";
+  return find_preload(kHeapPreloadFile);
 }
 
 pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
@@ -156,6 +175,7 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
       else if (kv.rfind("DVR_HEAP_", 0) != 0)
         env_strings.push_back(kv);
     }
+    if (std::string init = init_preload(); !init.empty()) preload += " " + init;
     char addr[32];
     std::snprintf(addr, sizeof addr, "%llx", static_cast<unsigned long long>(kHeapAddress));
     env_strings.push_back("LD_PRELOAD=" + preload);
@@ -163,8 +183,15 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
     env_strings.push_back("DVR_HEAP_SIZE=" + std::to_string(bytes));
     env_strings.push_back(std::string("DVR_HEAP_ADDR=") + addr);
   } else {
-    for (char** e = environ; *e; ++e)
-      env_strings.push_back(*e);
+    std::string preload = init_preload();
+    for (char** e = environ; *e; ++e) {
+      std::string kv = *e;
+      if (kv.rfind("LD_PRELOAD=", 0) == 0 && !preload.empty())
+        preload = kv.substr(11) + " " + preload;
+      else
+        env_strings.push_back(kv);
+    }
+    if (!preload.empty()) env_strings.push_back("LD_PRELOAD=" + preload);
   }
   std::vector<char*> envp;
   for (auto& e : env_strings)

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include <algorithm>
@@ -606,11 +607,38 @@ SnapshotJob Session::background() const {
 
 namespace {
 constexpr std::uint64_t kCopyAtCall = 64u << 10;  // untracked regions up to this size are copied aside at the call
+
+// A label is free text, but valid UTF-8: listings and JSON documents show it
+// as it is (a label in a stream received from elsewhere is shown escaped).
+void check_label(const std::string& label) {
+  for (std::size_t k = 0; k < label.size();) {
+    const auto c = static_cast<unsigned char>(label[k]);
+    std::size_t n = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    bool ok = n > 0 && k + n <= label.size();
+    for (std::size_t i = 1; ok && i < n; ++i) {
+      const auto d = static_cast<unsigned char>(label[k + i]);
+      unsigned char lo = 0x80, hi = 0xbf;
+      if (i == 1 && c == 0xe0) lo = 0xa0;
+      if (i == 1 && c == 0xed) hi = 0x9f;
+      if (i == 1 && c == 0xf0) lo = 0x90;
+      if (i == 1 && c == 0xf4) hi = 0x8f;
+      ok = d >= lo && d <= hi;
+    }
+    if (!ok)
+      throw Error(Errc::invalid_argument, "the snapshot label has a byte that is not UTF-8 (0x" + [&] {
+        char b[4];
+        std::snprintf(b, sizeof b, "%02x", c);
+        return std::string(b);
+      }() + " at offset " + std::to_string(k) + "); labels are text: pass UTF-8 (Python str does)");
+    k += n;
+  }
 }
+}  // namespace
 
 SnapshotJob Session::snapshot_background(const std::string& name, const SnapshotOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   State& st = *state_;
+  check_label(options.label);
   st.settle(false);
   st.check_regions(name);
   StoreImpl& store = detail::impl_of(st.store);
@@ -731,6 +759,7 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
     info.pending = true;
     return info;
   }
+  check_label(options.label);
   state_->settle(false);
   state_->check_regions(name);
   // What changed since the base: asked of the tracker, or found by hashing,

@@ -1,0 +1,230 @@
+// JSON documents and escaped text of the dvr command (output.hpp).
+#include "output.hpp"
+
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+namespace dvr::cli {
+
+namespace {
+
+// The length of the well-formed UTF-8 sequence at s[k] (RFC 3629: no
+// overlong forms, no surrogates, nothing above U+10FFFF), or 0.
+std::size_t utf8_sequence(const std::string& s, std::size_t k) {
+  auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char c = byte(k);
+  if (c < 0x80) return 1;
+  std::size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xbf;
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
+  }
+  if (k + n > s.size()) return 0;
+  if (byte(k + 1) < lo || byte(k + 1) > hi) return 0;
+  for (std::size_t i = 2; i < n; ++i)
+    if (byte(k + i) < 0x80 || byte(k + i) > 0xbf) return 0;
+  return n;
+}
+
+void hex_escape(std::string& out, unsigned char c) {
+  char b[8];
+  std::snprintf(b, sizeof b, "\\x%02x", c);
+  out += b;
+}
+
+}  // namespace
+
+std::string utf8_safe(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t k = 0; k < s.size();) {
+    std::size_t n = utf8_sequence(s, k);
+    if (n == 0) {
+      hex_escape(out, static_cast<unsigned char>(s[k]));
+      ++k;
+    } else {
+      out.append(s, k, n);
+      k += n;
+    }
+  }
+  return out;
+}
+
+std::string printable(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t k = 0; k < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[k]);
+    std::size_t n = utf8_sequence(s, k);
+    if (n == 0) {
+      hex_escape(out, c);
+      ++k;
+      continue;
+    }
+    if (n == 1 && (c < 0x20 || c == 0x7f)) {
+      out += c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r" : "";
+      if (c != '\n' && c != '\t' && c != '\r') hex_escape(out, c);
+    } else if (n == 2 && c == 0xc2 && static_cast<unsigned char>(s[k + 1]) < 0xa0) {
+      char b[8];  // C1 controls, U+0080 to U+009F (CSI among them)
+      std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned char>(s[k + 1]));
+      out += b;
+    } else {
+      out.append(s, k, n);
+    }
+    k += n;
+  }
+  return out;
+}
+
+std::string rfc3339(std::int64_t time_ns) {
+  std::int64_t sec = time_ns / 1000000000, ns = time_ns % 1000000000;
+  if (ns < 0) {
+    ns += 1000000000;
+    --sec;
+  }
+  std::time_t t = static_cast<std::time_t>(sec);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  std::snprintf(buf + n, sizeof buf - n, ".%09lldZ", static_cast<long long>(ns));
+  return buf;
+}
+
+json to_json(const SnapshotInfo& i) {
+  json regions = json::array();
+  for (auto& r : i.regions)
+    regions.push_back({{"name", jstr(r.name)}, {"size", r.size}, {"sdk_owned", r.sdk_owned}});
+  return json{{"session", jstr(i.session)},
+              {"name", jstr(i.name)},
+              {"parent", jstr(i.parent)},
+              {"label", jstr(i.label)},
+              {"time_ns", i.time_ns},
+              {"time", rfc3339(i.time_ns)},
+              {"logical_bytes", i.logical_bytes},
+              {"stored_bytes", i.stored_bytes},
+              {"chunks", i.chunks},
+              {"zero_chunks", i.zero_chunks},
+              {"regions", std::move(regions)},
+              {"tracking", jstr(i.tracking)},
+              {"chunks_read", i.chunks_read},
+              {"damaged", i.damaged},
+              {"damage", jstr(i.damage)},
+              {"pending", i.pending}};
+}
+
+json to_json(const std::vector<SnapshotInfo>& infos) {
+  json a = json::array();
+  for (auto& i : infos)
+    a.push_back(to_json(i));
+  return a;
+}
+
+json to_json(const RegionDiff& d) {
+  return json{{"name", jstr(d.name)},         {"size_a", d.size_a},         {"size_b", d.size_b},
+              {"only_in_a", d.only_in_a},     {"only_in_b", d.only_in_b},   {"bytes_differ", d.bytes_differ},
+              {"pages_differ", d.pages_differ}};
+}
+
+json to_json(const VerifyReport& r) {
+  json doc = document();
+  doc["snapshots"] = r.snapshots;
+  doc["chunks"] = r.chunks;
+  doc["bytes"] = r.bytes;
+  json problems = json::array();
+  for (auto& p : r.problems)
+    problems.push_back({{"session", jstr(p.session)}, {"snapshot", jstr(p.snapshot)}, {"what", jstr(p.what)}});
+  doc["problems"] = std::move(problems);
+  json damaged = json::array();
+  for (auto& d : r.damaged_snapshots())
+    damaged.push_back(jstr(d));
+  doc["damaged_snapshots"] = std::move(damaged);
+  doc["ok"] = r.ok();
+  return doc;
+}
+
+json to_json(const GcReport& r) {
+  json doc = document();
+  doc["bytes_before"] = r.bytes_before;
+  doc["bytes_after"] = r.bytes_after;
+  doc["packs_removed"] = r.packs_removed;
+  doc["temp_files_removed"] = r.temp_files_removed;
+  return doc;
+}
+
+json to_json(const StoreStats& s) {
+  json doc = document();
+  doc["path"] = jstr(s.path);
+  doc["medium"] = medium_name(s.medium);
+  doc["format_version"] = s.format_version;
+  doc["chunk_size"] = s.chunk_size;
+  doc["sessions"] = s.sessions;
+  doc["snapshots"] = s.snapshots;
+  doc["logical_bytes"] = s.logical_bytes;
+  doc["pack_bytes"] = s.pack_bytes;
+  doc["pack_files"] = s.pack_files;
+  return doc;
+}
+
+json to_json(const proc::ProcInfo& p) {
+  json heaps = json::array();
+  for (auto& h : p.heaps)
+    heaps.push_back({{"path", jstr(h.path)}, {"bytes", h.bytes}, {"store", jstr(h.store)}, {"session", jstr(h.session)}});
+  json files = json::array();
+  for (auto& f : p.files)
+    files.push_back({{"path", jstr(f.path)}, {"size", f.size}, {"mtime_ns", f.mtime_ns}});
+  return json{{"name", jstr(p.name)},
+              {"time_ns", p.time_ns},
+              {"time", rfc3339(p.time_ns)},
+              {"pid", p.pid},
+              {"own_pid_namespace", p.own_pid_namespace},
+              {"command", jstr(p.command)},
+              {"criu_version", jstr(p.criu_version)},
+              {"kernel", jstr(p.kernel)},
+              {"leave_running", p.leave_running},
+              {"tcp_established", p.tcp_established},
+              {"image_bytes", p.image_bytes},
+              {"stored_bytes", p.stored_bytes},
+              {"parent", jstr(p.parent)},
+              {"heaps", std::move(heaps)},
+              {"files", std::move(files)},
+              {"seconds", p.seconds}};
+}
+
+json to_json(const transfer::Stats& st, bool sent) {
+  json doc = document();
+  json refs = json::array();
+  for (auto& r : st.refs)
+    refs.push_back(jstr(r));
+  doc["ref"] = std::move(refs);
+  doc["base"] = jstr(st.base);
+  doc["logical_bytes"] = st.logical_bytes;
+  doc[sent ? "sent_bytes" : "received_bytes"] = st.wire_bytes;
+  doc["data_bytes"] = st.data_bytes;
+  doc["compression_ratio"] = st.compression_ratio;
+  doc["chunks"] = st.chunks;
+  doc["chunks_skipped"] = st.chunks_skipped;
+  doc["stored_bytes"] = st.stored_bytes;
+  if (sent) {
+    doc["chunks_compressed"] = st.chunks_compressed;
+    doc["chunks_raw"] = st.chunks_raw;
+    doc["read_bytes"] = st.read_bytes;
+  }
+  doc["seconds"] = st.seconds;
+  return doc;
+}
+
+void print_json(const json& doc) { std::cout << doc.dump() << "\n"; }
+
+}  // namespace dvr::cli

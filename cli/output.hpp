@@ -1,0 +1,57 @@
+// What the dvr command prints: JSON documents (one schema, docs/cli.md) and
+// text for people (control characters and invalid UTF-8 escaped).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dvr/proc.hpp"
+#include "dvr/store.hpp"
+#include "dvr/transfer.hpp"
+
+namespace dvr::cli {
+
+using json = nlohmann::ordered_json;
+
+/// The version of the JSON documents dvr and `python -m memdvr` print; every
+/// top-level document carries it as "schema_version". Raised when a field
+/// changes meaning or goes; new fields keep it.
+inline constexpr int kSchemaVersion = 1;
+
+/// `s` as valid UTF-8: every byte that is not part of a well-formed UTF-8
+/// sequence becomes the four characters \xNN (as Python's "backslashreplace"
+/// writes it). Valid text is returned unchanged.
+std::string utf8_safe(const std::string& s);
+
+/// `s` for a terminal: utf8_safe, and control characters (C0, DEL, C1)
+/// written as \n, \t, \r or \xNN / \u0085, so that a label received from
+/// another store cannot move the cursor or clear the screen.
+std::string printable(const std::string& s);
+
+/// Nanoseconds since the Unix epoch as RFC 3339 UTC with nanoseconds:
+/// "2026-12-02T00:31:07.123456789Z".
+std::string rfc3339(std::int64_t time_ns);
+
+/// A string value for a JSON document (utf8_safe).
+inline json jstr(const std::string& s) { return utf8_safe(s); }
+
+/// A new top-level document: {"schema_version": 1}.
+inline json document() { return json{{"schema_version", kSchemaVersion}}; }
+
+json to_json(const SnapshotInfo& info);
+json to_json(const std::vector<SnapshotInfo>& infos);
+json to_json(const RegionDiff& d);
+json to_json(const VerifyReport& r);  // with schema_version
+json to_json(const GcReport& r);      // with schema_version
+json to_json(const StoreStats& s);    // with schema_version
+json to_json(const proc::ProcInfo& p);
+/// A transfer's statistics; `sent`: the sending side (sent_bytes, read_bytes, ...).
+json to_json(const transfer::Stats& st, bool sent);  // with schema_version
+
+/// Prints a document on stdout, one line.
+void print_json(const json& doc);
+
+}  // namespace dvr::cli

@@ -1,0 +1,173 @@
+"""One JSON schema for both front ends: `dvr --json` and `python -m memdvr
+--json` print the same documents (keys and values) on the same store, and
+every document fits the written schema, docs/cli-schema.json.
+
+Fields only one side can know: recover's skipped[].why (dvr has the library's
+reason for each skipped snapshot; Python only a damaged manifest's), and
+nothing else. Also here: `--progress=json` lines of an import (monotonic,
+ending at the total) and no progress output on a pipe by default.
+
+Needs $DVR_BIN (the built dvr; CTest sets it) and the built memdvr on PYTHONPATH."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import memdvr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
+from schema_check import check, load_schema  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dvr_bin():
+    path = os.environ.get("DVR_BIN")
+    if not path or not os.access(path, os.X_OK):
+        pytest.fail(f"$DVR_BIN must name the built dvr (got {path!r}); run through CTest or set DVR_BIN=BUILD/dvr")
+    return path
+
+
+def run(argv, expect=0):
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == expect, (argv, proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+def dvr(dvr_bin, store, *args, expect=0):
+    return run([dvr_bin, "--store", store, *args], expect=expect)
+
+
+def py(store, *args, expect=0):
+    return run([sys.executable, "-m", "memdvr", "--store", store, *args], expect=expect)
+
+
+def both(dvr_bin, store, *args, expect=0):
+    """The --json documents of both front ends for the same verb."""
+    a = dvr(dvr_bin, store, *args, "--json", expect=expect)
+    b = py(store, *args, "--json", expect=expect)
+    return json.loads(a.stdout), json.loads(b.stdout)
+
+
+@pytest.fixture
+def store(tmp_path):
+    path = tmp_path / "store"
+    st = memdvr.Store(path)
+    s = memdvr.Session(st, "s")
+    a = s.array("a", (256, 1024), np.uint8)
+    a[:] = 1
+    s.snapshot("one", label="first: caf\u00e9 \u2713\ttab")
+    a[5] = 2
+    s.snapshot("two")
+    b = s.array("b", (8192,), np.uint8)
+    b[:] = 3
+    s.snapshot("three", label="\x1b[2J escape")
+    del a, b
+    s.close()
+    t = memdvr.Session(st, "t")
+    c = t.array("c", (4096,), np.uint8)
+    c[:] = 7
+    t.snapshot("x")
+    del c
+    t.close()
+    return path
+
+
+VERBS = [("ls",), ("ls", "s"), ("info", "s/one"), ("info", "s/three"), ("log", "s"), ("diff", "s/one", "s/three"),
+         ("diff", "s/one", "t/x"), ("verify",), ("stat",), ("recover", "s")]
+
+
+def test_both_front_ends_print_the_same_documents_and_they_fit_the_schema(dvr_bin, store):
+    schema = load_schema()
+    for args in VERBS:
+        a, b = both(dvr_bin, store, *args)
+        assert a == b, f"{args}:\n dvr    {a}\n python {b}"
+        check(a, args[0], schema)
+    ls = both(dvr_bin, store, "ls")[0]
+    assert [s["label"] for s in ls["snapshots"]][:3] == ["first: caf\u00e9 \u2713\ttab", "", "\x1b[2J escape"]
+    assert all(s["time"].endswith("Z") and s["time"][:4].isdigit() for s in ls["snapshots"])
+    # Text for people shows control characters escaped, in both front ends.
+    for text in (dvr(dvr_bin, store, "ls").stdout, py(store, "ls").stdout, dvr(dvr_bin, store, "info", "s/three").stdout):
+        assert "\\x1b[2J escape" in text and "\x1b" not in text, text
+    assert "first: caf\u00e9 \u2713\\ttab" in dvr(dvr_bin, store, "ls", "s").stdout
+    diff = both(dvr_bin, store, "diff", "s/one", "s/three")[0]
+    assert [(r["name"], r["only_in_b"]) for r in diff["regions"]] == [("a", False), ("b", True)], diff
+    # gc: the first run reclaims nothing here; the two agree on the same store.
+    a, b = both(dvr_bin, store, "gc")
+    assert a == b and a["packs_removed"] == 0, (a, b)
+    check(a, "gc", schema)
+    # rm: each front end removes another snapshot; duplicates count once.
+    a = json.loads(dvr(dvr_bin, store, "rm", "t/x", "t/x", "--json").stdout)
+    b = json.loads(py(store, "rm", "s/two", "s/two", "--json").stdout)
+    assert a == {"schema_version": 1, "removed": ["t/x"]} and b == {"schema_version": 1, "removed": ["s/two"]}
+    check(a, "rm", schema)
+    check(b, "rm", schema)
+    assert [(s["session"], s["name"]) for s in both(dvr_bin, store, "ls")[0]["snapshots"]] == [("s", "one"), ("s", "three")]
+
+
+def test_a_damaged_snapshot_is_reported_alike(dvr_bin, store):
+    schema = load_schema()
+    manifest = store / "sessions" / "s" / "three.snap"
+    manifest.write_bytes(manifest.read_bytes()[:-5])
+    for args in (("ls", "s"), ("log", "s")):
+        a, b = both(dvr_bin, store, *args)
+        assert a == b, args
+        check(a, args[0], schema)
+        assert [s["damaged"] for s in a["snapshots"]] == [False, False, True] and a["snapshots"][2]["damage"]
+    a, b = both(dvr_bin, store, "verify", expect=1)
+    assert a == b and a["ok"] is False and a["damaged_snapshots"] == ["s/three"], a
+    check(a, "verify", schema)
+    a, b = both(dvr_bin, store, "recover", "s")
+    check(a, "recover", schema)
+    check(b, "recover", schema)
+    assert a["latest"]["name"] == "two" and a["latest"] == b["latest"]
+    # Only dvr knows the library's reason for a skip; both name the snapshot.
+    assert [s["snapshot"] for s in a["skipped"]] == [s["snapshot"] for s in b["skipped"]] == ["s/three"]
+    assert all(s["why"] for s in a["skipped"] + b["skipped"])
+
+
+def test_unknown_names_are_errors_in_both(dvr_bin, store):
+    for args in (("ls", "nosuch"), ("log", "nosuch"), ("recover", "nosuch"), ("info", "s/nosuch"), ("diff", "s/one", "s/nosuch"),
+                 ("rm", "s/one", "s/nosuch")):
+        a = dvr(dvr_bin, store, *args, expect=1)
+        b = py(store, *args, expect=1)
+        assert "nosuch" in a.stderr and "nosuch" in b.stderr, (args, a.stderr, b.stderr)
+    # rm checked every name first: s/one is still there.
+    assert [s["name"] for s in both(dvr_bin, store, "ls", "s")[0]["snapshots"]] == ["one", "two", "three"]
+
+
+def test_import_progress_lines_are_monotonic_and_a_pipe_gets_none(dvr_bin, tmp_path):
+    schema = load_schema()
+    src = tmp_path / "src"
+    s = memdvr.Session(memdvr.Store(src), "big")
+    a = s.array("data", (32 << 20,), np.uint8)
+    a[:] = np.random.default_rng(1).integers(0, 256, a.shape, dtype=np.uint8)  # 32 MiB that do not compress
+    s.snapshot("one")
+    del a
+    s.close()
+    stream = tmp_path / "one.dvr"
+    sent = json.loads(dvr(dvr_bin, src, "export", "big/one", "-o", stream, "--json").stdout)
+    check(sent, "transfer_sent", schema)
+    proc = dvr(dvr_bin, tmp_path / "dst", "import", stream, "--json", "--progress=json")
+    received = json.loads(proc.stdout)
+    check(received, "transfer_received", schema)
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert lines, "no progress lines on stderr"
+    for line in lines:
+        check(line, "progress", schema)
+        assert line["op"] == "import" and line["total"] == stream.stat().st_size, line
+    done = [line["done"] for line in lines]
+    assert done == sorted(done) and done[-1] == lines[-1]["total"], done
+    # By default (auto), stderr that is a pipe gets no progress at all.
+    shutil.rmtree(tmp_path / "dst")
+    proc = dvr(dvr_bin, tmp_path / "dst", "import", stream)
+    assert proc.stderr == "", proc.stderr
+    proc = dvr(dvr_bin, src, "verify", "--progress=none")
+    assert proc.stderr == ""
+    proc = dvr(dvr_bin, src, "verify", "--progress=json")
+    assert [json.loads(line)["op"] for line in proc.stderr.splitlines()][-1] == "verify"
