@@ -23,7 +23,7 @@ import argparse
 import datetime as _dt
 import json
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import DvrError, NotFound, Store, default_path
 from ._core import split_ref
@@ -175,8 +175,8 @@ def _log(args: argparse.Namespace) -> int:
         _print_json(_doc(session=_utf8(args.session), snapshots=[_snapshot(s) for s in snaps]))
         return 0
     names = {s.name for s in snaps}
-    children: Dict[str, list] = {}
-    roots = []
+    children: Dict[str, List[Any]] = {}
+    roots: List[Any] = []
     for s in snaps:
         if not s.damaged and s.parent and s.parent in names and s.parent != s.name:
             children.setdefault(s.parent, []).append(s)
@@ -228,20 +228,21 @@ def _rm(args: argparse.Namespace) -> int:
 def _gc(args: argparse.Namespace) -> int:
     r = _open(args).gc()
     if args.json:
-        _print_json(_doc(**{k: int(r[k]) for k in ("bytes_before", "bytes_after", "packs_removed", "temp_files_removed")}))
+        _print_json(_doc(bytes_before=r.bytes_before, bytes_after=r.bytes_after, packs_removed=r.packs_removed,
+                         temp_files_removed=r.temp_files_removed))
     else:
-        freed = max(0, r["bytes_before"] - r["bytes_after"])
-        print(f"gc: reclaimed {_size(freed)} ({_size(r['bytes_before'])} -> {_size(r['bytes_after'])}), "
-              f"{r['packs_removed']} pack file(s) removed, {r['temp_files_removed']} leftover temporary file(s) removed")
+        freed = max(0, r.bytes_before - r.bytes_after)
+        print(f"gc: reclaimed {_size(freed)} ({_size(r.bytes_before)} -> {_size(r.bytes_after)}), "
+              f"{r.packs_removed} pack file(s) removed, {r.temp_files_removed} leftover temporary file(s) removed")
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
     r = _open(args).verify()
-    problems = [{"session": _utf8(p["session"]), "snapshot": _utf8(p["snapshot"]), "what": _utf8(p["what"])}
-                for p in r.get("problems", [])]
-    doc = _doc(snapshots=int(r["snapshots"]), chunks=int(r["chunks"]), bytes=int(r["bytes"]), problems=problems,
-               damaged_snapshots=[_utf8(d) for d in r.get("damaged_snapshots", [])], ok=bool(r["ok"]))
+    problems = [{"session": _utf8(p.session), "snapshot": _utf8(p.snapshot), "what": _utf8(p.what)}
+                for p in r.problems]
+    doc = _doc(snapshots=r.snapshots, chunks=r.chunks, bytes=r.bytes, problems=problems,
+               damaged_snapshots=[_utf8(d) for d in r.damaged_snapshots], ok=r.ok)
     if args.json:
         _print_json(doc)
     else:
@@ -259,7 +260,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _stat(args: argparse.Namespace) -> int:
     st = _open(args).stats()
     keys = ("path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes", "pack_bytes", "pack_files")
-    doc = _doc(**{k: (_utf8(st[k]) if isinstance(st[k], str) else int(st[k])) for k in keys})
+    values = st.to_dict()
+    doc = _doc(**{k: (_utf8(values[k]) if isinstance(values[k], str) else int(values[k])) for k in keys})
     if args.json:
         _print_json(doc)
     else:
@@ -270,9 +272,11 @@ def _stat(args: argparse.Namespace) -> int:
 
 def _diff(args: argparse.Namespace) -> int:
     (sa, a), (sb, b) = _ref(args.a), _ref(args.b)
-    regions = []
-    for r in _open(args).diff(sa, a, sb, b):
-        regions.append({"name": _utf8(r.get("name", r.get("region", ""))), "size_a": int(r["size_a"]), "size_b": int(r["size_b"]),
+    regions: List[Dict[str, Any]] = []
+    # Region by region, as dvr reports it (Store.diff folds put() objects into
+    # one row each: a Python view the dvr command cannot share).
+    for r in _open(args)._core.diff(sa, a, sb, b):
+        regions.append({"name": _utf8(r["name"]), "size_a": int(r["size_a"]), "size_b": int(r["size_b"]),
                         "only_in_a": bool(r["only_in_a"]), "only_in_b": bool(r["only_in_b"]),
                         "bytes_differ": int(r["bytes_differ"]), "pages_differ": int(r["pages_differ"])})
     if args.json:
@@ -292,7 +296,7 @@ def _recover(args: argparse.Namespace) -> int:
     latest = store.latest(args.session) if known else None
     # The snapshots newer than the one found, newest first: what it skipped
     # (dvr also says why; Python knows only a damaged manifest's reason).
-    skipped = []
+    skipped: List[Dict[str, str]] = []
     if known:
         for s in reversed(store.list(args.session)):
             if latest is not None and s.name == latest.name:
@@ -305,8 +309,8 @@ def _recover(args: argparse.Namespace) -> int:
         _require_session(store, args.session)
     if args.json:
         return 0 if latest else 1
-    for s in skipped:
-        print(f"skipped (damaged) {_printable(s['snapshot'])}: {_printable(s['why'])}")
+    for sk in skipped:
+        print(f"skipped (damaged) {_printable(sk['snapshot'])}: {_printable(sk['why'])}")
     if latest is None:
         print(f"no intact snapshot in session '{_printable(args.session)}'")
         return 1
@@ -321,7 +325,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="store directory (default: memdvr.default_path())")
     sub = p.add_subparsers(dest="verb", required=True)
 
-    def verb(name: str, func, help_text: str) -> argparse.ArgumentParser:
+    def verb(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
         v = sub.add_parser(name, help=help_text, description=help_text)
         v.set_defaults(func=func)
         v.add_argument("--json", action="store_true", help="print one JSON document (the same as dvr --json)")
@@ -345,7 +349,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Runs one verb; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
-        return args.func(args)
+        return int(args.func(args))
     except DvrError as e:
         print(f"memdvr: {e}", file=sys.stderr)
         return 2 if type(e).__name__ == "InvalidArgument" else 1
