@@ -150,6 +150,9 @@ struct RegionDiff {
 ///    process's use of it and, for writers, the store's writers' lock): a
 ///    slow callback slows the operation and waits other callers on the same
 ///    store, nothing else; it must not call into the same store itself.
+///    (Bindings that take a lock inside the callback, such as Python's GIL,
+///    must release it around every call into a store, so that another
+///    thread waiting for the store never holds what the callback needs.)
 ///  - `done` never decreases; `total` never decreases. When the amount of
 ///    work is not known in advance, `total` is 0 until it is (a stream from
 ///    a pipe) or grows as it is learnt; otherwise done <= total.
