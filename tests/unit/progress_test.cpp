@@ -7,6 +7,7 @@
 
 #include "base/memops.hpp"
 #include "base/progress.hpp"
+#include "dvr/proc.hpp"
 #include "dvr/transfer.hpp"
 #include "test_support.hpp"
 
@@ -442,4 +443,53 @@ TEST_CASE("progress: an incremental push and pull report on each side's calling 
   ::close(fd);
   imported.check_contract(fs::file_size(file));
   CHECK(fs::file_size(file) < data.size() / 4);  // incremental: a fraction of the snapshot
+}
+
+TEST_CASE("progress: a process dump and its restore report through CRIU, on the calling thread", "[progress][proc]") {
+  if (::geteuid() != 0) DVR_SKIP("process snapshots need root");
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) DVR_SKIP("cannot tell where this test binary is");
+  const std::string plugin = fs::path(std::string(self, static_cast<std::size_t>(n))).parent_path().parent_path() / "criu-plugin";
+  if (!fs::exists(plugin + "/dvr_criu.so")) DVR_SKIP("no CRIU plugin built at " << plugin);
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  // A job that holds some memory: 32 MiB written, then sleeps.
+  const pid_t pid = dvr::proc::run({"/usr/bin/python3", "-c", "import time; b = bytearray(32 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\ntime.sleep(600)"});
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // (its memory written; a dump of less is still valid)
+  Recorder dumped;
+  dvr::proc::DumpOptions o;
+  o.plugin_dir = plugin;
+  o.progress = dumped.callback();
+  dvr::proc::ProcInfo info;
+  try {
+    info = dvr::proc::dump(store, pid, "job", o);
+  } catch (const dvr::Error& e) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    DVR_SKIP("CRIU cannot dump here: " << e.what());
+  }
+  ::waitpid(pid, nullptr, 0);  // the dump stopped it for good
+  CHECK(info.name == "job");
+  REQUIRE(!dumped.calls.empty());
+  for (std::size_t i = 0; i < dumped.calls.size(); ++i) {
+    CHECK(dumped.calls[i].thread == std::this_thread::get_id());
+    if (i) CHECK(dumped.calls[i].done >= dumped.calls[i - 1].done);
+  }
+  CHECK(dumped.calls.back().done == dumped.calls.back().total);
+  CHECK(dumped.calls.back().total >= (16u << 20));  // the job's pages went through it
+
+  Recorder restored;
+  dvr::proc::RestoreOptions r;
+  r.plugin_dir = plugin;
+  r.detach = true;
+  r.progress = restored.callback();
+  auto res = dvr::proc::restore(store, "job", r);
+  CHECK(res.pid > 0);
+  ::kill(res.pid, SIGKILL);
+  REQUIRE(!restored.calls.empty());
+  for (auto& c : restored.calls)
+    CHECK(c.thread == std::this_thread::get_id());
+  CHECK(restored.calls.back().done == restored.calls.back().total);
+  CHECK(restored.calls.back().total > 0);
 }
