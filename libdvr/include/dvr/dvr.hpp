@@ -12,12 +12,14 @@
 // session.hpp: sessions, regions, snapshot and restore.
 // clone.hpp: thin copy-on-write clones of snapshots.
 // error.hpp: dvr::Error and its codes.
+// log.hpp: the log level and sink (DVR_LOG).
 #pragma once
 
 #include "dvr/arena.hpp"
 #include "dvr/clone.hpp"
 #include "dvr/error.hpp"
 #include "dvr/export.h"
+#include "dvr/log.hpp"
 #include "dvr/session.hpp"
 #include "dvr/store.hpp"
 

@@ -73,6 +73,13 @@ struct DumpOptions {
   /// need nothing). The snapshot records it (ProcInfo::tcp_established).
   bool tcp_established = false;
   std::string plugin_dir;  // "" = plugin_dir()
+  /// Bytes of the process's memory stored so far (see dvr::Progress). With
+  /// CRIU >= 4.2 (pages streamed to dvr): the pages received from CRIU, with
+  /// total 0 while CRIU runs (it decides what to dump), then the final call;
+  /// with older CRIU: the image files stored after CRIU wrote them, out of
+  /// their size. When it throws, the dump fails with nothing stored and the
+  /// process goes on running (as for any failed dump).
+  Progress progress;
 };
 
 struct RestoreOptions {
@@ -111,6 +118,13 @@ struct RestoreOptions {
   /// (ProcInfo::tcp_established); a clone restores them closed (--tcp-close:
   /// the original still holds them) unless this is set.
   bool tcp_established = false;
+  /// Bytes of page images handed to CRIU (with CRIU older than 4.2: written
+  /// for it before it starts), out of the snapshot's page images, reported
+  /// while CRIU runs (see dvr::Progress). CRIU cannot be stopped halfway, so
+  /// an exception of the callback is deferred: it is not called again, the
+  /// restore completes (the process runs; its PID is in `pidfile` when
+  /// given) and then the exception propagates.
+  Progress progress;
 };
 
 struct RestoreResult {

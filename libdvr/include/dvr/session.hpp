@@ -82,6 +82,24 @@ struct SnapshotOptions {
   /// write to a page not yet copied waits until that page is copied aside.
   /// See Session::snapshot_background() for when it is taken at once instead.
   bool background = false;
+  /// Bytes of region memory read so far out of those the snapshot reads (the
+  /// chunks with written pages, or all memory when it hashes); see
+  /// dvr::Progress for the contract. When it throws, the snapshot is
+  /// abandoned with nothing published and the exception propagates. Not
+  /// used for a background snapshot (SnapshotJob::progress() is its gauge;
+  /// one taken at once instead reports here).
+  Progress progress;
+};
+
+/// How Session::restore() runs.
+struct RestoreOptions {
+  /// Bytes checked, then bytes written: total is twice the bytes the restore
+  /// copies into live memory (each is checked against its checksum first,
+  /// then copied). See dvr::Progress for the contract: an exception while
+  /// checking leaves live memory untouched and propagates at once; one
+  /// thrown after the first live byte was written is deferred until the
+  /// restore is complete (memory is then exactly the snapshot).
+  Progress progress;
 };
 
 /// How far a background snapshot has got.
@@ -235,6 +253,8 @@ class DVR_EXPORT Session {
   /// or changed size) live memory is untouched. Regions of the session that the
   /// snapshot does not record are left as they are.
   void restore(const std::string& name);
+  /// Same, with options (progress).
+  void restore(const std::string& name, const RestoreOptions& options);
 
   /// The snapshot most recently taken or restored by this session object ("" if
   /// none): the parent of the next snapshot.

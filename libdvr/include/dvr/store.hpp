@@ -52,6 +52,15 @@ struct StoreOptions {
   /// once. The CRIU plugin uses 5 s: the process it dumps is frozen and may be
   /// the one holding the lock.
   std::chrono::milliseconds lock_timeout{-1};
+  /// The most threads one call on this handle runs at once (hashing,
+  /// copying, checking: every pool the library starts for the store; a
+  /// stream's reader or writer thread and a background snapshot's worker
+  /// count one each). 0 (the default): $DVR_THREADS when set, else the
+  /// number of CPUs in the affinity mask of the thread that opens the store
+  /// (sched_getaffinity: an MPI rank pinned to 4 cores uses 4, not the
+  /// machine's 128). Store::open throws invalid_argument for more than 1024,
+  /// and for a $DVR_THREADS that is not a whole number from 1 to 1024.
+  unsigned threads = 0;
 };
 
 struct RegionInfo {
@@ -132,8 +141,66 @@ struct RegionDiff {
   std::uint64_t pages_differ = 0;  // 4 KiB pages with any difference (or present in one only)
 };
 
-/// Progress callback for long operations: `done` out of `total` units (bytes).
+/// Progress callback for long operations: `done` out of `total` bytes (what
+/// counts as a byte is said at each operation). The contract, for every
+/// operation that takes one:
+///  - It is called on the thread that called the operation, never on
+///    another (worker threads only count), so it may take the GIL or touch
+///    a terminal. It runs while the operation holds the store (this
+///    process's use of it and, for writers, the store's writers' lock): a
+///    slow callback slows the operation and waits other callers on the same
+///    store, nothing else; it must not call into the same store itself.
+///    (Bindings that take a lock inside the callback, such as Python's GIL,
+///    must release it around every call into a store, so that another
+///    thread waiting for the store never holds what the callback needs.)
+///  - `done` never decreases; `total` never decreases. When the amount of
+///    work is not known in advance, `total` is 0 until it is (a stream from
+///    a pipe) or grows as it is learnt; otherwise done <= total.
+///  - At most about ten calls a second (100 ms apart), the first no sooner
+///    than 100 ms after the start (a quick operation calls it once), and,
+///    when the operation succeeds, one final call with done == total.
+///  - When it throws, it is not called again and the operation stops as
+///    soon as it safely can, with nothing half done: a snapshot, receive, gc
+///    or verify fails with the callback's exception and leaves the store as
+///    it was (nothing published, no space lost); a restore rethrows it at
+///    once while it is still checking the stored data (live memory not yet
+///    changed), but once it has started writing live memory it finishes
+///    (memory is then exactly the snapshot) and throws the exception after.
+///    A send stops and the stream ends unfinished (the receiver stores
+///    nothing). That is the way to cancel an operation from its callback.
 using Progress = std::function<void(std::uint64_t done, std::uint64_t total)>;
+
+/// What Store::prune() keeps, like restic's `forget --keep-*`. Each rule
+/// keeps snapshots independently; a snapshot kept by any rule is kept. The
+/// keep-hourly/daily/weekly/monthly rules split time into buckets (hours,
+/// days, ISO weeks, months, in UTC) and keep the newest snapshot of each of
+/// the newest N buckets that hold one. A policy with every field 0 keeps
+/// nothing and is refused (invalid_argument): give at least one rule.
+struct PrunePolicy {
+  unsigned keep_last = 0;                 // the newest N snapshots
+  std::chrono::seconds keep_within{0};    // snapshots taken within this long of the newest one
+  unsigned keep_hourly = 0, keep_daily = 0, keep_weekly = 0, keep_monthly = 0;
+};
+
+/// What prune decided for one snapshot.
+struct PruneDecision {
+  SnapshotInfo snapshot;
+  bool keep = false;
+  /// Why: the rules that keep it ("last 3", "within 2h", "hourly
+  /// 2026-12-01T13", "daily 2026-12-01", "weekly 2026-W48", "monthly
+  /// 2026-12"), "kept: damaged (...)", "kept: the DVR heap of process
+  /// snapshot proc/NAME", or "removed", with what still refers to it
+  /// ("; an open clone keeps its data until it is closed", "; parent of X,
+  /// which stays complete").
+  std::string reason;
+};
+
+struct PruneReport {
+  /// Every snapshot of the session, oldest first.
+  std::vector<PruneDecision> decisions;
+  std::uint64_t removed = 0;  // snapshots removed (would be, for a dry run)
+  bool dry_run = false;
+};
 
 /// A handle to an open store. Cheap to copy; all copies share one open store.
 class DVR_EXPORT Store {
@@ -177,10 +244,32 @@ class DVR_EXPORT Store {
   /// snapshots, snapshots interrupted by a crash). Crash-safe: it only ever frees
   /// unreferenced data. Refuses (corrupt) while a manifest is unreadable, since
   /// it cannot tell what that snapshot references: remove it first.
-  GcReport gc();
+  /// `progress`: bytes of pack files examined, out of the pack files' size
+  /// (see Progress for the contract; when it throws, gc stops between two
+  /// packs: what it freed is free, nothing else changed).
+  GcReport gc(const Progress& progress = {});
+
+  /// Removes the snapshots of `session` that `policy` does not keep (see
+  /// PrunePolicy) and returns a decision for each snapshot. Every decision
+  /// is made before anything is removed, and the removal happens under the
+  /// writers' lock, so a snapshot taken meanwhile is neither lost nor
+  /// counted. Damaged snapshots are never removed (reported, kept); a DVR
+  /// heap snapshot (proc.NAME) is left to its process snapshot. Snapshots
+  /// are self-contained (docs/format.md): removing one never breaks another,
+  /// and an open clone keeps its data until it is closed; decisions say so.
+  /// For session "proc" (process snapshots), each removal also removes the
+  /// process snapshot's heap snapshots, as `dvr proc rm` does. The space is
+  /// reused by later snapshots; gc() returns it to the file system. With
+  /// dry_run, nothing changes. Throws invalid_argument (a policy that keeps
+  /// nothing, a bad name), not_found (no such session in this store).
+  PruneReport prune(const std::string& session, const PrunePolicy& policy, bool dry_run = false);
+
+  /// The thread bound of this store (StoreOptions::threads, resolved).
+  unsigned threads() const;
 
   /// Re-reads every manifest and re-hashes every stored chunk. Never throws for
   /// damage: each problem is reported with the snapshots it affects.
+  /// `progress`: bytes re-hashed out of the bytes to re-hash.
   VerifyReport verify(const Progress& progress = {}) const;
 
   StoreStats stats() const;

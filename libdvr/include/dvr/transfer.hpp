@@ -52,7 +52,11 @@ struct Options {
   /// zstd level (1–19) of the chunks compressed; 0 sends every chunk
   /// uncompressed, whatever `compress` says (the same as Compress::none).
   int level = 1;
-  /// Called with (bytes done, bytes total) of the logical data.
+  /// Logical bytes of the snapshots sent so far, out of their total (chunks
+  /// the receiver holds count as sent); see dvr::Progress for the contract.
+  /// Called by send (and so export), send_live and send_negotiated (push).
+  /// When it throws, the stream is left unfinished (the receiver stores
+  /// nothing) and the exception propagates.
   Progress progress;
 };
 
@@ -109,6 +113,13 @@ struct ReceiveOptions {
   /// Store the snapshots in this session instead of the one the stream names
   /// (a partner's copy of another rank's part, say). "" keeps the stream's.
   std::string session;
+  /// Bytes of the stream read so far, out of its length when `fd` is a
+  /// regular file (an import: the bytes from the file's offset to its end);
+  /// otherwise (a pipe, a socket) total is 0 until the stream has ended,
+  /// then the final call has done == total == bytes read. See dvr::Progress
+  /// for the contract. When it throws, the stream is abandoned, nothing is
+  /// stored, and the exception propagates.
+  Progress progress;
 };
 
 /// Reads one stream from `fd` into `store`. Everything is checked before the
@@ -121,6 +132,9 @@ DVR_EXPORT Stats receive(Store& store, int fd, const ReceiveOptions& options = {
 /// receiver first says which snapshots it already holds, so that only what it
 /// lacks is sent. `in`/`out` are the connection to the other end.
 DVR_EXPORT Stats send_negotiated(const Store& store, const std::string& ref, int in, int out, const Options& options = {});
-DVR_EXPORT Stats receive_negotiated(Store& store, int in, int out);
+/// receive_negotiated's options: `session` must be "" (a negotiated transfer
+/// keeps the sender's names); `progress` as for receive() (total 0: the
+/// stream's length is not known).
+DVR_EXPORT Stats receive_negotiated(Store& store, int in, int out, const ReceiveOptions& options = {});
 
 }  // namespace dvr::transfer

@@ -1,5 +1,11 @@
 #include "base/memops.hpp"
 
+#include "base/progress.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -85,16 +91,27 @@ RacyReads::RacyReads() noexcept = default;
 RacyReads::~RacyReads() = default;
 #endif
 
-void parallel_for(std::size_t count, std::size_t work_bytes, const std::function<void(std::size_t, std::size_t)>& fn) {
+unsigned affinity_cpus() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
+}
+
+void parallel_for(unsigned max_threads, std::size_t count, std::size_t work_bytes, const std::function<void(std::size_t, std::size_t)>& fn,
+                  ProgressMeter* progress) {
   constexpr std::size_t kMinBytesPerThread = 8u << 20;
-  std::size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  std::size_t threads = std::max(1u, max_threads);
   threads = std::min({threads, count, std::max<std::size_t>(1, work_bytes / kMinBytesPerThread)});
+  if (progress && !*progress) progress = nullptr;
   if (threads <= 1) {
-    if (count) fn(0, count);
+    if (count) fn(0, count);  // progress->add() on this thread reports as it goes
     return;
   }
   std::exception_ptr first_error;
   std::mutex mu;
+  std::condition_variable all_done;
+  std::size_t running = 0;
   auto run = [&](std::size_t b, std::size_t e) {
     try {
       fn(b, e);
@@ -102,19 +119,45 @@ void parallel_for(std::size_t count, std::size_t work_bytes, const std::function
       std::lock_guard<std::mutex> lock(mu);
       if (!first_error) first_error = std::current_exception();
     }
+    std::lock_guard<std::mutex> lock(mu);
+    if (--running == 0) all_done.notify_all();
   };
   std::vector<std::thread> pool;
   std::size_t per = count / threads, extra = count % threads, begin = 0;
+  // Without progress, the calling thread takes the first slice itself.
+  const std::size_t first_worker = progress ? 0 : 1;
   std::size_t first_end = per + (extra > 0 ? 1 : 0);
-  begin = first_end;
-  for (std::size_t t = 1; t < threads; ++t) {
+  begin = progress ? 0 : first_end;
+  running = threads - first_worker;
+  for (std::size_t t = first_worker; t < threads; ++t) {
     std::size_t n = per + (t < extra ? 1 : 0);
     pool.emplace_back(run, begin, begin + n);
     begin += n;
   }
-  run(0, first_end);
+  std::exception_ptr progress_error;
+  if (!progress) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++running;
+    }
+    run(0, first_end);
+  } else {
+    std::unique_lock<std::mutex> lock(mu);
+    while (running > 0) {
+      all_done.wait_for(lock, ProgressMeter::kInterval);
+      if (running == 0 || progress_error) continue;
+      lock.unlock();
+      try {
+        progress->poll();
+      } catch (...) {
+        progress_error = std::current_exception();
+      }
+      lock.lock();
+    }
+  }
   for (auto& th : pool)
     th.join();
+  if (progress_error) std::rethrow_exception(progress_error);
   if (first_error) std::rethrow_exception(first_error);
 }
 

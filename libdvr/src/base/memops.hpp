@@ -29,9 +29,20 @@ class RacyReads {
   RacyReads& operator=(const RacyReads&) = delete;
 };
 
-/// Runs fn(begin, end) over [0, count) split into contiguous slices, one per
-/// hardware thread, when `work_bytes` is large enough to pay for the threads.
-/// Exceptions from fn are rethrown (the first one).
-void parallel_for(std::size_t count, std::size_t work_bytes, const std::function<void(std::size_t, std::size_t)>& fn);
+class ProgressMeter;
+
+/// Runs fn(begin, end) over [0, count) split into contiguous slices, on at
+/// most `threads` threads (a store's StoreImpl::threads), fewer when
+/// `work_bytes` is too small to pay for them. Exceptions from fn are rethrown
+/// (the first one). With a `progress` meter, the calling thread only waits
+/// and reports progress (fn runs on `threads` other threads, or on the
+/// calling thread when one is enough); when its callback throws, the meter
+/// is stopped (fn should return early when progress->stopped()) and the
+/// callback's exception is rethrown once every slice has returned.
+void parallel_for(unsigned threads, std::size_t count, std::size_t work_bytes, const std::function<void(std::size_t, std::size_t)>& fn,
+                  ProgressMeter* progress = nullptr);
+
+/// The number of CPUs this thread may run on (sched_getaffinity), at least 1.
+unsigned affinity_cpus() noexcept;
 
 }  // namespace dvr::detail

@@ -1,5 +1,10 @@
 // Finding and running CRIU and the DVR CRIU plugin (see criu_runner.hpp);
 // plugin_dir() and preflight() of dvr/proc.hpp.
+#include <poll.h>
+
+#include <chrono>
+
+#include "base/log.hpp"
 #include "proc/criu_runner.hpp"
 
 #include <arpa/inet.h>
@@ -84,7 +89,8 @@ std::string find_criu() {
 }
 
 int run_capture(const std::vector<std::string>& argv, const std::vector<std::string>& env_extra, std::string* output,
-                const std::function<bool()>& in_child) {
+                const std::function<bool()>& in_child, const std::function<void()>& tick) {
+  const auto t0 = std::chrono::steady_clock::now();
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0) detail::throw_errno(errno, "cannot create a pipe");
   std::vector<std::string> env;
@@ -122,7 +128,22 @@ int run_capture(const std::vector<std::string>& argv, const std::vector<std::str
   }
   ::close(pipefd[1]);
   char buf[4096];
+  std::exception_ptr tick_error;
   for (;;) {
+    if (tick) {
+      // Output or the end of it, or 100 ms: then progress is reported.
+      pollfd pfd{pipefd[0], POLLIN, 0};
+      int ready = ::poll(&pfd, 1, 100);
+      if (ready < 0 && errno != EINTR) break;
+      if (ready <= 0) {
+        if (!tick_error) try {
+            tick();
+          } catch (...) {
+            tick_error = std::current_exception();  // the program runs to its end; then this is thrown
+          }
+        continue;
+      }
+    }
     ssize_t n = ::read(pipefd[0], buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -132,7 +153,16 @@ int run_capture(const std::vector<std::string>& argv, const std::vector<std::str
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (detail::log_enabled(LogLevel::info)) {
+    std::string line;
+    for (auto& a : argv)
+      line += (line.empty() ? "" : " ") + a;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    detail::log_write(LogLevel::info, "ran `" + line + "`: exit status " + std::to_string(rc) + " after " + std::to_string(s) + " s");
+  }
+  if (tick_error) std::rethrow_exception(tick_error);
+  return rc;
 }
 
 bool streams_pages(const std::string& version) {

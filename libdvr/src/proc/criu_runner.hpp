@@ -30,9 +30,12 @@ std::string criu_version(const std::string& criu);
 /// Runs argv with stdout and stderr captured (merged) into *output;
 /// `env_extra` ("KEY=VALUE") replace or add to the environment; `in_child`
 /// runs in the child before exec (false: exit 126). Returns the exit status
-/// (128+N for signal N).
+/// (128+N for signal N). `tick`, when given, is called on this thread about
+/// every 100 ms while the program runs (progress; what it throws is
+/// propagated once the program has exited). Each run is logged at info: the
+/// command line, how long it took and its exit status.
 int run_capture(const std::vector<std::string>& argv, const std::vector<std::string>& env_extra, std::string* output,
-                const std::function<bool()>& in_child = {});
+                const std::function<bool()>& in_child = {}, const std::function<void()>& tick = {});
 
 /// Whether CRIU `version` ("4.2.1") passes pages to dvr directly: its page
 /// server at dump and its image streamer at restore (CRIU >= 4.2), unless

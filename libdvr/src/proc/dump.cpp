@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/progress.hpp"
 #include "base/mapping.hpp"
 #include "base/os.hpp"
 #include "dvr/proc.hpp"
@@ -214,7 +215,7 @@ std::string newest_dump_of(const Store& store, const std::string& name, const st
 
 // The images become snapshot proc/NAME, with the metadata; fills in what
 // the metadata learns on the way and what the snapshot took.
-void store_images(Store& store, const std::string& name, const WorkDir& work, Meta& meta) {
+void store_images(Store& store, const std::string& name, const WorkDir& work, Meta& meta, const Progress& progress) {
   ProcInfo& info = meta.info;
   Images img;
   Session session(store, kImageSession, SessionOptions{.tracking = Tracking::hash});
@@ -225,7 +226,7 @@ void store_images(Store& store, const std::string& name, const WorkDir& work, Me
   std::string text = encode_meta(meta);
   session.track(kMetaRegion, text.data(), text.size());
   if (!info.parent.empty()) session.base_on(info.parent);
-  SnapshotInfo si = session.snapshot(name, {.label = label_for(info.pid, info.command)});
+  SnapshotInfo si = session.snapshot(name, {.label = label_for(info.pid, info.command), .progress = progress});
   info.time_ns = si.time_ns;
   info.stored_bytes = si.stored_bytes + heap_bytes(store, info);
 }
@@ -265,21 +266,34 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
   // CRIU 4.2 sends the pages straight to the store; older ones write page
   // images first.
   std::optional<PageStream> stream;
-  if (streams_pages(version))
+  // Progress: pages as CRIU streams them (total unknown until it is done).
+  detail::ProgressMeter meter(options.progress);
+  if (streams_pages(version)) {
     stream.emplace(store, name, meta.info.parent, label_for(meta.info.pid, meta.info.command));
+    stream->set_progress(&meter);
+  }
   std::exception_ptr served = run_criu_dump(criu, plugin, pid, name, options, work, tree, stream);
   try {
     if (served) std::rethrow_exception(served);
-    if (stream)
+    if (stream) {
+      if (stream->error() == nullptr) meter.finish();  // before the commit: a callback that throws stores nothing
       store_streamed_images(store, *stream, work, meta);
-    else
-      store_images(store, name, work, meta);
+    } else {
+      store_images(store, name, work, meta, options.progress);
+    }
   } catch (const Error& e) {
     stream.reset();  // gives the store back before the heap snapshots are removed
     drop_plugin_heaps(work);
     if (options.leave_running) throw;
     signal_tree(tree, SIGCONT);
     throw Error(e.code(), std::string(e.what()) + " (the process was not stopped: it keeps running)");
+  } catch (...) {
+    // Not a dvr::Error (a progress callback's own exception): the same
+    // cleanup, and it propagates as it is.
+    stream.reset();
+    drop_plugin_heaps(work);
+    if (!options.leave_running) signal_tree(tree, SIGCONT);
+    throw;
   }
   // Stored: now the job is stopped for good (dump without --leave-running).
   if (!options.leave_running) {

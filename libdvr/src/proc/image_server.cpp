@@ -254,11 +254,21 @@ void ImageServer::write_page_images() {
   for (auto& [file, f] : paged_) {
     const std::string path = dir_ + "/" + file;
     detail::Fd fd = detail::open_or_throw(path, O_WRONLY | O_CREAT | O_EXCL);
-    auto sink = [&](const char* p, std::size_t n) { detail::write_all(fd.get(), p, n, path); };
+    auto sink = [&](const char* p, std::size_t n) {
+      detail::write_all(fd.get(), p, n, path);
+      page_bytes_done_.fetch_add(n, std::memory_order_relaxed);
+    };
     Runs<decltype(sink)> runs(sink);
     for_each_page_image_piece(f, [&](const char* p, std::size_t n, bool zero) { runs.add(p, n, zero); });
     runs.flush();
   }
+}
+
+std::uint64_t ImageServer::page_image_bytes() const {
+  std::uint64_t total = 0;
+  for (auto& [file, f] : paged_)
+    total += f.image.size;
+  return total;
 }
 
 std::string ImageServer::start() {
@@ -322,6 +332,7 @@ void ImageServer::serve_file(const std::string& file, int pipe_fd) {
       std::uint64_t since_drop = 0;
       auto sink = [&](const char* p, std::size_t n) {
         vmsplice_all(pipe_fd, p, n);
+        page_bytes_done_.fetch_add(n, std::memory_order_relaxed);
         if ((since_drop += n) >= (64u << 20)) {
           // What CRIU has been handed need not stay mapped here (the pipe
           // holds its pages): resident memory stays bounded.

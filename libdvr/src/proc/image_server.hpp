@@ -63,6 +63,11 @@ class ImageServer {
   /// damaged page: corrupt), null when nothing did.
   std::exception_ptr stop();
 
+  /// Bytes of the page images (what CRIU's restore reads most of), and how
+  /// many of them were handed to CRIU or written so far (any thread).
+  std::uint64_t page_image_bytes() const;
+  std::uint64_t page_bytes_done() const { return page_bytes_done_.load(std::memory_order_relaxed); }
+
  private:
   struct PagedFile {
     PagedImage image;
@@ -93,6 +98,7 @@ class ImageServer {
   std::mutex mu_;
   std::vector<std::thread> servers_;
   std::exception_ptr error_;
+  std::atomic<std::uint64_t> page_bytes_done_{0};
 };
 
 }  // namespace dvr::proc::impl

@@ -1,4 +1,5 @@
 // A dump's pages received from CRIU straight into the store (page_stream.hpp).
+#include "base/progress.hpp"
 #include "proc/page_stream.hpp"
 
 #include <poll.h>
@@ -119,7 +120,7 @@ void PageStream::write_batches() {
           if (!base_) break;
           for (auto& br : base_->regions)
             if (br.name == r.name && br.size == r.size) {
-              r.written = detail::pages_differing(*base_, br, r.data, r.size);
+              r.written = detail::pages_differing(store_.threads, *base_, br, r.data, r.size);
               break;
             }
         }
@@ -213,6 +214,7 @@ void PageStream::receive_pages(std::uint64_t vaddr, std::uint64_t bytes) {
     left_ -= len;
     w.filled = in + len;
     page_bytes_ += len;
+    if (progress_) progress_->add(len);  // throws what the callback throws: storing fails
     vaddr += len;
     bytes -= len;
   }

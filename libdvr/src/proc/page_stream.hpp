@@ -36,6 +36,10 @@
 #include "proc/proc_pages.hpp"
 #include "store/writer.hpp"
 
+namespace dvr::detail {
+class ProgressMeter;
+}
+
 namespace dvr::proc::impl {
 
 class PageStream {
@@ -63,6 +67,9 @@ class PageStream {
   /// so that CRIU completes, and error() tells why; serve() itself throws
   /// only when the socket fails.
   void serve();
+  /// Pages received count into `meter` (on the thread that serves); when its
+  /// callback throws, storing fails as any other error does (error()).
+  void set_progress(detail::ProgressMeter* meter) { progress_ = meter; }
   /// What went wrong while serving (null: nothing).
   std::exception_ptr error() const { return error_; }
   /// Whether CRIU said it was done (CLOSE): the stream is complete.
@@ -124,6 +131,7 @@ class PageStream {
   std::vector<PagedImage> images_;
   std::vector<std::string> pagemaps_;  // encoded, stored with finish()
   std::uint64_t page_bytes_ = 0, chunks_read_ = 0;
+  detail::ProgressMeter* progress_ = nullptr;
   std::uint64_t left_ = 0;  // bytes of the current message's pages not read yet
   std::exception_ptr error_;
 };

@@ -264,7 +264,7 @@ SnapshotInfo snapshot_group(Store& store, const std::string& session, const std:
   for (auto& src : sources)
     if (!src.written && base && base->paged)
       for (auto& br : base->regions)
-        if (br.name == src.name && br.size == src.size) src.written = pages_differing(*base, br, src.data, src.size, src.zero);
+        if (br.name == src.name && br.size == src.size) src.written = pages_differing(si.threads, *base, br, src.data, src.size, src.zero);
   SnapshotWriter writer(batch, session, snapshot,
                         {.label = "heaps of process snapshot " + snapshot, .parent = base ? base->name : "", .replace = replace});
   write_snapshot(writer, sources, base ? &*base : nullptr, tracked);
@@ -491,7 +491,7 @@ struct HeapPlan {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> punch;  // file ranges that must read zero
 };
 
-HeapPlan plan_heap_file(const Manifest& m, const ManifestRegion& mr, const HeapFile& h) {
+HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegion& mr, const HeapFile& h) {
   HeapPlan p;
   p.path = h.path;
   p.region = &mr;
@@ -519,7 +519,7 @@ HeapPlan plan_heap_file(const Manifest& m, const ManifestRegion& mr, const HeapF
   }
   const bool by_page = m.paged && m.hydrated();
   // (An old manifest without page hashes: every chunk is fetched.)
-  parallel_for(compare.size(), compare.size() * m.chunk_size, [&](std::size_t b, std::size_t e) {
+  parallel_for(threads, compare.size(), compare.size() * m.chunk_size, [&](std::size_t b, std::size_t e) {
     for (std::size_t k = b; k < e; ++k) {
       const std::uint64_t j = compare[k];
       const std::size_t i = mr.first_chunk + j;
@@ -648,7 +648,7 @@ void restore_heaps(const HeapImage& original, const std::string& preferred, std:
       for (auto& r : m.regions)
         if (r.name == h.region && r.size == h.bytes) mr = &r;
       if (!mr) throw Error(Errc::corrupt, "heap snapshot " + session + "/" + image.snapshot + " lost region " + h.region);
-      plans.push_back(plan_heap_file(m, *mr, h));
+      plans.push_back(plan_heap_file(impl_of(store).threads, m, *mr, h));
     }
     // Every chunk to be written is read and checked before any file changes.
     std::vector<char> buf(m.chunk_size);

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "base/progress.hpp"
 #include "base/mapping.hpp"
 #include "base/os.hpp"
 #include "dvr/clone.hpp"
@@ -196,9 +197,23 @@ void run_criu_restore(const Store& store, const std::string& name, [[maybe_unuse
   std::string out;
   std::vector<std::string> criu_env = env;
   criu_env.push_back("DVR_CRIU_STORE=" + store.path());
-  int rc = run_capture(argv, criu_env, &out, in_child);
+  // Progress while CRIU runs: page image bytes handed to it, reported on
+  // this thread; an exception of the callback waits until CRIU is done.
+  detail::ProgressMeter meter(options.progress, images.page_image_bytes());
+  meter.defer();
+  meter.advance_to(images.page_bytes_done());  // written before CRIU started (older CRIU)
+  std::function<void()> tick;
+  if (meter) tick = [&] {
+    meter.advance_to(images.page_bytes_done());
+    meter.poll();
+  };
+  int rc = run_capture(argv, criu_env, &out, in_child, tick);
   std::exception_ptr served = images.stop();
-  if (rc == 0) return;
+  if (rc == 0) {
+    meter.advance_to(images.page_bytes_done());
+    meter.finish();  // rethrows a deferred exception of the callback: the process runs
+    return;
+  }
   if (served) {
     try {
       std::rethrow_exception(served);

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include "dvr/error.hpp"
+#include "base/log.hpp"
 
 namespace dvr {
 
@@ -51,6 +52,8 @@ void BackgroundJob::start() {
 }
 
 void BackgroundJob::run() {
+  const auto t0 = std::chrono::steady_clock::now();
+  DVR_LOG(info, "background snapshot " + StoreImpl::ref(session, name) + " started: " + std::to_string(bytes_total.load()) + " bytes to read");
   std::exception_ptr error_out;
   bool handed_back = false;
   written_after.assign(sources.size(), {});
@@ -65,7 +68,7 @@ void BackgroundJob::run() {
       guard->release(area[r]);
       lost[r] = hand_back(r);
       if (taken && lost[r].empty())
-        written_after[r] = pages_differing(*taken, taken->regions[r], sources[r].data, sources[r].size, {}, true);
+        written_after[r] = pages_differing(store->threads, *taken, taken->regions[r], sources[r].data, sources[r].size, {}, true);
     }
     faults = guard->faults();
     copied = guard->copied() * store->chunk_size;
@@ -93,6 +96,19 @@ void BackgroundJob::run() {
     }
   }
   bytes_done.store(bytes_total.load());
+  if (detail::log_enabled(LogLevel::info)) {
+    std::string how = published ? "published" : "not published";
+    if (error_out) try {
+        std::rethrow_exception(error_out);
+      } catch (const std::exception& e) {
+        how += std::string(" (") + e.what() + ")";
+      } catch (...) {
+        how += " (an unknown error)";
+      }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    detail::log_write(LogLevel::info, "background snapshot " + StoreImpl::ref(session, name) + " finished in " + std::to_string(s) + " s: " + how +
+                                          ", " + std::to_string(copied) + " bytes copied aside");
+  }
   std::lock_guard<std::mutex> l(mu);
   error = error_out;
   finished = true;

@@ -72,7 +72,7 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
     for (std::size_t i = 0; i < all.size(); ++i)
       all[i] = i;
     std::string why;
-    if (first_damaged(*impl_->packs, m, all, &why) != SIZE_MAX)
+    if (first_damaged(impl_->threads, *impl_->packs, m, all, &why) != SIZE_MAX)
       throw Error(Errc::corrupt, "cannot clone '" + ref + "': it is damaged (" + why + "); run `dvr verify`");
   }
 

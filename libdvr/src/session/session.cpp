@@ -19,7 +19,9 @@
 #include "dvr/session.hpp"
 #include "format/chunks.hpp"
 #include "track/dirty.hpp"
+#include "base/log.hpp"
 #include "base/memops.hpp"
+#include "base/progress.hpp"
 #include "track/heap_note.hpp"
 #include "store/store_impl.hpp"
 #include "store/reader.hpp"
@@ -247,6 +249,8 @@ void Session::State::start_tracking(Region& r) {
   } else {
     t.why = "region '" + r.name() + "': " + t.why;
   }
+  if (!t.why.empty())
+    DVR_LOG(info, "session '" + name + "': region '" + r.name() + "' falls back to hash tracking (every snapshot reads it whole): " + t.why);
   tracks[&r] = t;
 }
 
@@ -274,6 +278,7 @@ bool Session::State::written_since_base(const Region& r, std::vector<std::pair<s
     tracker->remove(it->second.tracked);
     it->second.tracked = {0, 0};
     it->second.why = "region '" + r.name() + "' was remapped; write tracking was lost";
+    DVR_LOG(info, "session '" + name + "': " + it->second.why + "; it falls back to hash tracking");
     return false;
   }
   pages.insert(pages.end(), it->second.edges.begin(), it->second.edges.end());
@@ -298,7 +303,7 @@ bool Session::State::changed_since_base(const Region& r, std::vector<std::pair<s
   out.clear();
   const ManifestRegion* br = base_region(r);
   if (!br || !base->paged) return false;
-  out = detail::pages_differing(*base, *br, static_cast<const char*>(r.data()), r.size());
+  out = detail::pages_differing(detail::impl_of(store).threads, *base, *br, static_cast<const char*>(r.data()), r.size());
   return true;
 }
 
@@ -391,6 +396,7 @@ std::optional<SnapshotInfo> Session::checkpoint_point() {
   }
   if (state_->autosave_every.count() == 0 || std::chrono::steady_clock::now() - state_->last_snapshot < state_->autosave_every) return std::nullopt;
   SnapshotInfo taken = snapshot(kAutosavePrefix + std::to_string(state_->autosave_next++), {.label = "autosave"});
+  DVR_LOG(info, "session '" + state_->name + "': autosave " + taken.name + " taken (" + std::to_string(taken.stored_bytes) + " bytes stored)");
   // Retention: the newest `keep` autosaves stay (by number; named ones are not
   // autosaves and are never touched).
   std::vector<std::uint64_t> numbers;
@@ -400,6 +406,8 @@ std::optional<SnapshotInfo> Session::checkpoint_point() {
   for (std::size_t i = 0; i + state_->autosave_keep < numbers.size(); ++i) {
     try {
       state_->store.remove(state_->name, kAutosavePrefix + std::to_string(numbers[i]));
+      DVR_LOG(info, "session '" + state_->name + "': autosave " + kAutosavePrefix + std::to_string(numbers[i]) + " removed (keeping the newest " +
+                        std::to_string(state_->autosave_keep) + ")");
     } catch (const Error& e) {
       if (e.code() != Errc::not_found) throw;  // removed meanwhile by someone else
     }
@@ -771,18 +779,25 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   detail::SnapshotWriter writer(batch, state_->name, name, {.label = options.label, .parent = state_->head, .replace = options.replace},
                                 &state_->spare);
   state_->spare = Manifest{};
-  detail::write_snapshot(writer, sources, state_->base ? &*state_->base : nullptr, tracked);
+  detail::ProgressMeter meter(options.progress);
+  detail::write_snapshot(writer, sources, state_->base ? &*state_->base : nullptr, tracked, nullptr, &meter);
+  meter.finish();  // before the commit: a callback that throws here still publishes nothing
   std::exception_ptr after_commit;
   batch.publish({&writer}, &after_commit);
   state_->adopt(std::move(writer.published()));
+  SnapshotInfo info = detail::info_from_manifest(*state_->base);
+  DVR_LOG(debug, "snapshot " + StoreImpl::ref(info.session, info.name) + ": " + std::to_string(info.logical_bytes) + " bytes, " +
+                     std::to_string(info.chunks_read) + " chunks read (" + info.tracking + "), " + std::to_string(info.stored_bytes) +
+                     " bytes stored");
   if (after_commit) std::rethrow_exception(after_commit);
-  return detail::info_from_manifest(*state_->base);
+  return info;
 }
 
 // Checks every byte a restore will copy against its checksum. Throws corrupt
 // (naming the region, the bytes and the pack) or what mapping the packs
 // throws; live memory is not touched.
-void check_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& plan, const std::string& ref) {
+void check_restore(unsigned threads, detail::Packs& packs, const Manifest& m, const RestorePlan& plan, const std::string& ref,
+                   detail::ProgressMeter& meter) {
   using detail::kPageSize;
   // Check every byte about to be copied: page by page against the page
   // hashes, or (older formats) whole chunks.
@@ -809,13 +824,13 @@ void check_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& p
     if (!m.trusted(i)) throw damaged(i, 0, m.chunks[i].length, "do not match the checksum in its manifest");
   if (!m.paged) {
     std::string why;
-    std::size_t bad = detail::first_damaged(packs, m, touched, &why);
+    std::size_t bad = detail::first_damaged(threads, packs, m, touched, &why, &meter);
     if (bad != SIZE_MAX) throw damaged(touched[bad], 0, m.chunks[touched[bad]].length, "fail their checksum: " + why);
   } else {
     std::atomic<std::size_t> bad{SIZE_MAX};
     std::atomic<std::uint32_t> bad_page{0};
-    detail::parallel_for(jobs.size(), work, [&](std::size_t b, std::size_t e) {
-      for (std::size_t k = b; k < e && bad.load() == SIZE_MAX; ++k) {
+    detail::parallel_for(threads, jobs.size(), work, [&](std::size_t b, std::size_t e) {
+      for (std::size_t k = b; k < e && bad.load() == SIZE_MAX && !meter.stopped(); ++k) {
         if (k + 1 < e) {
           // Scattered pages: start loading the next job's while this one is
           // hashed (its first two pages: a written page of an unaligned
@@ -840,8 +855,9 @@ void check_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& p
             return;
           }
         }
+        meter.add(jobs[k].hi - jobs[k].lo);
       }
-    });
+    }, &meter);
     if (bad.load() != SIZE_MAX) {
       const RestoreJob& j = jobs[bad.load()];
       std::uint64_t lo = std::uint64_t{bad_page.load()} * kPageSize;
@@ -853,11 +869,12 @@ void check_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& p
 }
 
 // Copies a checked plan into live memory (non-temporal stores, every core).
-void copy_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& plan) {
+void copy_restore(unsigned threads, detail::Packs& packs, const Manifest& m, const RestorePlan& plan, detail::ProgressMeter& meter) {
   using detail::kPageSize;
-  detail::parallel_for(plan.jobs.size(), plan.work, [&](std::size_t b, std::size_t e) {
+  detail::parallel_for(threads, plan.jobs.size(), plan.work, [&](std::size_t b, std::size_t e) {
     for (std::size_t k = b; k < e; ++k) {
       const RestoreJob& j = plan.jobs[k];
+      meter.add(j.hi - j.lo);  // deferred: a callback's exception does not stop the copy
       detail::ChunkView v = detail::view_of(m, j.chunk);
       if (!v.overlay_count) {
         // Pages stored together: one copy.
@@ -879,7 +896,7 @@ void copy_restore(detail::Packs& packs, const Manifest& m, const RestorePlan& pl
           detail::zero_nt(to, hi - lo);
       }
     }
-  });
+  }, &meter);
 }
 
 // Plans a restore of `m`: for each region, the pages that differ from live
@@ -978,7 +995,9 @@ RestorePlan Session::State::plan_restore(const Manifest& m, const std::string& r
   return plan;
 }
 
-void Session::restore(const std::string& name) {
+void Session::restore(const std::string& name) { restore(name, RestoreOptions{}); }
+
+void Session::restore(const std::string& name, const RestoreOptions& options) {
   state_->settle(false);
   using detail::kPageSize;
   const std::string ref = StoreImpl::ref(state_->name, name);
@@ -989,11 +1008,20 @@ void Session::restore(const std::string& name) {
   std::optional<Manifest> loaded;
   const Manifest& m = reader.current(state_->base ? &*state_->base : nullptr, state_->name, name, loaded);
   RestorePlan plan = state_->plan_restore(m, ref);
-  check_restore(reader.packs(), m, plan, ref);
+  const unsigned threads = detail::impl_of(state_->store).threads;
+  std::uint64_t copy_bytes = 0;
+  for (auto& j : plan.jobs)
+    copy_bytes += j.hi - j.lo;
+  detail::ProgressMeter meter(options.progress, 2 * copy_bytes);
+  check_restore(threads, reader.packs(), m, plan, ref, meter);
+  if (meter.stopped()) throw Error(Errc::cancelled, "restore of '" + ref + "' stopped by its progress callback; live memory was not changed");
   // From here on live memory changes; the tracker is re-armed at the end.
+  // A progress callback that throws now is rethrown once memory is whole.
+  meter.defer();
+  meter.advance_to(copy_bytes);  // (old formats check whole chunks: count what is copied)
   for (auto& r : plan.unprotect)
     state_->tracker->unprotect(r);
-  copy_restore(reader.packs(), m, plan);
+  copy_restore(threads, reader.packs(), m, plan, meter);
   for (auto& [region, file] : state_->heap_files)
     state_->drop_note(*region);  // before the marks are cleared
   state_->rearm();
@@ -1003,6 +1031,8 @@ void Session::restore(const std::string& name) {
   if (loaded) state_->replace_base(std::move(*loaded));
   state_->head = name;
   state_->publish_notes();
+  DVR_LOG(debug, "restore " + ref + ": " + std::to_string(copy_bytes) + " bytes copied");
+  meter.finish();
 }
 
 }  // namespace dvr

@@ -17,7 +17,9 @@
 #include <sstream>
 
 #include "dvr/dvr.hpp"
+#include "base/log.hpp"
 #include "base/memops.hpp"
+#include "base/progress.hpp"
 #include "format/chunks.hpp"
 #include "store/store_impl.hpp"
 
@@ -66,7 +68,8 @@ std::uint64_t remove_leftovers(StoreImpl& store) {
 
 }  // namespace
 
-GcReport Store::gc() {
+GcReport Store::gc(const Progress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
   using namespace detail;
   std::lock_guard<std::mutex> guard(impl_->mu);
   // No snapshot may be half written (its space is in flight), nor data read.
@@ -115,14 +118,22 @@ GcReport Store::gc() {
   }
 
   auto pack_ids = impl_->packs->ids();
-  for (auto id : pack_ids)
-    report.bytes_before += file_allocated(impl_->packs->path_of(id));
+  std::vector<std::uint64_t> pack_bytes;
+  for (auto id : pack_ids) {
+    pack_bytes.push_back(file_allocated(impl_->packs->path_of(id)));
+    report.bytes_before += pack_bytes.back();
+  }
+  // Progress: the packs' space, pack by pack. A callback that throws stops gc
+  // between two packs: what was freed is free, nothing else changed.
+  ProgressMeter meter(progress, report.bytes_before);
 
   // Other processes' dedup indexes may point at the data about to be freed:
   // announce first, so that a crash after this point is still safe.
   impl_->bump_epoch();
 
-  for (auto id : pack_ids) {
+  for (std::size_t k = 0; k < pack_ids.size(); ++k) {
+    if (k) meter.add(pack_bytes[k - 1]);
+    const std::uint32_t id = pack_ids[k];
     std::string file = impl_->packs->path_of(id);
     auto it = live.find(id);
     if (it == live.end()) {
@@ -149,6 +160,7 @@ GcReport Store::gc() {
     }
     punch(cursor, size);
   }
+  meter.finish();
   // Pack files half-created by a crash, and page hash files whose pack is gone.
   for (auto& f : list_dir(impl_->path + "/packs")) {
     std::string file = impl_->path + "/packs/" + f;
@@ -159,6 +171,10 @@ GcReport Store::gc() {
   impl_->packs->refresh_mappings();
   for (auto id : impl_->packs->ids())
     report.bytes_after += file_allocated(impl_->packs->path_of(id));
+  DVR_LOG(info, "gc of store " + impl_->path + ": " + std::to_string(report.bytes_before) + " -> " + std::to_string(report.bytes_after) +
+                    " bytes in pack files, " + std::to_string(report.packs_removed) + " packs and " + std::to_string(report.temp_files_removed) +
+                    " leftover files removed, in " +
+                    std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + " s");
   return report;
 }
 

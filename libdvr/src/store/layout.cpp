@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "dvr/dvr.hpp"
+#include "base/log.hpp"
 #include "base/memops.hpp"
 #include "format/chunks.hpp"
 #include "store/store_impl.hpp"
@@ -87,10 +88,29 @@ void check_name(const char* kind, const std::string& name) {
     if (!(std::isalnum(c) || c == '.' || c == '_' || c == '-')) bad("it contains '" + std::string(1, static_cast<char>(c)) + "'");
 }
 
+unsigned resolve_threads(unsigned requested) {
+  if (requested > kMaxThreads)
+    throw Error(Errc::invalid_argument, "StoreOptions::threads is " + std::to_string(requested) + "; give 1 to " + std::to_string(kMaxThreads) +
+                                            " threads, or 0 for the default (the CPUs this process may run on)");
+  if (requested) return requested;
+  if (const char* env = std::getenv("DVR_THREADS"); env && *env) {
+    const std::string text = env;
+    unsigned long n = 0;
+    bool ok = text.size() <= 5 && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (ok) n = std::stoul(text);
+    if (!ok || n < 1 || n > kMaxThreads)
+      throw Error(Errc::invalid_argument, "DVR_THREADS='" + escape_text(text) + "' is not a thread count; set it to a whole number from 1 to " +
+                                              std::to_string(kMaxThreads) + ", or unset it for the default (the CPUs this process may run on)");
+    return static_cast<unsigned>(n);
+  }
+  return affinity_cpus();
+}
+
 StoreImpl::StoreImpl(const std::string& dir, const StoreOptions& options) {
   if (dir.empty()) throw Error(Errc::invalid_argument, "store path is empty; give a directory (or set $DVR_STORE)");
   path = dir.size() > 1 && dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir;
   lock_timeout = options.lock_timeout;
+  threads = resolve_threads(options.threads);
   create_or_check(options);
   for (const std::string& sub : {sessions_dir(), tmp_dir(), path + "/packs", pins_dir()}) {
     make_private_dir(sub);

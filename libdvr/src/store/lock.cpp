@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "dvr/dvr.hpp"
+#include "base/log.hpp"
 #include "base/memops.hpp"
 #include "format/chunks.hpp"
 #include "store/store_impl.hpp"
@@ -43,6 +44,14 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : fd_(-1) {
     if (!s.writers_fd_) throw_errno(errno, "cannot open the writers' lock " + file + " of store " + s.path);
   }
   fd_ = kind == Kind::writers ? s.writers_fd_.get() : s.lock_fd_.get();
+  const int mode = exclusive ? LOCK_EX : LOCK_SH;
+  const char* which = kind == Kind::writers ? "writers' lock" : "lock";
+  if (::flock(fd_, mode | LOCK_NB) == 0) return;
+  if (errno != EWOULDBLOCK && errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto waited = [&] { return std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + " s"; };
+  DVR_LOG(info, std::string("store ") + s.path + ": waiting for its " + which + " (" + (exclusive ? "exclusive" : "shared") +
+                    "), held by another process or handle");
   if (s.lock_timeout.count() >= 0) {
     // Bounded (StoreOptions::lock_timeout): the CRIU plugin runs while the
     // process it dumps is frozen, and that process may hold this lock (frozen
@@ -50,18 +59,22 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : fd_(-1) {
     auto deadline = std::chrono::steady_clock::now() + s.lock_timeout;
     while (::flock(fd_, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK && errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
-      if (std::chrono::steady_clock::now() >= deadline)
+      if (std::chrono::steady_clock::now() >= deadline) {
+        DVR_LOG(info, std::string("store ") + s.path + ": gave up waiting for its " + which + " after " + waited() + " (lock_timeout)");
         throw Error(Errc::io, "store " + s.path + " stayed locked by another process for " + std::to_string(s.lock_timeout.count()) +
                                   " ms (lock_timeout): another process is inside a snapshot, restore or gc there, or "
                                   "frozen inside one (a process being dumped); nothing was changed: try again once it "
                                   "is done, or give a longer lock_timeout");
+      }
       ::usleep(2000);
     }
+    DVR_LOG(info, std::string("store ") + s.path + ": got its " + which + " after " + waited());
     return;
   }
-  while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
+  while (::flock(fd_, mode) != 0) {
     if (errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
   }
+  DVR_LOG(info, std::string("store ") + s.path + ": got its " + which + " after " + waited());
 }
 
 StoreImpl::Lock::~Lock() { ::flock(fd_, LOCK_UN); }

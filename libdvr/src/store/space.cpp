@@ -19,6 +19,7 @@
 #include "dvr/dvr.hpp"
 #include "base/memops.hpp"
 #include "format/chunks.hpp"
+#include "base/progress.hpp"
 #include "store/store_impl.hpp"
 
 namespace dvr::detail {
@@ -108,7 +109,8 @@ std::pair<StoreImpl::Placement, PackWriter> StoreImpl::AllocationScope::take(std
   return {p, store_.packs->writer(p.pack, p.offset, length)};
 }
 
-std::size_t first_damaged(Packs& packs, const Manifest& m, const std::vector<std::size_t>& which, std::string* why) {
+std::size_t first_damaged(unsigned threads, Packs& packs, const Manifest& m, const std::vector<std::size_t>& which, std::string* why,
+                          ProgressMeter* progress) {
   std::uint64_t bytes = 0;
   for (std::size_t i : which) {
     map_chunk(packs, view_of(m, i));
@@ -116,9 +118,10 @@ std::size_t first_damaged(Packs& packs, const Manifest& m, const std::vector<std
   }
   std::atomic<std::size_t> first{SIZE_MAX};
   std::mutex mu;
-  parallel_for(which.size(), bytes, [&](std::size_t b, std::size_t e) {
-    for (std::size_t k = b; k < e && k < first.load(); ++k) {
+  parallel_for(threads, which.size(), bytes, [&](std::size_t b, std::size_t e) {
+    for (std::size_t k = b; k < e && k < first.load() && !(progress && progress->stopped()); ++k) {
       std::string bad = check_chunk(packs, view_of(m, which[k]));
+      if (progress) progress->add(m.chunks[which[k]].length);
       if (bad.empty()) continue;
       std::lock_guard<std::mutex> lock(mu);
       if (k < first.load()) {
@@ -127,7 +130,7 @@ std::size_t first_damaged(Packs& packs, const Manifest& m, const std::vector<std
       }
       return;
     }
-  });
+  }, progress);
   return first.load();
 }
 

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "dvr/dvr.hpp"
+#include "base/log.hpp"
 #include "base/memops.hpp"
 #include "format/chunks.hpp"
 #include "store/store_impl.hpp"
@@ -70,7 +71,11 @@ std::vector<std::string> VerifyReport::damaged_snapshots() const {
 
 using detail::StoreImpl;
 
-Store Store::open(const std::string& path, const StoreOptions& options) { return Store(std::make_shared<StoreImpl>(path, options)); }
+Store Store::open(const std::string& path, const StoreOptions& options) {
+  auto impl = std::make_shared<StoreImpl>(path, options);
+  DVR_LOG(debug, "store " + impl->path + " opened (" + medium_name(impl->medium) + "), up to " + std::to_string(impl->threads) + " threads per call");
+  return Store(std::move(impl));
+}
 
 std::string Store::default_path() {
   if (const char* env = std::getenv("DVR_STORE"); env && *env) return env;
@@ -96,6 +101,7 @@ Store Store::open_default(const StoreOptions& options) {
 const std::string& Store::path() const { return impl_->path; }
 Medium Store::medium() const { return impl_->medium; }
 std::uint32_t Store::chunk_size() const { return impl_->chunk_size; }
+unsigned Store::threads() const { return impl_->threads; }
 
 std::vector<std::string> Store::sessions() const {
   std::vector<std::string> out;
@@ -148,17 +154,25 @@ void Store::remove(const std::string& session, const std::string& snapshot) {
   detail::check_name("snapshot", snapshot);
   std::lock_guard<std::mutex> guard(impl_->mu);
   StoreImpl::Lock lock(*impl_, true);
-  std::string file = impl_->manifest_path(session, snapshot);
-  if (detail::path_exists(impl_->session_dir(session))) detail::require_real_dir(impl_->session_dir(session));
+  detail::remove_manifest(*impl_, session, snapshot);
+}
+
+namespace detail {
+
+void remove_manifest(StoreImpl& store, const std::string& session, const std::string& snapshot) {
+  std::string file = store.manifest_path(session, snapshot);
+  if (path_exists(store.session_dir(session))) require_real_dir(store.session_dir(session));
   if (::unlink(file.c_str()) != 0) {
     if (errno == ENOENT)
       throw Error(Errc::not_found,
-                  "no snapshot '" + StoreImpl::ref(session, snapshot) + "' in store " + impl_->path + "; `dvr ls` lists what exists");
-    detail::throw_errno(errno, "cannot remove " + file);
+                  "no snapshot '" + StoreImpl::ref(session, snapshot) + "' in store " + store.path + "; `dvr ls` lists what exists");
+    throw_errno(errno, "cannot remove " + file);
   }
-  detail::fsync_dir(impl_->session_dir(session));
-  ::rmdir(impl_->session_dir(session).c_str());  // only succeeds when empty
+  fsync_dir(store.session_dir(session));
+  ::rmdir(store.session_dir(session).c_str());  // only succeeds when empty
 }
+
+}  // namespace detail
 
 StoreStats Store::stats() const {
   StoreStats s;

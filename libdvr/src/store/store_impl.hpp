@@ -20,6 +20,8 @@
 
 namespace dvr::detail {
 
+class ProgressMeter;
+
 inline constexpr std::uint32_t kStoreFormatVersion = 1;
 inline constexpr const char* kSuperblockName = "DVRSTORE";
 inline constexpr const char* kManifestSuffix = ".snap";
@@ -29,6 +31,13 @@ inline constexpr std::uint64_t kInitialPackSize = 64ull << 20;  // packs start s
 /// Throws invalid_argument unless `name` is 1–128 characters of [A-Za-z0-9._-]
 /// not starting with '.', so it can never name anything outside its directory.
 void check_name(const char* kind, const std::string& name);
+
+/// The thread bound of a store opened with StoreOptions::threads = `requested`:
+/// `requested` when not 0, else $DVR_THREADS, else affinity_cpus(). Throws
+/// invalid_argument for a requested count or a $DVR_THREADS above kMaxThreads,
+/// and for a $DVR_THREADS that is not a whole number from 1 to kMaxThreads.
+inline constexpr unsigned kMaxThreads = 1024;
+unsigned resolve_threads(unsigned requested);
 
 bool valid_name(const std::string& name);
 
@@ -44,6 +53,10 @@ class StoreImpl {
   /// How long Lock waits for the store lock (StoreOptions::lock_timeout;
   /// negative: as long as it takes).
   std::chrono::milliseconds lock_timeout{-1};
+  /// The most threads one operation on this store runs at once
+  /// (StoreOptions::threads, else $DVR_THREADS, else the CPUs of the opening
+  /// thread's affinity mask): every parallel_for passes it.
+  unsigned threads = 1;
 
   /// Serializes this process's use of the store (index, pack mappings).
   std::mutex mu;
@@ -210,10 +223,17 @@ class StoreImpl {
 
 SnapshotInfo info_from_manifest(const Manifest& m);
 
+/// Unlinks the manifest of session/snapshot (Store::remove without its
+/// locks: call with the mutex and the exclusive data lock held). Throws
+/// not_found naming the store.
+void remove_manifest(StoreImpl& store, const std::string& session, const std::string& snapshot);
+
 /// Checks chunks[i] of `m` for every i in `which` (mapping them first, then
 /// hashing on every core). Returns the lowest position in `which` that fails
 /// with *why set, or SIZE_MAX when all pass. Throws what Packs::read throws.
-std::size_t first_damaged(Packs& packs, const Manifest& m, const std::vector<std::size_t>& which, std::string* why);
+/// With a `progress` meter, each chunk checked adds its length.
+std::size_t first_damaged(unsigned threads, Packs& packs, const Manifest& m, const std::vector<std::size_t>& which, std::string* why,
+                          ProgressMeter* progress = nullptr);
 
 /// The implementation behind a Store handle (Store::impl_ is protected: a
 /// pointer to it is taken through a class derived from Store).

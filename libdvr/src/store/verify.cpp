@@ -18,6 +18,7 @@
 
 #include "dvr/dvr.hpp"
 #include "base/memops.hpp"
+#include "base/progress.hpp"
 #include "format/chunks.hpp"
 #include "store/store_impl.hpp"
 #include <mutex>
@@ -87,10 +88,9 @@ VerifyReport Store::verify(const Progress& progress) const {
     }
     work.push_back(&loc);
   }
-  std::atomic<std::uint64_t> done{0};
-  std::mutex progress_mu;
-  parallel_for(work.size(), total, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) {
+  ProgressMeter meter(progress, total);
+  parallel_for(impl_->threads, work.size(), total, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e && !meter.stopped(); ++i) {
       Loc& loc = *work[i];
       if (!loc.readable) continue;
       try {
@@ -98,13 +98,10 @@ VerifyReport Store::verify(const Progress& progress) const {
       } catch (const Error& err) {
         loc.error = err.what();
       }
-      auto now = done.fetch_add(loc.chunk->ref.length) + loc.chunk->ref.length;
-      if (progress && (i % 256 == 0 || i + 1 == e)) {
-        std::lock_guard<std::mutex> g(progress_mu);
-        progress(now, total);
-      }
+      meter.add(loc.chunk->ref.length);
     }
-  });
+  }, &meter);
+  meter.finish();
   report.chunks = work.size();
   report.bytes = total;
 
@@ -224,7 +221,7 @@ std::optional<SnapshotInfo> Store::latest(const std::string& session, std::vecto
       for (std::size_t i = 0; i < all.size(); ++i)
         all[i] = i;
       std::string why;
-      if (first_damaged(*impl_->packs, m, all, &why) != SIZE_MAX)
+      if (first_damaged(impl_->threads, *impl_->packs, m, all, &why) != SIZE_MAX)
         throw Error(Errc::corrupt, "snapshot '" + ref + "' is damaged: " + why + "; run `dvr verify`");
       return info_from_manifest(m);
     } catch (const Error& e) {

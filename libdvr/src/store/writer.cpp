@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "base/memops.hpp"
+#include "base/progress.hpp"
 #include "base/os.hpp"
 #include "format/chunks.hpp"
 
@@ -40,7 +41,7 @@ bool inside(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi) {
   return it != ranges.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
 }
 
-ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size, const ByteRanges& zero,
+ByteRanges pages_differing(unsigned threads, const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size, const ByteRanges& zero,
                            bool racy) {
   // The region's pages are consecutive in the base's page hash table.
   const std::uint64_t* expect = base.page_hashes.data() + base.first_page[region.first_chunk];
@@ -49,7 +50,7 @@ ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, c
   for (auto& [lo, hi] : zero)
     for (std::uint64_t p = (lo + kPageSize - 1) / kPageSize; p < pages && (p + 1) * kPageSize <= hi; ++p)
       known_zero[p] = 1;
-  parallel_for(pages, size, [&](std::size_t b, std::size_t e) {
+  parallel_for(threads, pages, size, [&](std::size_t b, std::size_t e) {
     std::optional<RacyReads> ignore;
     if (racy) ignore.emplace();
     for (std::size_t p = b; p < e; ++p) {
@@ -493,13 +494,15 @@ ChunkPlan plan_chunks(const Manifest& m, std::size_t first_region, const std::ve
 
 }  // namespace
 
-void write_snapshot(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked, ChunkGuard* guard) {
+void write_snapshot(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked, ChunkGuard* guard,
+                    ProgressMeter* progress) {
   w.seal();
   if (!w.use_base(base)) base = nullptr;
-  w.set_provenance(tracked, write_regions(w, regions, base, guard));
+  w.set_provenance(tracked, write_regions(w, regions, base, guard, progress));
 }
 
-std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base, ChunkGuard* guard) {
+std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& regions, const Manifest* base, ChunkGuard* guard,
+                            ProgressMeter* progress) {
   const std::size_t first_region = w.manifest().regions.size(), first_chunk = w.manifest().chunks.size();
   for (auto& r : regions)
     w.add_region(r.name, r.size, r.sdk_owned);
@@ -543,7 +546,15 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
   // One pass per chunk: hash it, and if the store lacks it, copy it into a
   // block of free pack space while it is still in cache. The index is only
   // read here.
-  parallel_for(todo.size(), total, [&](std::size_t b, std::size_t e) {
+  if (progress && *progress) {
+    std::uint64_t to_read = 0;  // region bytes read: whole chunks, or the written pages of patched ones
+    for (std::size_t i : todo)
+      to_read += cp.plan[i] == Plan::patch ? std::uint64_t{cp.patch_count(i)} * kPageSize : m.chunks[i].length;
+    progress->grow_total(to_read);
+  } else {
+    progress = nullptr;
+  }
+  parallel_for(w.store().threads, todo.size(), total, [&](std::size_t b, std::size_t e) {
     // Guarded memory may change after a chunk is read: each copy is made
     // before the next chunk is read (sources not stable).
     SnapshotWriter::Lane lane(w, slot[e] - slot[b], guard == nullptr, true);
@@ -558,6 +569,10 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
     };
     for (std::size_t k = b; k < e; ++k) {
       const std::size_t i = todo[k];
+      if (progress) {
+        if (progress->stopped()) return;  // the caller throws the callback's exception; nothing is published
+        progress->add(cp.plan[i] == Plan::patch ? std::uint64_t{cp.patch_count(i)} * kPageSize : m.chunks[i].length);
+      }
       if (k + 1 < e && cp.plan[todo[k + 1]] == Plan::patch) {
         // Written pages are scattered: start loading the next chunk's while
         // this one is hashed, instead of stalling on each in turn.
@@ -576,7 +591,7 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
       guard->done(ri, j, cp.plan[i] == Plan::patch ? std::uint64_t{cp.patch_count(i)} * kPageSize : m.chunks[i].length);
     }
     lane.finish();
-  });
+  }, progress);
   return todo.size();
 }
 

@@ -30,6 +30,8 @@
 
 namespace dvr::detail {
 
+class ProgressMeter;
+
 /// Region-relative byte ranges [begin, end), sorted and disjoint.
 using ByteRanges = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
 
@@ -66,7 +68,7 @@ bool inside(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi);
 
 /// Pages inside `zero` (sorted byte ranges) are taken to be zero, not read.
 /// `racy`: the program may be writing `data` meanwhile (see RacyReads).
-ByteRanges pages_differing(const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size,
+ByteRanges pages_differing(unsigned threads, const Manifest& base, const ManifestRegion& region, const char* data, std::uint64_t size,
                            const ByteRanges& zero = {}, bool racy = false);
 
 class SnapshotWriter;
@@ -290,9 +292,12 @@ class ChunkGuard {
 /// whole. `tracked` says that `written` came from write tracking (recorded in
 /// the manifest). The snapshot is not published: call batch.publish().
 /// With a `guard`, every chunk read goes through it (and each copy is made
-/// before the next chunk is read).
+/// before the next chunk is read). With a `progress` meter, its total grows
+/// by the bytes to read and each chunk read adds its bytes; when the meter
+/// stops (its callback threw) the writing stops and the exception propagates
+/// (nothing is published).
 void write_snapshot(SnapshotWriter& writer, const std::vector<RegionSource>& regions, const Manifest* base, bool tracked,
-                    ChunkGuard* guard = nullptr);
+                    ChunkGuard* guard = nullptr, ProgressMeter* progress = nullptr);
 
 /// The same for regions appended to the table of a writer already sealed
 /// (write_snapshot is seal(), use_base(), then this): `base` is used only
@@ -300,7 +305,7 @@ void write_snapshot(SnapshotWriter& writer, const std::vector<RegionSource>& reg
 /// set. Lets a producer write a snapshot a few regions at a time, holding
 /// only those in memory (a CRIU page stream).
 std::uint64_t write_regions(SnapshotWriter& writer, const std::vector<RegionSource>& regions, const Manifest* base,
-                            ChunkGuard* guard = nullptr);
+                            ChunkGuard* guard = nullptr, ProgressMeter* progress = nullptr);
 
 // ---- template -----------------------------------------------------------------
 

@@ -125,7 +125,10 @@ Stats send_negotiated(const Store& store, const std::string& ref, int in, int ou
   return st;
 }
 
-Stats receive_negotiated(Store& store, int in, int out) {
+Stats receive_negotiated(Store& store, int in, int out, const ReceiveOptions& options) {
+  if (!options.session.empty())
+    throw Error(Errc::invalid_argument, "receive_negotiated keeps the sender's session names; ReceiveOptions::session must be empty, not '" +
+                                            options.session + "'");
   char magic[8];
   if (!read_fd(in, magic, 8, true)) throw Error(Errc::io, "the sending side ended before the transfer started (its message is above)");
   if (std::memcmp(magic, kNegotiateMagic, 8) != 0)
@@ -174,7 +177,7 @@ Stats receive_negotiated(Store& store, int in, int out) {
   if (answer.find("error ") != std::string::npos) throw Error(Errc::invalid_argument, "refused the transfer: " + answer);
   try {
     RecordReader rd(in);
-    Stats st = receive_stream(store, rd);
+    Stats st = receive_stream(store, rd, options);
     send_text(out, "ok " + stats_json(st));
     return st;
   } catch (const std::exception& e) {

@@ -16,6 +16,9 @@
 #include "transfer/stream.hpp"
 #include "format/chunks.hpp"
 #include "store/writer.hpp"
+#include "base/progress.hpp"
+
+#include <sys/stat.h>
 
 namespace dvr::transfer {
 
@@ -334,7 +337,7 @@ void end_item(Incoming& in, detail::Reader& p) {
 }
 
 // Reads one snapshot's records after its kSnapshot record; checks everything.
-void read_item(Incoming& in, RecordReader& rd, StoreImpl& si, Stats& st) {
+void read_item(Incoming& in, RecordReader& rd, StoreImpl& si, Stats& st, detail::ProgressMeter& meter) {
   RecordContext cx{si, st};
   std::string payload;
   std::uint64_t seen = rd.bytes();
@@ -344,6 +347,10 @@ void read_item(Incoming& in, RecordReader& rd, StoreImpl& si, Stats& st) {
       seen = rd.bytes();
     }
     Kind k = rd.record(payload);
+    if (meter) {
+      meter.advance_to(rd.bytes());
+      meter.poll();  // a callback that throws abandons the stream: nothing is published
+    }
     detail::Reader p = parse(payload);
     switch (k) {
       case kSnapshotEnd:
@@ -445,7 +452,14 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
 
 namespace internal {
 
-Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& options) {
+std::uint64_t bytes_left(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  const off_t at = ::lseek(fd, 0, SEEK_CUR);
+  return at < 0 || at > st.st_size ? 0 : static_cast<std::uint64_t>(st.st_size - at);
+}
+
+Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& options, std::uint64_t stream_size) {
   auto t0 = std::chrono::steady_clock::now();
   char head[16];
   rd.raw(head, 8);
@@ -459,6 +473,9 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
                                                                       "; nothing was stored");
   rd.start();  // records are read and checked ahead on the reader's thread from here
   Stats st;
+  // Progress: bytes of the stream read, out of its size when known (a file);
+  // else the total is 0 until the end. Reported between records, here.
+  detail::ProgressMeter meter(options.progress, stream_size);
   detail::WriteBatch batch(detail::impl_of(store));
   std::vector<std::unique_ptr<Incoming>> items;
   std::string payload;
@@ -479,9 +496,11 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
       if (q->session == session && q->name == name) bad_stream("a snapshot arrives twice");
     begin_item(*in, payload, batch, options.session);
     items.push_back(std::move(in));
-    read_item(*items.back(), rd, batch.store(), st);
+    read_item(*items.back(), rd, batch.store(), st, meter);
   }
   if (items.empty()) bad_stream("it holds no snapshot");
+  meter.advance_to(rd.bytes());
+  meter.finish();  // before the commit: a callback that throws here still stores nothing
   // Everything checked: publish, heaps first, the process images last; all
   // or nothing.
   std::vector<detail::SnapshotWriter*> writers;
@@ -506,8 +525,9 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
 }  // namespace internal
 
 Stats receive(Store& store, int fd, const ReceiveOptions& options) {
+  const std::uint64_t size = options.progress ? bytes_left(fd) : 0;
   RecordReader rd(fd);
-  return receive_stream(store, rd, options);
+  return receive_stream(store, rd, options, size);
 }
 
 }  // namespace dvr::transfer

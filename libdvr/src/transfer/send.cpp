@@ -13,6 +13,7 @@
 
 #include "base/os.hpp"
 #include "store/store_impl.hpp"
+#include "base/progress.hpp"
 #include "transfer/stream.hpp"
 #include "dvr/proc.hpp"
 #include "format/chunks.hpp"
@@ -31,17 +32,8 @@ constexpr std::uint64_t kDropEvery = 64u << 20;
 
 // ---- sending ---------------------------------------------------------------
 
-struct Progressor {
-  const Progress& fn;
-  std::uint64_t done = 0, total = 0;
-  void add(std::uint64_t n) {
-    done += n;
-    if (fn) fn(done, total);
-  }
-};
-
 // Sends one snapshot, against `base` of the same session if given.
-void send_item(const Item& it, const std::string& base, RecordWriter& w, const Options& opt, Stats& st, Progressor& prog) {
+void send_item(const Item& it, const std::string& base, RecordWriter& w, const Options& opt, Stats& st, detail::ProgressMeter& prog) {
   detail::SnapshotReader reader(detail::impl_of(it.store));  // the data cannot be reused while it is read
   Manifest m = reader.load(it.session, it.name);
   std::optional<Manifest> b;
@@ -178,14 +170,20 @@ Stats send_with(const Store& store, const std::string& ref, int fd, const Option
   auto t0 = std::chrono::steady_clock::now();
   std::vector<Item> items = items_of(store, ref);
   Stats st;
-  Progressor prog{opt.progress};
-  if (opt.progress)  // a manifest read (and its page hashes) only for whom shows progress
+  // Progress: logical bytes of the snapshots sent (chunks skipped because the
+  // receiver holds them count too), on this thread.
+  detail::ProgressMeter prog(opt.progress);
+  if (opt.progress) {  // a manifest read (and its page hashes) only for whom shows progress
+    std::uint64_t total = 0;
     for (auto& it : items)
-      prog.total += load(it.store, it.session, it.name).logical_bytes();
+      total += load(it.store, it.session, it.name).logical_bytes();
+    prog.grow_total(total);
+  }
   RecordWriter w(fd);
   write_stream_head(w);
   for (std::size_t k = 0; k < items.size(); ++k)
     send_item(items[k], bases[k], w, opt, st, prog);
+  prog.finish();  // before the end record: a callback that throws still leaves the stream unfinished
   detail::Writer end;
   end.u32(static_cast<std::uint32_t>(items.size()));
   w.record(kStreamEnd, end.out);

@@ -18,6 +18,7 @@
 #include "dvr/session.hpp"
 #include "store/reader.hpp"
 #include "store/store_impl.hpp"
+#include "base/progress.hpp"
 #include "transfer/stream.hpp"
 
 namespace dvr::transfer {
@@ -40,9 +41,10 @@ Stats send_live(const Store& store, const std::string& session, const std::vecto
     if (!b->paged || b->chunk_size != cs) b.reset();  // not comparable page by page: everything is sent
   }
   Stats st;
-  std::uint64_t total = 0, done = 0;
+  std::uint64_t total = 0;
   for (Region* r : regions)
     total += r->size();
+  detail::ProgressMeter progress(options.progress, total);
 
   RecordWriter w{fd};
   write_stream_head(w);
@@ -108,7 +110,7 @@ Stats send_live(const Store& store, const std::string& session, const std::vecto
       const Hash128 h = detail::tree_hash(ph.data(), np);
       shape.chunks.push_back({h, 0, 0, 0});
       ++st.chunks;
-      if (options.progress) options.progress(done += len, total);
+      progress.add(len);
       const std::size_t bi = br ? br->first_chunk + j : 0;
       if (br && b->chunks[bi].hash == h && b->trusted(bi)) {
         if (!run) run_start = j;
@@ -166,6 +168,7 @@ Stats send_live(const Store& store, const std::string& session, const std::vecto
     }
     flush_run();
   }
+  progress.finish();  // before the end records: a callback that throws leaves the stream unfinished
   const Hash128 fp = fingerprint(shape);
   st.fingerprint = detail::to_hex(fp);
   if (confirm) confirm(st.fingerprint);  // throws: the stream stays unfinished

@@ -188,6 +188,10 @@ class Compressor {
 
 Stats send_with(const Store& store, const std::string& ref, int fd, const Options& opt, const std::vector<std::string>& bases);
 std::vector<std::string> bases_for(const std::vector<Item>& items, const std::string& ref, const std::string& base);
-Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& options = {});
+/// `stream_size`: the stream's length when known (a regular file), else 0;
+/// the total that options.progress reports.
+Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& options = {}, std::uint64_t stream_size = 0);
+/// The bytes left to read from `fd` when it is a regular file, else 0.
+std::uint64_t bytes_left(int fd);
 
 }  // namespace dvr::transfer::internal
