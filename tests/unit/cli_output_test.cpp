@@ -39,8 +39,7 @@ void write_file(const std::string& path, const std::string& bytes) {
 // Whether nlohmann-json takes `text` back (it rejects invalid UTF-8).
 bool parses(const std::string& text) {
   try {
-    (void)cli::json::parse(text);
-    return true;
+    return !cli::json::parse(text).is_discarded();
   } catch (const std::exception&) {
     return false;
   }
