@@ -56,7 +56,7 @@ inline double parse_duration(const std::string& text) {
     double mult = 1;
     if (k < text.size()) {
       char u = text[k++];
-      mult = u == 's' ? 1 : u == 'm' ? 60 : u == 'h' ? 3600 : u == 'd' ? 86400 : -1;
+      mult = u == 's' ? 1 : u == 'm' ? 60 : u == 'h' ? 3600 : u == 'd' ? 86400 : u == 'w' ? 604800 : -1;
       if (mult < 0) break;
     } else if (any) {
       break;  // "1h30": a number without a unit after the first part

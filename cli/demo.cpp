@@ -122,7 +122,9 @@ int run_demo(Store& store, const DemoOptions& o) {
   say("  rebuild in place (the peer)      " + format_seconds(rebuild) + "\n");
 
   t0 = seconds_now();
-  SnapshotInfo snap = session.snapshot("loaded", {.label = "demo data set", .replace = true});
+  ProgressReporter progress("snapshot", o.json ? ProgressMode::none : o.progress);
+  SnapshotInfo snap = session.snapshot("loaded", {.label = "demo data set", .replace = true, .progress = progress.callback()});
+  progress.finish();
   double snapshot_s = seconds_now() - t0;
   say("  snapshot demo/loaded             " + format_seconds(snapshot_s) + "   (" + format_bytes(static_cast<double>(snap.stored_bytes)) +
       " written)\n");

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "dvr/dvr.hpp"
+#include "progress.hpp"
 
 namespace dvr::cli {
 
@@ -11,6 +12,8 @@ struct DemoOptions {
   std::uint64_t size = 1ull << 30;  // bytes of feature data
   int trials = 5;
   bool json = false;
+  /// How the first (full) snapshot shows its progress (dvr --progress).
+  ProgressMode progress = ProgressMode::automatic;
 };
 
 /// Builds a data set, snapshots it, runs trials that mutate it with a restore

@@ -237,9 +237,67 @@ int cmd_rm(const RmArgs& a) {
   return 0;
 }
 
+struct PruneArgs {
+  std::string session;
+  unsigned keep_last = 0, keep_hourly = 0, keep_daily = 0, keep_weekly = 0, keep_monthly = 0;
+  std::string keep_within;
+  bool dry_run = false;
+  bool json = false;
+};
+
+int cmd_prune(const PruneArgs& a) {
+  Store store = open_store(false);
+  require_session(store, a.session);
+  PrunePolicy policy;
+  policy.keep_last = a.keep_last;
+  policy.keep_hourly = a.keep_hourly;
+  policy.keep_daily = a.keep_daily;
+  policy.keep_weekly = a.keep_weekly;
+  policy.keep_monthly = a.keep_monthly;
+  if (!a.keep_within.empty()) policy.keep_within = std::chrono::seconds(static_cast<long long>(parse_duration(a.keep_within)));
+  if (!a.keep_last && !a.keep_hourly && !a.keep_daily && !a.keep_weekly && !a.keep_monthly && a.keep_within.empty())
+    throw Error(Errc::invalid_argument,
+                "give at least one rule (--keep-last, --keep-within, --keep-hourly, --keep-daily, --keep-weekly, --keep-monthly): a policy "
+                "that keeps nothing would remove every snapshot of '" + printable(a.session) + "' (`dvr rm` removes snapshots by name)");
+  PruneReport r = store.prune(a.session, policy, a.dry_run);
+  if (a.json) {
+    json doc = document();
+    doc["session"] = jstr(a.session);
+    doc["dry_run"] = r.dry_run;
+    doc["removed"] = r.removed;
+    json decisions = json::array();
+    for (auto& d : r.decisions) {
+      json one;
+      one["snapshot"] = to_json(d.snapshot);
+      one["keep"] = d.keep;
+      one["reason"] = jstr(d.reason);
+      decisions.push_back(std::move(one));
+    }
+    doc["decisions"] = std::move(decisions);
+    print_json(doc);
+    return 0;
+  }
+  for (auto& d : r.decisions) {
+    // A removal's reason is "removed" and what still refers to it ("; ...").
+    std::string why = d.reason;
+    if (!d.keep && why.rfind("removed", 0) == 0) why = why.size() > 9 ? why.substr(9) : "";
+    std::cout << (d.keep ? "keep    " : (r.dry_run ? "would remove " : "remove  ")) << printable(d.snapshot.name) << "  "
+              << format_time(d.snapshot.time_ns) << (why.empty() ? "" : "  " + printable(why)) << "\n";
+  }
+  std::cout << (r.dry_run ? "dry run: would remove " : "removed ") << r.removed << " of " << r.decisions.size() << " snapshot(s) of session '"
+            << printable(a.session) << "'";
+  if (r.dry_run)
+    std::cout << "; run it again without --dry-run to remove them\n";
+  else
+    std::cout << (r.removed ? "; run `dvr gc` to reclaim the space\n" : "\n");
+  return 0;
+}
+
 int cmd_gc(bool as_json) {
   Store store = open_store(false);
-  GcReport r = store.gc();
+  ProgressReporter progress("gc", progress_mode());
+  GcReport r = store.gc(progress.callback());
+  progress.finish();
   if (as_json) {
     print_json(to_json(r));
     return 0;
@@ -439,96 +497,14 @@ void print_transfer(const transfer::Stats& st, bool sent, bool as_json, std::ost
   out << ", " << format_seconds(st.seconds) << "\n";
 }
 
-// Copies `from` into a pipe whose read end the library reads, counting the
-// bytes for a progress report (the receiving calls take no progress
-// callback): `total` is the file's size, 0 when unknown (a pipe). splice()
-// moves the pages without copying them through user space where it can.
-class CountingPump {
- public:
-  CountingPump(int from, std::uint64_t total, ProgressReporter& progress) : from_(from), total_(total), progress_(progress) {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) throw Error(Errc::io, std::string("cannot create a pipe: ") + std::strerror(errno));
-    read_end_ = p[0];
-    write_end_ = p[1];
-    ::fcntl(write_end_, F_SETPIPE_SZ, 1 << 20);
-    thread_ = std::thread([this] { pump(); });
-  }
-  ~CountingPump() {
-    close_read_end();
-    if (thread_.joinable()) thread_.join();
-  }
-  int fd() const { return read_end_; }
-  /// After the library call: the pump's own failure (a read error), if any.
-  void finish() {
-    close_read_end();
-    thread_.join();
-    if (!error_.empty()) throw Error(Errc::io, error_);
-  }
-
- private:
-  void close_read_end() {
-    if (read_end_ >= 0) ::close(read_end_);
-    read_end_ = -1;
-  }
-  void pump() {
-    std::uint64_t done = 0;
-    bool can_splice = true;
-    std::vector<char> buf;
-    progress_.update(0, total_);
-    for (;;) {
-      ssize_t n = -1;
-      if (can_splice) {
-        n = ::splice(from_, nullptr, write_end_, nullptr, 1 << 20, SPLICE_F_MOVE);
-        if (n < 0 && (errno == EINVAL || errno == ESPIPE)) {
-          can_splice = false;
-          continue;
-        }
-      } else {
-        if (buf.empty()) buf.resize(1 << 20);
-        n = ::read(from_, buf.data(), buf.size());
-        for (ssize_t off = 0; n > 0 && off < n;) {
-          ssize_t w = ::write(write_end_, buf.data() + off, static_cast<std::size_t>(n - off));
-          if (w < 0 && errno == EINTR) continue;
-          if (w < 0) {
-            n = -2;  // the reader went away: its error is the one to report
-            break;
-          }
-          off += w;
-        }
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n == -2 || (n < 0 && errno == EPIPE)) break;
-      if (n < 0) {
-        error_ = std::string("cannot read the stream: ") + std::strerror(errno);
-        break;
-      }
-      if (n == 0) break;
-      done += static_cast<std::uint64_t>(n);
-      progress_.update(done, std::max(total_, done));
-    }
-    if (total_ == 0 && error_.empty()) progress_.update(done, done);
-    ::close(write_end_);
-  }
-
-  int from_;
-  std::uint64_t total_;
-  ProgressReporter& progress_;
-  int read_end_ = -1, write_end_ = -1;
-  std::string error_;
-  std::thread thread_;
-};
-
-std::uint64_t size_of_regular(int fd) {
-  struct stat st {};
-  return ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<std::uint64_t>(st.st_size) : 0;
-}
-
+// A receive (receive, import) with its progress: bytes of the stream read,
+// out of the file's size (0 from a pipe, until the end).
 transfer::Stats receive_counted(Store& store, int fd, const char* op) {
   ProgressReporter progress(op, progress_mode());
-  if (!progress.callback()) return transfer::receive(store, fd);
-  CountingPump pump(fd, size_of_regular(fd), progress);
-  transfer::Stats st = transfer::receive(store, pump.fd());
-  pump.finish();
+  transfer::ReceiveOptions ro;
+  ro.progress = progress.callback();
+  transfer::Stats st = transfer::receive(store, fd, ro);
+  progress.finish();
   return st;
 }
 
@@ -721,12 +697,10 @@ int cmd_push_pull(const TransferArgs& a, bool push) {
   try {
     if (push) {
       st = transfer::send_negotiated(store, a.ref, child.from, child.to, o);
-    } else if (!o.progress) {
-      st = transfer::receive_negotiated(store, child.from, child.to);
     } else {
-      CountingPump pump(child.from, 0, progress);  // the size is not known before
-      st = transfer::receive_negotiated(store, pump.fd(), child.to);
-      pump.finish();
+      transfer::ReceiveOptions ro;
+      ro.progress = o.progress;  // stream bytes; the size is not known before
+      st = transfer::receive_negotiated(store, child.from, child.to, ro);
     }
   } catch (const Error& e) {
     progress.finish();
@@ -870,7 +844,11 @@ int periodic_dumps(pid_t pid, const PeriodicArgs& a) {
       dump = series_name(a.name) + "-" + std::to_string(n);
     proc::ProcInfo p;
     try {
+      // A bar per dump; none with --json (its lines would mix with the events).
+      ProgressReporter progress("proc dump", a.json ? ProgressMode::none : progress_mode());
+      o.progress = progress.callback();
       p = proc::dump(store, pid, dump, o);
+      o.progress = nullptr;
     } catch (const Error& e) {
       if (!process_alive(pid)) {
         why = "process " + std::to_string(pid) + " exited during a dump (proc/" + dump + " was not stored)";
@@ -987,7 +965,10 @@ int cmd_proc_dump(const ProcArgs& a) {
   o.leave_running = a.leave_running;
   o.tcp_established = a.tcp_established;
   Store store = open_store(true);
+  ProgressReporter progress("proc dump", progress_mode());
+  o.progress = progress.callback();
   proc::ProcInfo p = proc::dump(store, pid, a.name, o);
+  progress.finish();
   if (a.json) {
     json doc = document();
     doc.update(to_json(p));
@@ -1017,7 +998,12 @@ int cmd_proc_restore(const ProcArgs& a, bool clone) {
                                 " was dumped with --tcp-established; the clone gets its TCP connections closed (--tcp-close), as the original holds them"
                           : "note: proc/" + before.name + " was dumped with --tcp-established: restoring its TCP connections (--tcp-established)")
               << "\n";
+  // The bar goes at its final call, before the process runs (a restore that
+  // waits for the process returns only when it exits).
+  ProgressReporter progress(clone ? "proc clone" : "proc restore", progress_mode());
+  o.progress = progress.callback();
   proc::RestoreResult r = proc::restore(store, a.target, o);
+  progress.finish();
   for (auto& n : r.notes)
     std::cerr << "dvr: note: " << n << "\n";
   if (!o.detach) return r.exit_status;
@@ -1230,6 +1216,7 @@ int run(int argc, char** argv) {
   c_demo->callback([&] {
     action = [&] {
       demo.size = parse_size(demo_size);
+      demo.progress = progress_mode();
       Store store = open_store(true);
       return run_demo(store, demo);
     };
@@ -1255,6 +1242,25 @@ int run(int argc, char** argv) {
   add_json(c_rm, rm.json);
   c_rm->footer("Examples:\n  dvr rm sweep/trial-1 sweep/trial-2 && dvr gc");
   c_rm->callback([&] { action = [&] { return cmd_rm(rm); }; });
+
+  PruneArgs prune;
+  auto* c_prune = app.add_subcommand("prune", "remove a session's old snapshots by a retention policy (each keep rule keeps the newest snapshot per bucket)");
+  c_prune->add_option("session", prune.session, "the session")->required();
+  c_prune->add_option("--keep-last", prune.keep_last, "keep the newest N snapshots")->check(whole_number(1, 1000000));
+  c_prune->add_option("--keep-within", prune.keep_within, "keep the snapshots taken within this long of the newest (90s, 10m, 2h, 3d, 1w)")
+      ->check(duration_value());
+  c_prune->add_option("--keep-hourly", prune.keep_hourly, "keep the newest snapshot of each of the last N hours that have one")->check(whole_number(1, 1000000));
+  c_prune->add_option("--keep-daily", prune.keep_daily, "... of each of the last N days (UTC)")->check(whole_number(1, 1000000));
+  c_prune->add_option("--keep-weekly", prune.keep_weekly, "... of each of the last N ISO weeks")->check(whole_number(1, 1000000));
+  c_prune->add_option("--keep-monthly", prune.keep_monthly, "... of each of the last N months")->check(whole_number(1, 1000000));
+  c_prune->add_flag("--dry-run,-n", prune.dry_run, "say what would be removed; remove nothing");
+  add_json(c_prune, prune.json);
+  c_prune->footer(
+      "A snapshot is kept when any rule keeps it; damaged snapshots are never removed. Removing a parent leaves its\n"
+      "children complete (each snapshot lists all its data); an open clone keeps its data until it is closed.\n"
+      "Examples:\n  dvr prune sweep --keep-last 3 --dry-run\n  dvr prune sweep --keep-within 2h --keep-daily 7 && dvr gc\n"
+      "  dvr prune proc --keep-last 5 --json | jq '.decisions[] | select(.keep | not) | .snapshot.name'\n");
+  c_prune->callback([&] { action = [&] { return cmd_prune(prune); }; });
 
   bool gc_json = false;
   auto* c_gc = app.add_subcommand("gc", "reclaim the space of removed and interrupted snapshots");

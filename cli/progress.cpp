@@ -37,7 +37,10 @@ void ProgressReporter::update(std::uint64_t done, std::uint64_t total) {
   // Updates can come from several threads: never show a step back.
   if (any_ && total == last_total_ && done < last_done_) return;
   const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const bool last = done >= total;
+  // total 0: not known yet (a stream from a pipe, CRIU deciding what to
+  // dump): bytes and rate only, until a final call with done == total.
+  const bool known = total > 0;
+  const bool last = known && done >= total;
   if (any_ && !last && t - last_ < 0.1) return;
   if (any_ && last && done == last_done_ && total == last_total_) return;  // the end, once
   any_ = true;
@@ -57,14 +60,27 @@ void ProgressReporter::update(std::uint64_t done, std::uint64_t total) {
     std::fflush(stderr);
     return;
   }
-  const double frac = total ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
+  if (last) {  // the end: the bar goes (what the program prints next starts clean)
+    if (drawn_) std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+    drawn_ = false;
+    finished_ = true;
+    return;
+  }
+  if (!known) {
+    std::fprintf(stderr, "\r\033[K%s  %s  %s/s", op_.c_str(), format_bytes(static_cast<double>(done)).c_str(), format_bytes(rate).c_str());
+    std::fflush(stderr);
+    drawn_ = true;
+    return;
+  }
+  const double frac = static_cast<double>(done) / static_cast<double>(total);
   constexpr int kWidth = 24;
   const int fill = static_cast<int>(frac * kWidth);
   std::string bar(static_cast<std::size_t>(fill), '#');
   bar.resize(kWidth, '-');
   std::fprintf(stderr, "\r\033[K%s [%s] %3.0f%%  %s / %s  %s/s  ETA %s", op_.c_str(), bar.c_str(), 100.0 * frac,
                format_bytes(static_cast<double>(done)).c_str(), format_bytes(static_cast<double>(total)).c_str(), format_bytes(rate).c_str(),
-               last ? "0 s" : format_seconds(eta).c_str());
+               format_seconds(eta).c_str());
   std::fflush(stderr);
   drawn_ = true;
 }

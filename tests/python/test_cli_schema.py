@@ -171,3 +171,41 @@ def test_import_progress_lines_are_monotonic_and_a_pipe_gets_none(dvr_bin, tmp_p
     assert proc.stderr == ""
     proc = dvr(dvr_bin, src, "verify", "--progress=json")
     assert [json.loads(line)["op"] for line in proc.stderr.splitlines()][-1] == "verify"
+
+
+def test_prune_keeps_by_rule_says_why_and_a_dry_run_changes_nothing(dvr_bin, store):
+    schema = load_schema()
+    names = lambda: [s["name"] for s in json.loads(dvr(dvr_bin, store, "ls", "s", "--json").stdout)["snapshots"]]
+    before = names()
+    dry = json.loads(dvr(dvr_bin, store, "prune", "s", "--keep-last", "1", "--dry-run", "--json").stdout)
+    check(dry, "prune", schema)
+    assert dry["dry_run"] is True and dry["session"] == "s" and dry["removed"] == 2
+    assert [(d["snapshot"]["name"], d["keep"]) for d in dry["decisions"]] == [("one", False), ("two", False), ("three", True)]
+    assert dry["decisions"][2]["reason"] == "last 1"
+    assert "parent of three" in dry["decisions"][1]["reason"], dry["decisions"][1]
+    assert names() == before  # nothing removed
+    text = dvr(dvr_bin, store, "prune", "s", "--keep-last", "1", "-n").stdout
+    assert "would remove one" in text and "keep    three" in text and "without --dry-run" in text, text
+    # Refused, and nothing removed: no rule, an unknown session, a bad value.
+    err = dvr(dvr_bin, store, "prune", "s", expect=2).stderr
+    assert "--keep-last" in err and "keep_last" not in err, err
+    assert "no session 'nosuch'" in dvr(dvr_bin, store, "prune", "nosuch", "--keep-last", "1", expect=1).stderr
+    assert "--keep-within" in dvr(dvr_bin, store, "prune", "s", "--keep-within", "soon", expect=2).stderr
+    assert names() == before
+    # The real run removes what the dry run said, and the child stays restorable.
+    real = json.loads(dvr(dvr_bin, store, "prune", "s", "--keep-last", "1", "--keep-within", "1w", "--json").stdout)
+    check(real, "prune", schema)
+    # --keep-within 1w keeps all three (taken within a second of each other).
+    assert real["removed"] == 0 and all(d["keep"] for d in real["decisions"])
+    real = json.loads(dvr(dvr_bin, store, "prune", "s", "--keep-last", "1", "--json").stdout)
+    assert real["dry_run"] is False and real["removed"] == 2
+    assert names() == ["three"]
+    st = memdvr.Store(store)
+    s = memdvr.Session(st, "s")
+    a = s.array("a", (256, 1024), np.uint8)
+    b = s.array("b", (8192,), np.uint8)
+    s.restore("three")
+    assert int(a[5, 0]) == 2 and int(a[0, 0]) == 1 and int(b[0]) == 3
+    del a, b
+    s.close()
+    assert json.loads(dvr(dvr_bin, store, "verify", "--json").stdout)["ok"] is True
