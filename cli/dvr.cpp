@@ -79,7 +79,7 @@ void require_session(const Store& store, const std::string& session) {
   if (all.size() > 8) known += ", ...";
   throw Error(Errc::not_found, "no session '" + printable(session) + "' in store " + store.path() +
                                    (all.empty() ? std::string(" (it has no snapshots)") : " (sessions: " + known + ")") +
-                                   "; `dvr ls` lists the snapshots");
+                                   "; `dvr --store " + store.path() + " ls` lists the snapshots");
 }
 
 // A whole number within [lo, hi] (CLI11 validator: the message names the

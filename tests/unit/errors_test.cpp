@@ -580,3 +580,24 @@ TEST_CASE("api: errc_name gives stable names", "[errors][api]") {
   CHECK(std::string(dvr::errc_name(Errc::permission)) == "permission");
   CHECK_FALSE(std::string(dvr::version()).empty());
 }
+
+TEST_CASE("an unknown snapshot or session names the store and the closest name", "[errors]") {
+  TempDir dir;
+  Store store = Store::open(dir.path() + "/s");
+  Session s(store, "sweep");
+  std::vector<char> buf(8192, 1);
+  s.track("a", buf.data(), buf.size());
+  s.snapshot("loaded");
+  s.snapshot("trial-1");
+  auto e = catch_error([&] { store.info("sweep", "loadd"); });
+  CHECK(e.code == Errc::not_found);
+  const std::string msg = e.what;
+  CHECK(msg.find("(did you mean 'loaded'?)") != std::string::npos);
+  CHECK(msg.find("`dvr --store " + store.path() + " ls sweep`") != std::string::npos);
+  auto e2 = catch_error([&] { store.info("swep", "loaded"); });
+  CHECK(e2.what.find("no session 'swep'") != std::string::npos);
+  CHECK(e2.what.find("(did you mean 'sweep'?)") != std::string::npos);
+  // Nothing close: no guess.
+  auto e3 = catch_error([&] { store.info("sweep", "zzzzzzzz"); });
+  CHECK(e3.what.find("did you mean") == std::string::npos);
+}

@@ -88,6 +88,31 @@ void check_name(const char* kind, const std::string& name) {
     if (!(std::isalnum(c) || c == '.' || c == '_' || c == '-')) bad("it contains '" + std::string(1, static_cast<char>(c)) + "'");
 }
 
+std::string did_you_mean(const std::string& want, const std::vector<std::string>& known) {
+  const std::size_t limit = std::max<std::size_t>(1, want.size() / 3);
+  std::string best;
+  std::size_t best_d = limit + 1;
+  std::vector<std::size_t> row(want.size() + 1);
+  for (auto& k : known) {
+    if (k == want || (k.size() > want.size() ? k.size() - want.size() : want.size() - k.size()) > limit) continue;
+    for (std::size_t j = 0; j <= want.size(); ++j) row[j] = j;  // Levenshtein, one row
+    for (std::size_t i = 1; i <= k.size(); ++i) {
+      std::size_t diag = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= want.size(); ++j) {
+        std::size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (k[i - 1] == want[j - 1] ? 0 : 1)});
+        diag = up;
+      }
+    }
+    if (row[want.size()] < best_d) {
+      best_d = row[want.size()];
+      best = k;
+    }
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
 unsigned resolve_threads(unsigned requested) {
   if (requested > kMaxThreads)
     throw Error(Errc::invalid_argument, "StoreOptions::threads is " + std::to_string(requested) + "; give 1 to " + std::to_string(kMaxThreads) +

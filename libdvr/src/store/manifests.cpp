@@ -71,10 +71,23 @@ Manifest StoreImpl::load_manifest(const std::string& session, const std::string&
     bytes = read_file(file);
   } catch (const Error& e) {
     if (e.code() != Errc::not_found) throw;
-    if (!path_exists(session_dir(session)))
+    // The hint names the store: a shell's default store may be another one.
+    if (!path_exists(session_dir(session))) {
+      std::vector<std::string> sessions;
+      try {
+        sessions = session_names();
+      } catch (const Error&) {
+      }
       throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "': there is no session '" + session + "' in store " + path +
-                                       "; `dvr ls` lists the sessions");
-    throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "' in store " + path + "; `dvr ls " + session + "` lists its snapshots");
+                                       did_you_mean(session, sessions) + "; `dvr --store " + path + " ls` lists the sessions");
+    }
+    std::vector<std::string> names;
+    try {
+      names = snapshot_names(session);
+    } catch (const Error&) {
+    }
+    throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "' in store " + path + did_you_mean(name, names) + "; `dvr --store " + path +
+                                     " ls " + session + "` lists its snapshots");
   }
   Manifest m = decode_manifest(bytes, ref(session, name) + " (" + file + ")");
   if (m.session != session || m.name != name || m.chunk_size != chunk_size)

@@ -32,6 +32,11 @@ inline constexpr std::uint64_t kInitialPackSize = 64ull << 20;  // packs start s
 /// not starting with '.', so it can never name anything outside its directory.
 void check_name(const char* kind, const std::string& name);
 
+/// " (did you mean 'X'?)" for the name in `known` closest to `want` (edit
+/// distance at most a third of its length, at least 1), or "" when none is
+/// close: the hint of a not_found error.
+std::string did_you_mean(const std::string& want, const std::vector<std::string>& known);
+
 /// The thread bound of a store opened with StoreOptions::threads = `requested`:
 /// `requested` when not 0, else $DVR_THREADS, else affinity_cpus(). Throws
 /// invalid_argument for a requested count or a $DVR_THREADS above kMaxThreads,
