@@ -50,7 +50,7 @@ def test_ls_json_has_the_documented_fields_and_true_values(populated):
     # One session only, oldest first.
     assert [s["name"] for s in store.ls("s")] == ["a", "b"]
     proc = store.dvr("ls", "nosuch", "--json", expect=1)
-    assert proc.stdout == "" and "no session 'nosuch'" in proc.stderr and "dvr ls" in proc.stderr, describe(proc)
+    assert proc.stdout == "" and "no session 'nosuch'" in proc.stderr and f"`dvr --store {store.path} ls`" in proc.stderr, describe(proc)
 
 
 def test_ls_text(populated):
@@ -141,7 +141,7 @@ def test_rm_of_an_unknown_snapshot_is_a_clear_error(populated):
     store = populated
     proc = store.dvr("rm", "s/zz", expect=None)
     assert proc.returncode not in (0, 2) and proc.returncode > 0, describe(proc)
-    assert "no snapshot 's/zz'" in proc.stderr and "dvr ls" in proc.stderr, describe(proc)
+    assert "no snapshot 's/zz'" in proc.stderr and "`dvr --store " in proc.stderr and " ls s`" in proc.stderr, describe(proc)
     proc = store.dvr("rm", "nosuch/a", expect=None)
     assert proc.returncode == 1 and "nosuch/a" in proc.stderr, describe(proc)
     assert len(store.ls()) == 3
@@ -201,7 +201,7 @@ def test_bash_completion_completes_commands_and_options(dvr_bin, tmp_path):
         return set(run(["bash", "-c", line]).stdout.split())
 
     (tmp_path / "c.sh").write_text(script)
-    assert complete("pr") == {"proc"}
+    assert complete("pr") == {"proc", "prune"}
     assert {"ls", "info", "verify", "proc", "run", "export", "completion"} <= complete("")
     assert complete("proc", "d") == {"dump"}
     assert {"--name", "--every", "--keep", "--leave-running", "--json", "--store"} <= complete("proc", "dump", "--")
