@@ -426,14 +426,25 @@ class Store:
         """`dvr ARGS --json`: its stdout, which must be all JSON."""
         return json_stdout(self.dvr(*args, "--json", expect=expect, **kwargs))
 
-    def ls(self, session=None):
-        """`dvr ls [SESSION] --json`: its list of snapshot objects."""
+    def ls(self, session=None, missing_ok=False):
+        """`dvr ls [SESSION] --json`: its list of snapshot objects. An unknown
+        session is an error (exit 1), or, with missing_ok, an empty list (a
+        crash test's worker may be killed before its first snapshot)."""
+        if session and missing_ok:
+            proc = self.dvr("ls", session, "--json", expect=None)
+            if proc.returncode == 1 and f"no session '{session}'" in proc.stderr:
+                return []
+            check_exit(proc, 0)
+            doc = json_stdout(proc)
+            assert doc["schema_version"] == 1 and doc["session"] == session, doc
+            return doc["snapshots"]
         doc = self.dvr_json("ls", *([session] if session else []))
         assert doc["schema_version"] == 1 and doc["session"] == session, doc
         return doc["snapshots"]
 
     def names(self, session):
-        return {s["name"] for s in self.ls(session)}
+        """The names of a session's snapshots (none for an unknown session)."""
+        return {s["name"] for s in self.ls(session, missing_ok=True)}
 
     def refs(self):
         return {f"{s['session']}/{s['name']}" for s in self.ls()}

@@ -179,7 +179,7 @@ def autosave_kill_loop(store, rng, seed, iterations, worker_args, kill_point, ke
 
         report = store.verify()
         assert report["ok"] and not report["problems"], f"{context}: {report}"
-        listed = store.ls(SESSION)
+        listed = store.ls(SESSION, missing_ok=True)
         assert not [s for s in listed if s["damaged"]], f"{context}: damaged after kill: {listed}"
         names = {s["name"] for s in listed}
 
@@ -397,7 +397,7 @@ def test_live_clone_survives_rm_gc_and_new_snapshots_of_its_snapshot(crash_store
         store.snap(SESSION, "fill-0001", "fill-0002")
         # The workers restart the autosave numbering once all autosaves are
         # gone, so they may have taken an autosave of that name again.
-        if target in [s["name"] for s in store.ls(SESSION)]:
+        if target in [s["name"] for s in store.ls(SESSION, missing_ok=True)]:
             store.dvr("rm", f"{SESSION}/{target}")
         store.snap(SESSION, target)
         store.dvr("rm", f"{SESSION}/fill-0001")
