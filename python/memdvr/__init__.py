@@ -536,21 +536,30 @@ def _tqdm_class(jupyter: bool) -> Any:
 
 class _Bar:
     """A progress callback drawing a tqdm bar of bytes, created on the first
-    call that comes ``delay`` seconds or more after the start."""
+    call that comes ``delay`` seconds or more after the start. ``tqdm()``
+    gives the bar class (None: no bar) and is called only then, so a quick
+    call never imports tqdm (tqdm.auto warns in a Jupyter without ipywidgets)."""
 
-    def __init__(self, tqdm: Any, desc: str, delay: float) -> None:
+    def __init__(self, tqdm: Callable[[], Any], desc: str, delay: float) -> None:
         self._tqdm = tqdm
         self._desc = desc
         self._start = time.monotonic()
         self._delay = delay
         self._bar: Any = None
+        self._off = False
 
     def __call__(self, done: int, total: int) -> None:
+        if self._off:
+            return
         if self._bar is None:
             if time.monotonic() - self._start < self._delay:
                 return
-            self._bar = self._tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                   desc=self._desc, leave=False)
+            cls = self._tqdm()
+            if cls is None:
+                self._off = True
+                return
+            self._bar = cls(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                            desc=self._desc, leave=False)
         if self._bar.total != total:
             self._bar.total = total
         self._bar.update(done - self._bar.n)
@@ -567,15 +576,18 @@ def _progress(progress: Progress, desc: str) -> Iterator[Optional[Callable[[int,
     if progress is None or progress is True:
         jupyter = _in_jupyter()
         interactive = jupyter or (sys.stderr is not None and sys.stderr.isatty())
-        tqdm = _tqdm_class(jupyter) if progress is True or interactive else None
-        if tqdm is None:
-            if progress is True:
+        if progress is True:
+            tqdm = _tqdm_class(jupyter)
+            if tqdm is None:
                 raise InvalidArgument(
                     "progress=True draws a tqdm bar, but tqdm is not installed: "
                     "apt install python3-tqdm (or pip install tqdm), or pass a callable(done, total)")
+            bar = _Bar(lambda: tqdm, desc, 0.0)
+        elif interactive:
+            bar = _Bar(lambda: _tqdm_class(jupyter), desc, _AUTO_BAR_AFTER)  # imported only if it is drawn
+        else:
             yield None
             return
-        bar = _Bar(tqdm, desc, 0.0 if progress is True else _AUTO_BAR_AFTER)
         try:
             yield bar
         finally:
@@ -1046,6 +1058,8 @@ class Session:
             raise InvalidArgument(
                 f"snapshot '{self.name}/{name}': progress= reports a snapshot taken with wait=True; with "
                 "wait=False poll SnapshotJob.progress (bytes done, bytes in all) instead")
+        if progress is None and not isinstance(self._core, _core.Session):
+            progress = False  # memdvr.mpi's local session reports none: no default bar
         try:
             if not wait:
                 return SnapshotJob(self._core.snapshot_background(name, label, replace))
@@ -1090,6 +1104,8 @@ class Session:
         restore completes (memory is then exactly the snapshot) and the
         exception propagates after.
         """
+        if progress is None and not isinstance(self._core, _core.Session):
+            progress = False  # memdvr.mpi's local session reports none: no default bar
         with _progress(progress, "restore") as cb:
             if cb is None:
                 self._restore(name, None)

@@ -118,6 +118,33 @@ def test_snapshot_progress_true_false_and_background(session):
         session.snapshot("bad", progress="yes")
 
 
+def test_default_bar_imports_tqdm_only_when_drawn(session, monkeypatch):
+    """A quick snapshot on a terminal (or in Jupyter) never imports tqdm: in a
+    Jupyter without ipywidgets tqdm.auto warns on stderr at import."""
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    asked = []
+
+    def tqdm_class(jupyter):
+        asked.append(jupyter)
+        return None  # as if tqdm were not installed: no bar, no error
+
+    fill(session, mib=4)
+    monkeypatch.setattr("sys.stderr", Tty())
+    monkeypatch.setattr(memdvr, "_tqdm_class", tqdm_class)
+    session.snapshot("quick")
+    assert asked == []
+    monkeypatch.setattr(memdvr, "_AUTO_BAR_AFTER", 0.0)  # every call is "long" now
+    session.snapshot("slow")
+    session.restore("quick")
+    assert asked and len(asked) <= 2  # once per call, at its first report
+    assert [i.name for i in session.list()] == ["quick", "slow"]
+
+
 # ---------------------------------------------------------------- restore
 
 
