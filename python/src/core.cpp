@@ -10,8 +10,12 @@
 //  * close() never fails because Python buffers still reference SDK-owned
 //    regions: those regions stay valid and are freed when their last buffer
 //    goes (Lingering in regions.hpp).
-//  * The GIL is released around snapshot, restore, clone, gc, verify, diff,
-//    export and import; a progress callback re-acquires it (PyProgress).
+//  * The GIL is released around every call that uses the store (snapshot,
+//    restore, clone, gc, prune, verify, diff, export, import, list, info,
+//    remove, sessions, stats); a progress callback re-acquires it
+//    (PyProgress). dvr::Progress's contract asks for that: a callback runs
+//    while its operation holds the store, so a thread that waits for the
+//    store while holding the GIL would deadlock with it.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -449,6 +453,7 @@ PYBIND11_MODULE(_core, m) {
             dvr::StoreOptions o;
             if (chunk_size) o.chunk_size = *chunk_size;
             o.create = create;
+            py::gil_scoped_release nogil;
             return dvr::Store::open(path, o);
           },
           py::arg("path"), py::arg("chunk_size") = py::none(), py::arg("create") = true, "Opens (and with create=True creates) the store in `path`.")
@@ -456,11 +461,21 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("path", &dvr::Store::path)
       .def_property_readonly("medium", [](const dvr::Store& s) { return dvr::medium_name(s.medium()); })
       .def_property_readonly("chunk_size", &dvr::Store::chunk_size)
-      .def("sessions", &dvr::Store::sessions, "Sessions with at least one snapshot, sorted.")
+      .def(
+          "sessions",
+          [](const dvr::Store& s) {
+            py::gil_scoped_release nogil;
+            return s.sessions();
+          },
+          "Sessions with at least one snapshot, sorted.")
       .def(
           "list",
           [](const dvr::Store& s, std::optional<std::string> session) {
-            auto infos = session ? s.list(*session) : s.list();
+            std::vector<dvr::SnapshotInfo> infos;
+            {
+              py::gil_scoped_release nogil;
+              infos = session ? s.list(*session) : s.list();
+            }
             py::list out;
             for (const auto& i : infos)
               out.append(snapshot_info_dict(i));
@@ -468,9 +483,23 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("session") = py::none(), "Snapshots (dicts), oldest first; damaged ones marked.")
       .def(
-          "info", [](const dvr::Store& s, const std::string& session, const std::string& name) { return snapshot_info_dict(s.info(session, name)); },
+          "info",
+          [](const dvr::Store& s, const std::string& session, const std::string& name) {
+            dvr::SnapshotInfo info;
+            {
+              py::gil_scoped_release nogil;
+              info = s.info(session, name);
+            }
+            return snapshot_info_dict(info);
+          },
           py::arg("session"), py::arg("name"))
-      .def("remove", &dvr::Store::remove, py::arg("session"), py::arg("name"))
+      .def(
+          "remove",
+          [](dvr::Store& s, const std::string& session, const std::string& name) {
+            py::gil_scoped_release nogil;
+            s.remove(session, name);
+          },
+          py::arg("session"), py::arg("name"))
       .def(
           "gc",
           [](dvr::Store& s, py::object progress) {
@@ -572,7 +601,11 @@ PYBIND11_MODULE(_core, m) {
           py::arg("path"), py::arg("progress") = py::none(), "Reads a stream file into the store (what `dvr import PATH` does).")
       .def("stats",
            [](const dvr::Store& s) {
-             auto st = s.stats();
+             dvr::StoreStats st;
+             {
+               py::gil_scoped_release nogil;
+               st = s.stats();
+             }
              py::dict d;
              d["path"] = st.path;
              d["medium"] = dvr::medium_name(st.medium);
@@ -638,7 +671,10 @@ PYBIND11_MODULE(_core, m) {
              dvr::SessionOptions o;
              if (tracking) o.tracking = parse_tracking(*tracking);
              auto s = std::make_unique<PySession>();
-             s->session.emplace(store, name, o);
+             {
+               py::gil_scoped_release nogil;
+               s->session.emplace(store, name, o);
+             }
              return s;
            }),
            py::arg("store"), py::arg("name"), py::arg("tracking") = py::none())
@@ -710,8 +746,14 @@ PYBIND11_MODULE(_core, m) {
           "Restores snapshot `name`; progress(done, total): bytes checked, then bytes copied, out of twice the bytes copied.")
       .def("list",
            [](PySession& s) {
+             dvr::Session& session = s.get();
+             std::vector<dvr::SnapshotInfo> infos;
+             {
+               py::gil_scoped_release nogil;
+               infos = session.list();
+             }
              py::list out;
-             for (const auto& i : s.get().list())
+             for (const auto& i : infos)
                out.append(snapshot_info_dict(i));
              return out;
            })

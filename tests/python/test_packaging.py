@@ -83,7 +83,7 @@ def test_wheel_contents(installed):
     names = sorted(p.name for p in pkg.iterdir() if p.name != "__pycache__")
     cores = [n for n in names if n.startswith("_core.") and n.endswith(".so")]
     assert len(cores) == 1, names
-    assert set(names) == {"__init__.py", "__main__.py", "magics.py", "_core.pyi", "py.typed",
+    assert set(names) == {"__init__.py", "__main__.py", "magics.py", "history.py", "_core.pyi", "py.typed",
                           cores[0]}, names
     # libdvr is linked into the module: nothing else of ours to find at run time.
     dyn = subprocess.run(["readelf", "-d", str(pkg / cores[0])], capture_output=True,

@@ -474,3 +474,42 @@ def test_log_handler_exit_with_work_in_flight(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
     assert time.monotonic() - start < 60
+
+
+def test_other_threads_use_the_store_while_a_callback_runs(store, session):
+    """A progress callback takes the GIL while its snapshot holds the store:
+    a thread using the store meanwhile (list, info, sessions, stats, remove,
+    which waits for the writers' lock) must not wait for it with the GIL
+    held (that would deadlock)."""
+    import threading
+    a = fill(session, mib=64)
+    session.snapshot("one")
+    with memdvr.Session(store, "junk") as j:
+        j.track("x", np.zeros(4096))
+        for k in range(50):
+            j.snapshot(f"j{k}")
+    stop = threading.Event()
+    reads = []
+
+    def reader():
+        while not stop.is_set():
+            store.list("p")
+            store.info("p", "one")
+            store.sessions()
+            store.stats()
+            if len(reads) < 50:
+                store.remove("junk", f"j{len(reads)}")  # a writer: waits for the snapshot's lock
+            reads.append(1)
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    try:
+        for k in range(3):
+            a[:: 512] = k  # every page written: each snapshot reads all 64 MiB
+            session.snapshot(f"s{k}", progress=lambda done, total: time.sleep(0.02))
+            session.restore("one", progress=lambda done, total: time.sleep(0.02))
+    finally:
+        stop.set()
+        t.join(timeout=60)
+    assert not t.is_alive()
+    assert reads
