@@ -15,8 +15,14 @@
 
 Results are frozen dataclasses named and shaped as the C++ structs
 (:class:`SnapshotInfo`, :class:`VerifyReport`, :class:`GcReport`,
-:class:`StoreStats`, :class:`RegionDiff`, :class:`TransferStats`), each with
-``to_dict()`` for JSON.
+:class:`StoreStats`, :class:`RegionDiff`, :class:`TransferStats`,
+:class:`PruneReport`), each with ``to_dict()`` for JSON.
+
+Long calls (snapshot, restore, verify, gc, export, import) take
+``progress=`` (see :data:`Progress`); ``Store.prune(session, keep_last=...)``
+applies a retention policy; ``set_log_level("info")`` and
+``log_to_python()`` route the library's log to the ``logging`` logger
+"memdvr".
 
 Every failure raises a subclass of :class:`DvrError` carrying the C++ message:
 :class:`NotFound`, :class:`AlreadyExists`, :class:`Corrupt`, :class:`NoSpace`,
@@ -30,7 +36,9 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import difflib
+import atexit
 import importlib
+import logging
 import math
 import os
 import pickle
@@ -73,8 +81,14 @@ __all__ = [
     "StoreStats",
     "RegionDiff",
     "TransferStats",
+    "PruneDecision",
+    "PruneReport",
     "Progress",
     "default_path",
+    "set_log_level",
+    "log_level",
+    "log_to_python",
+    "flush_log",
     "DvrError",
     "NotFound",
     "AlreadyExists",
@@ -366,8 +380,131 @@ class TransferStats(_Result):
         return cls(**d)
 
 
+@dataclasses.dataclass(frozen=True)
+class PruneDecision(_Result):
+    """What Store.prune() decided for one snapshot (dvr::PruneDecision).
+
+    ``reason`` names the rules that keep it ("last 3, daily 2026-12-01"),
+    why it is kept anyway ("kept: damaged (...)", "kept: the DVR heap of
+    process snapshot proc/NAME"), or "removed" with what still refers to it
+    ("; an open clone keeps its data until it is closed").
+    """
+
+    snapshot: SnapshotInfo
+    keep: bool
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneReport(_Result):
+    """What Store.prune() did (dvr::PruneReport): a decision for every
+    snapshot of the session, oldest first; how many were removed (would be,
+    for a dry run); whether it was a dry run."""
+
+    decisions: Tuple[PruneDecision, ...]
+    removed: int
+    dry_run: bool
+
+    @property
+    def kept(self) -> List[SnapshotInfo]:
+        """The snapshots kept, oldest first."""
+        return [d.snapshot for d in self.decisions if d.keep]
+
+    @property
+    def removed_snapshots(self) -> List[SnapshotInfo]:
+        """The snapshots removed (would be, for a dry run), oldest first."""
+        return [d.snapshot for d in self.decisions if not d.keep]
+
+    @classmethod
+    def _from_dict(cls, d: Dict[str, Any]) -> "PruneReport":
+        return cls(decisions=tuple(PruneDecision(snapshot=SnapshotInfo._from_dict(x["snapshot"]),
+                                                 keep=bool(x["keep"]), reason=str(x["reason"]))
+                                   for x in d["decisions"]),
+                   removed=int(d["removed"]), dry_run=bool(d["dry_run"]))
+
+
 def _infos(dicts: Iterable[Dict[str, Any]]) -> List[SnapshotInfo]:
     return [SnapshotInfo._from_dict(d) for d in dicts]
+
+
+# ---------------------------------------------------------------- logging
+
+_LOG_LEVELS = {"error": logging.ERROR, "warn": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG}
+_log_atexit = False
+
+
+def set_log_level(level: str) -> None:
+    """Sets the library's log level for the whole process: "error", "warn"
+    (the default), "info" or "debug" (overrides $DVR_LOG). At info the
+    library says why write tracking fell back to hashing, each CRIU run,
+    lock waits, autosaves, background snapshots, gc's and prune's summaries;
+    at debug also each snapshot and restore with its figures
+    (docs/operations.md, "Logging"). Raises InvalidArgument for another name."""
+    if not isinstance(level, str):
+        raise InvalidArgument(f"log level must be one of {', '.join(_LOG_LEVELS)}, not {level!r}")
+    _core.set_log_level(level)
+
+
+def log_level() -> str:
+    """The library's log level: what set_log_level() set, else $DVR_LOG, else "warn"."""
+    return _core.log_level()
+
+
+def log_to_python(enable: bool = True, *, logger: Union[str, logging.Logger] = "memdvr") -> None:
+    """Routes the library's log lines to Python's :mod:`logging` (``enable=False``:
+    back to the default, "dvr[PID] LEVEL: ..." lines on stderr).
+
+    Each line becomes a record of ``logger`` (the logger "memdvr" by
+    default) at the matching level (error, warning, info, debug). The
+    library decides what is logged (:func:`set_log_level`); the logger's own
+    level and handlers then filter and place it as usual. The lines arrive
+    on a helper thread of memdvr's, which takes the GIL (the library, which
+    may log from any of its threads, never waits for Python): usually within
+    a millisecond, and :func:`flush_log` waits for those already logged. At
+    interpreter exit the default sink is put back (atexit).
+    """
+    global _log_atexit
+    if not enable:
+        _core.set_log_handler(None)
+        return
+    target = logger if isinstance(logger, logging.Logger) else logging.getLogger(logger)
+
+    def handler(level: str, line: str) -> None:
+        target.log(_LOG_LEVELS.get(level, logging.WARNING), "%s", line)
+
+    _core.set_log_handler(handler)
+    if not _log_atexit:
+        atexit.register(_core.set_log_handler, None)
+        _log_atexit = True
+
+
+def flush_log() -> None:
+    """Waits until every line the library logged so far has reached Python's
+    logging (after :func:`log_to_python`; nothing to wait for otherwise)."""
+    _core.flush_log()
+
+
+def _prune_policy(keep_last: int, keep_within: Union[None, float, _dt.timedelta], keep_hourly: int,
+                  keep_daily: int, keep_weekly: int, keep_monthly: int) -> Dict[str, int]:
+    """The keep-* arguments checked, keep_within as whole seconds (rounded up)."""
+    policy: Dict[str, int] = {}
+    for key, value in (("keep_last", keep_last), ("keep_hourly", keep_hourly), ("keep_daily", keep_daily),
+                       ("keep_weekly", keep_weekly), ("keep_monthly", keep_monthly)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+            raise InvalidArgument(f"prune: {key} must be a number of snapshots >= 0, not {value!r}")
+        policy[key] = value
+    if keep_within is None:
+        seconds = 0.0
+    elif isinstance(keep_within, _dt.timedelta):
+        seconds = keep_within.total_seconds()
+    elif isinstance(keep_within, (int, float)) and not isinstance(keep_within, bool):
+        seconds = float(keep_within)
+    else:
+        raise InvalidArgument(f"prune: keep_within must be seconds or a datetime.timedelta, not {keep_within!r}")
+    if not (0 <= seconds < 1e15):
+        raise InvalidArgument(f"prune: keep_within must be >= 0 seconds, not {keep_within!r}")
+    policy["keep_within"] = math.ceil(seconds)
+    return policy
 
 
 # ---------------------------------------------------------------- progress
@@ -399,21 +536,30 @@ def _tqdm_class(jupyter: bool) -> Any:
 
 class _Bar:
     """A progress callback drawing a tqdm bar of bytes, created on the first
-    call that comes ``delay`` seconds or more after the start."""
+    call that comes ``delay`` seconds or more after the start. ``tqdm()``
+    gives the bar class (None: no bar) and is called only then, so a quick
+    call never imports tqdm (tqdm.auto warns in a Jupyter without ipywidgets)."""
 
-    def __init__(self, tqdm: Any, desc: str, delay: float) -> None:
+    def __init__(self, tqdm: Callable[[], Any], desc: str, delay: float) -> None:
         self._tqdm = tqdm
         self._desc = desc
         self._start = time.monotonic()
         self._delay = delay
         self._bar: Any = None
+        self._off = False
 
     def __call__(self, done: int, total: int) -> None:
+        if self._off:
+            return
         if self._bar is None:
             if time.monotonic() - self._start < self._delay:
                 return
-            self._bar = self._tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                   desc=self._desc, leave=False)
+            cls = self._tqdm()
+            if cls is None:
+                self._off = True
+                return
+            self._bar = cls(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                            desc=self._desc, leave=False)
         if self._bar.total != total:
             self._bar.total = total
         self._bar.update(done - self._bar.n)
@@ -430,15 +576,18 @@ def _progress(progress: Progress, desc: str) -> Iterator[Optional[Callable[[int,
     if progress is None or progress is True:
         jupyter = _in_jupyter()
         interactive = jupyter or (sys.stderr is not None and sys.stderr.isatty())
-        tqdm = _tqdm_class(jupyter) if progress is True or interactive else None
-        if tqdm is None:
-            if progress is True:
+        if progress is True:
+            tqdm = _tqdm_class(jupyter)
+            if tqdm is None:
                 raise InvalidArgument(
                     "progress=True draws a tqdm bar, but tqdm is not installed: "
                     "apt install python3-tqdm (or pip install tqdm), or pass a callable(done, total)")
+            bar = _Bar(lambda: tqdm, desc, 0.0)
+        elif interactive:
+            bar = _Bar(lambda: _tqdm_class(jupyter), desc, _AUTO_BAR_AFTER)  # imported only if it is drawn
+        else:
             yield None
             return
-        bar = _Bar(tqdm, desc, 0.0 if progress is True else _AUTO_BAR_AFTER)
         try:
             yield bar
         finally:
@@ -455,6 +604,34 @@ def _progress(progress: Progress, desc: str) -> Iterator[Optional[Callable[[int,
 def default_path() -> str:
     """The default store: $DVR_STORE if set, else /dev/shm/dvr-<uid>, else ~/.local/share/dvr."""
     return _core.Store.default_path()
+
+
+class _DeferredProgress:
+    """A restore's progress callback that keeps an exception raised once the
+    restore may be writing live memory (done >= total / 2: the bytes checked
+    come first, then the bytes copied) and lets the restore complete;
+    reraise() raises it after. So Session.restore() knows whether its object
+    regions were reconciled for good: an exception that reaches it is one
+    raised while checking, when nothing changed yet."""
+
+    def __init__(self, cb: Callable[[int, int], Any]) -> None:
+        self._cb = cb
+        self._error: Optional[BaseException] = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._error is not None:
+            return
+        try:
+            self._cb(done, total)
+        except BaseException as e:
+            if total > 0 and 2 * done < total:
+                raise
+            self._error = e
+
+    def reraise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 class Store:
@@ -552,9 +729,49 @@ class Store:
         with self._finding(session, name):
             self._core.remove(session, name)
 
-    def gc(self) -> GcReport:
-        """Returns the space of data no snapshot references to the file system (a :class:`GcReport`)."""
-        return GcReport(**self._core.gc())
+    def gc(self, *, progress: Progress = None) -> GcReport:
+        """Returns the space of data no snapshot references to the file system (a :class:`GcReport`).
+
+        ``progress``: see :data:`Progress` (bytes of pack files examined out
+        of their size); a callback that raises stops gc between two pack
+        files (what it freed was unreferenced; nothing else changed) and its
+        exception propagates. The GIL is released meanwhile. Raises Corrupt
+        while a manifest is unreadable (remove that snapshot first).
+        """
+        with _progress(progress, "gc") as cb:
+            return GcReport(**self._core.gc(cb))
+
+    def prune(self, session: str, *, keep_last: int = 0,
+              keep_within: Union[None, float, _dt.timedelta] = None, keep_hourly: int = 0,
+              keep_daily: int = 0, keep_weekly: int = 0, keep_monthly: int = 0,
+              dry_run: bool = False) -> PruneReport:
+        """Removes the snapshots of ``session`` that no keep-rule keeps (dvr::Store::prune;
+        restic's ``forget --keep-*``) and returns a :class:`PruneReport`.
+
+        Each rule keeps snapshots on its own; one kept by any rule is kept:
+        ``keep_last`` the newest N; ``keep_within`` (seconds, or a timedelta;
+        rounded up to whole seconds) those taken within that long of the
+        newest one; ``keep_hourly/daily/weekly/monthly`` the newest snapshot of
+        each of the newest N hours, days, ISO weeks, months (UTC) that hold
+        one. Damaged snapshots are never removed. Every decision is made
+        before anything is removed; ``dry_run=True`` changes nothing. Space
+        is reused by later snapshots; gc() returns it to the file system.
+        Raises InvalidArgument for a policy that keeps nothing (every rule 0)
+        or a bad name, NotFound (naming the closest session) for an unknown
+        session. The GIL is released meanwhile.
+        """
+        policy = _prune_policy(keep_last, keep_within, keep_hourly, keep_daily, keep_weekly, keep_monthly)
+        try:
+            d = self._core.prune(session, dry_run=bool(dry_run), **policy)
+        except NotFound:
+            sessions = self.sessions()
+            if session in sessions:
+                raise
+            here = f"memdvr.Store({self.path!r})"
+            raise NotFound(
+                f"no session '{_printable(session)}' in store {self.path}"
+                f"{_hint(session, sessions, f'{here}.sessions() lists the sessions')}") from None
+        return PruneReport._from_dict(d)
 
     def verify(self, *, progress: Progress = None) -> VerifyReport:
         """Re-reads every manifest and re-hashes every chunk; never raises for damage.
@@ -632,8 +849,9 @@ class Store:
         """Reads a stream file written by :meth:`export` (or ``dvr export``) into the store.
 
         Every chunk is checked before anything is published; a broken file,
-        or a ``progress`` callback that raises (bytes of the file read), leaves
-        the store as it was, unless the import had completed by then. The GIL
+        or a ``progress`` callback that raises (bytes of the file read, out of
+        its size: dvr::transfer::ReceiveOptions::progress), leaves the store
+        as it was. The GIL
         is released meanwhile. Raises Corrupt, AlreadyExists, NotFound (a base
         the store lacks, or no file), NoSpace.
         """
@@ -798,12 +1016,15 @@ class Session:
         return [RegionInfo(**r) for r in self._core.regions()]
 
     @overload
-    def snapshot(self, name: str, label: str = ..., replace: bool = ..., *, wait: Literal[True] = ...) -> SnapshotInfo: ...
+    def snapshot(self, name: str, label: str = ..., replace: bool = ..., *, wait: Literal[True] = ...,
+                 progress: Progress = ...) -> SnapshotInfo: ...
 
     @overload
-    def snapshot(self, name: str, label: str = ..., replace: bool = ..., *, wait: Literal[False]) -> "SnapshotJob": ...
+    def snapshot(self, name: str, label: str = ..., replace: bool = ..., *, wait: Literal[False],
+                 progress: Literal[None, False] = ...) -> "SnapshotJob": ...
 
-    def snapshot(self, name: str, label: str = "", replace: bool = False, *, wait: bool = True) -> Union[SnapshotInfo, "SnapshotJob"]:
+    def snapshot(self, name: str, label: str = "", replace: bool = False, *, wait: bool = True,
+                 progress: Progress = None) -> Union[SnapshotInfo, "SnapshotJob"]:
         """Captures every region as snapshot ``name`` (the GIL is released meanwhile).
 
         With ``wait=False`` it returns a :class:`SnapshotJob` as soon as the
@@ -823,18 +1044,50 @@ class Session:
         atomically. Raises AlreadyExists unless ``replace``; InvalidArgument
         with no regions. Failures while copying in the background (NoSpace,
         ...) are raised by ``SnapshotJob.wait()``.
+
+        ``progress`` (``wait=True`` only): see :data:`Progress`; bytes of
+        region memory read out of the bytes the snapshot reads (the chunks
+        with written pages, or all memory when it hashes). A callback that
+        raises (KeyboardInterrupt included) abandons the snapshot: nothing is
+        published (an existing snapshot it would replace stays) and the
+        exception propagates. With ``wait=False`` the gauge is
+        :attr:`SnapshotJob.progress`, polled by the program; passing a bar
+        or a callback then raises InvalidArgument (nothing would call it).
         """
+        if not wait and progress is not None and progress is not False:
+            raise InvalidArgument(
+                f"snapshot '{self.name}/{name}': progress= reports a snapshot taken with wait=True; with "
+                "wait=False poll SnapshotJob.progress (bytes done, bytes in all) instead")
+        if progress is None and not isinstance(self._core, _core.Session):
+            progress = False  # memdvr.mpi's local session reports none: no default bar
         try:
             if not wait:
                 return SnapshotJob(self._core.snapshot_background(name, label, replace))
-            return SnapshotInfo._from_dict(self._core.snapshot(name, label, replace))
+            with _progress(progress, "snapshot") as cb:
+                if cb is None:
+                    return SnapshotInfo._from_dict(self._core.snapshot(name, label, replace))
+                return SnapshotInfo._from_dict(self._core.snapshot(name, label, replace, self._progress_arg(cb)))
         except AlreadyExists:
             raise AlreadyExists(
                 f"snapshot '{self.name}/{name}' exists already in store {self._store.path}; pass "
                 f"replace=True to replace it, pick another name, or remove it first "
                 f"(Session.remove({name!r}))") from None
 
-    def restore(self, name: str) -> None:
+    def _progress_arg(self, cb: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
+        """``cb`` for a progress argument of ``self._core``; memdvr.mpi's local
+        session takes none (raises TypeError then)."""
+        if not isinstance(self._core, _core.Session):
+            raise TypeError(f"progress= is not available on session '{self.name}' "
+                            "(the local session of a memdvr.mpi.Session)")
+        return cb
+
+    def _core_restore(self, name: str, cb: Optional[Callable[[int, int], Any]]) -> None:
+        if cb is None:
+            self._core.restore(name)
+        else:
+            self._core.restore(name, self._progress_arg(cb))
+
+    def restore(self, name: str, *, progress: Progress = None) -> None:
         """Puts every region recorded in snapshot ``name`` back, bit-exact, in place.
 
         Objects stored with put() come back as they were at the snapshot: their
@@ -843,7 +1096,25 @@ class Session:
         match the snapshot's in name and size. Nothing changes on error
         (NotFound, Corrupt, InvalidArgument when a region is missing or changed
         size). The GIL is released meanwhile.
+
+        ``progress``: see :data:`Progress`; bytes checked, then bytes copied,
+        out of twice the bytes the restore copies. A callback that raises
+        while the data is being checked stops the restore at once: memory is
+        as it was (objects too). Once live memory is being written, the
+        restore completes (memory is then exactly the snapshot) and the
+        exception propagates after.
         """
+        if progress is None and not isinstance(self._core, _core.Session):
+            progress = False  # memdvr.mpi's local session reports none: no default bar
+        with _progress(progress, "restore") as cb:
+            if cb is None:
+                self._restore(name, None)
+                return
+            deferring = _DeferredProgress(cb)
+            self._restore(name, deferring)
+            deferring.reraise()
+
+    def _restore(self, name: str, cb: Optional[Callable[[int, int], Any]]) -> None:
         info = self.info(name)
         want = {r.name: r.size for r in info.regions if _is_object_region(r.name)}
         have = {r.name: r.size for r in self.regions() if _is_object_region(r.name)}
@@ -851,7 +1122,7 @@ class Session:
         others_have = {(r.name, r.size) for r in self.regions() if not _is_object_region(r.name)}
         if want == have or others_want != others_have:
             # Nothing to reconcile, or the core refuses anyway (its message).
-            self._core.restore(name)
+            self._core_restore(name, cb)
             return
         # Regions to drop (not in the snapshot, or of another size) and to add.
         drop = [r for r, size in have.items() if want.get(r) != size]
@@ -866,7 +1137,7 @@ class Session:
             for r in add:
                 self._core.alloc(r, want[r]).release()
                 added.append(r)
-            self._core.restore(name)
+            self._core_restore(name, cb)
         except BaseException:
             for r in added:
                 self._core.untrack(r)
@@ -999,9 +1270,19 @@ class Session:
         """Deletes this session's snapshot ``name``. Raises NotFound."""
         self._store.remove(self.name, name)
 
-    def gc(self) -> GcReport:
-        """Same as ``store.gc()``."""
-        return self._store.gc()
+    def gc(self, *, progress: Progress = None) -> GcReport:
+        """Same as ``store.gc(progress=...)`` (the whole store)."""
+        return self._store.gc(progress=progress)
+
+    def prune(self, *, keep_last: int = 0, keep_within: Union[None, float, _dt.timedelta] = None,
+              keep_hourly: int = 0, keep_daily: int = 0, keep_weekly: int = 0, keep_monthly: int = 0,
+              dry_run: bool = False) -> PruneReport:
+        """``store.prune(session.name, ...)``: applies a retention policy to this
+        session's snapshots (see :meth:`Store.prune`). The session goes on
+        working when its head is removed (its next snapshot reads more)."""
+        return self._store.prune(self.name, keep_last=keep_last, keep_within=keep_within,
+                                 keep_hourly=keep_hourly, keep_daily=keep_daily, keep_weekly=keep_weekly,
+                                 keep_monthly=keep_monthly, dry_run=dry_run)
 
     def verify(self, *, progress: Progress = None) -> VerifyReport:
         """Same as ``store.verify(progress=...)`` (checks the whole store)."""

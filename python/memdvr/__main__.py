@@ -9,6 +9,14 @@
     python -m memdvr [--store DIR] stat [--json]
     python -m memdvr [--store DIR] diff SESSION/A SESSION/B [--json]
     python -m memdvr [--store DIR] recover SESSION [--json]   (exit 1 when nothing is intact)
+    python -m memdvr [--store DIR] prune SESSION [--keep-last N] [--keep-within 2h]
+                     [--keep-hourly N] [--keep-daily N] [--keep-weekly N] [--keep-monthly N]
+                     [--dry-run] [--json]
+
+prune keeps what any --keep-* rule keeps and removes the rest (restic's
+forget; memdvr.Store.prune): --keep-within takes a duration such as 90s,
+10m, 2h, 3d, 1w or 1h30m (a bare number is seconds); --dry-run only says
+what it would remove.
 
 Without --store the default store (memdvr.default_path()) is used. --json
 prints the same documents as `dvr --json` (docs/cli.md, "JSON documents":
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import re
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -320,6 +329,68 @@ def _recover(args: argparse.Namespace) -> int:
     return 0
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([smhdw])")
+
+
+def _duration(text: str) -> float:
+    """Seconds of a duration such as 90s, 10m, 2h, 3d, 1w or 1h30m (a bare
+    number is seconds), as dvr's parse_duration reads it."""
+    t = text.strip()
+    try:
+        if re.fullmatch(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", t):
+            return float(t)
+        pos, total = 0, 0.0
+        while pos < len(t):
+            m = _DURATION_PART.match(t, pos)
+            if m is None:
+                raise ValueError(text)
+            total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+            pos = m.end()
+        if pos == 0:
+            raise ValueError(text)
+        return total
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"duration '{text}' is not a duration like 90s, 10m, 2h, 3d, 1w or 1h30m") from None
+
+
+def _count(text: str) -> int:
+    """A number of snapshots (>= 0)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of snapshots (a whole number >= 0)")
+    return n
+
+
+def _prune(args: argparse.Namespace) -> int:
+    store = _open(args)
+    _require_session(store, args.session)
+    r = store.prune(args.session, keep_last=args.keep_last, keep_within=args.keep_within,
+                    keep_hourly=args.keep_hourly, keep_daily=args.keep_daily, keep_weekly=args.keep_weekly,
+                    keep_monthly=args.keep_monthly, dry_run=args.dry_run)
+    if args.json:
+        _print_json(_doc(session=_utf8(args.session), dry_run=r.dry_run, removed=r.removed,
+                         decisions=[{"snapshot": _snapshot(d.snapshot), "keep": d.keep, "reason": _utf8(d.reason)}
+                                    for d in r.decisions]))
+        return 0
+    width = max([len(_printable(d.snapshot.name)) for d in r.decisions] + [1])
+    for d in r.decisions:
+        when = d.snapshot.time.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{'keep' if d.keep else 'remove':6} {_printable(d.snapshot.name):{width}}  {when}  {_printable(d.reason)}")
+    kept = len(r.decisions) - r.removed
+    if r.dry_run:
+        print(f"dry run: would remove {r.removed} snapshot(s) of '{_printable(args.session)}', keep {kept}; "
+              "nothing was changed")
+    else:
+        print(f"removed {r.removed} snapshot(s) of '{_printable(args.session)}', kept {kept}"
+              + ("; run `python -m memdvr gc` to reclaim the space" if r.removed else ""))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m memdvr", description="Memory DVR store commands (the dvr command's store verbs).")
     p.add_argument("--store", help="store directory (default: memdvr.default_path())")
@@ -342,6 +413,15 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("a", metavar="SESSION/A")
     d.add_argument("b", metavar="SESSION/B")
     verb("recover", _recover, "the newest intact snapshot of a session (exit 1 when there is none)").add_argument("session")
+    pr = verb("prune", _prune, "remove the snapshots of a session that no --keep-* rule keeps")
+    pr.add_argument("session")
+    pr.add_argument("--keep-last", type=_count, default=0, metavar="N", help="the newest N snapshots")
+    pr.add_argument("--keep-within", type=_duration, default=None, metavar="DURATION",
+                    help="snapshots taken within DURATION of the newest one (90s, 10m, 2h, 3d, 1w)")
+    for rule, buckets in (("hourly", "hours"), ("daily", "days"), ("weekly", "ISO weeks"), ("monthly", "months")):
+        pr.add_argument(f"--keep-{rule}", type=_count, default=0, metavar="N",
+                        help=f"the newest snapshot of each of the newest N {buckets} (UTC)")
+    pr.add_argument("--dry-run", action="store_true", help="say what would be removed, change nothing")
     return p
 
 

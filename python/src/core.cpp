@@ -10,8 +10,12 @@
 //  * close() never fails because Python buffers still reference SDK-owned
 //    regions: those regions stay valid and are freed when their last buffer
 //    goes (Lingering in regions.hpp).
-//  * The GIL is released around snapshot, restore, clone, gc, verify, diff,
-//    export and import; a progress callback re-acquires it (PyProgress).
+//  * The GIL is released around every call that uses the store (snapshot,
+//    restore, clone, gc, prune, verify, diff, export, import, list, info,
+//    remove, sessions, stats); a progress callback re-acquires it
+//    (PyProgress). dvr::Progress's contract asks for that: a callback runs
+//    while its operation holds the store, so a thread that waits for the
+//    store while holding the GIL would deadlock with it.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -21,21 +25,23 @@
 #include "regions.hpp"
 
 #include <fcntl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
@@ -119,10 +125,11 @@ dvr::Tracking parse_tracking(const std::string& s) {
 struct CallbackRaised {};
 
 // A Python callable(done, total) made into a dvr::Progress, which libdvr
-// calls from any of its threads while the caller has released the GIL. Each
-// call takes the GIL; calls closer than 50 ms apart are dropped (but the
-// first one and the one that reaches the total always go through), and
-// `done` never goes backwards (worker threads report out of order). When the
+// calls on the thread that called the operation (dvr::Progress's contract)
+// while that thread has released the GIL. Each call takes the GIL back;
+// calls closer than 50 ms apart are dropped (but the first one and the one
+// that reaches the total always go through), and `done` never goes
+// backwards (kept defensively: the mutex costs nothing on one thread). When the
 // callback raises, that exception is kept, every later call throws at once
 // (CallbackRaised), and rethrow() raises it in the caller once libdvr has
 // unwound: the operation is abandoned as for any other error.
@@ -261,77 +268,132 @@ dvr::transfer::Stats export_to(const dvr::Store& store, const std::string& ref, 
   }
 }
 
-// What `dvr import FILE` does. With a progress callback, a thread feeds the
-// file to receive() through a socket pair and reports the bytes fed out of
-// the file's size: when the callback raises, the feed stops, receive() sees a
-// truncated stream and stores nothing (it commits only a complete stream).
+// What `dvr import FILE` does: receive() from the file, with its progress
+// (ReceiveOptions::progress: bytes of the file read, out of its size).
 dvr::transfer::Stats import_from(dvr::Store& store, const std::string& file, const dvr::Progress& progress) {
   int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_file_errno(errno, "cannot open " + file);
   struct Closer {
-    int& fd;
-    ~Closer() {
-      if (fd >= 0) ::close(fd);
-    }
+    int fd;
+    ~Closer() { ::close(fd); }
   } close_file{fd};
-  if (!progress) return dvr::transfer::receive(store, fd);
-
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0) throw_file_errno(errno, "cannot stat " + file);
-  const auto total = static_cast<std::uint64_t>(sb.st_size);
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw_file_errno(errno, "cannot make a socket pair to read " + file);
-  std::exception_ptr feed_error;
-  bool read_failed = false;
-  std::thread feeder([&] {
-    std::vector<char> buf(1 << 20);
-    std::uint64_t done = 0;
-    try {
-      for (;;) {
-        ssize_t n = ::read(fd, buf.data(), buf.size());
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-          read_failed = true;
-          throw_file_errno(errno, "cannot read " + file);
-        }
-        if (n == 0) break;
-        for (ssize_t off = 0; off < n;) {
-          ssize_t w = ::send(sv[1], buf.data() + off, static_cast<std::size_t>(n - off), MSG_NOSIGNAL);
-          if (w < 0 && errno == EINTR) continue;
-          if (w < 0) throw_file_errno(errno, "cannot feed " + file);  // receive() stopped reading: it reports why
-          off += w;
-        }
-        done += static_cast<std::uint64_t>(n);
-        progress(done, std::max(total, done));
-      }
-    } catch (...) {
-      feed_error = std::current_exception();
-    }
-    ::close(sv[1]);  // end of stream (early when the feed stopped)
-  });
-  std::exception_ptr receive_error;
-  dvr::transfer::Stats st;
-  try {
-    st = dvr::transfer::receive(store, sv[0]);
-  } catch (...) {
-    receive_error = std::current_exception();
-  }
-  ::close(sv[0]);  // a feeder still sending gets EPIPE and stops
-  feeder.join();
-  // The callback's exception first (CallbackRaised), then a read error of the
-  // file (receive() saw only a truncated stream), then receive()'s own.
-  if (feed_error && (read_failed || !receive_error)) std::rethrow_exception(feed_error);
-  if (feed_error) {
-    try {
-      std::rethrow_exception(feed_error);
-    } catch (const CallbackRaised&) {
-      throw;
-    } catch (...) {
-    }
-  }
-  if (receive_error) std::rethrow_exception(receive_error);
-  return st;
+  dvr::transfer::ReceiveOptions o;
+  o.progress = progress;
+  return dvr::transfer::receive(store, fd, o);
 }
+
+// ---------------------------------------------------------------- logging
+
+// Routes libdvr's log (dvr::set_log_sink) to a Python callable(level, line).
+// The library may log from any of its threads, some of them holding the
+// store's locks, while a Python thread holding the GIL waits for those very
+// locks (a call that keeps the GIL, such as Store.list()). So the sink never
+// waits for the GIL: it queues the line and returns, and one dispatcher
+// thread of its own, which holds no library lock, takes the GIL and hands
+// the lines to Python. stop() (memdvr calls it atexit, before the
+// interpreter finalizes) restores the default sink and joins the thread
+// with the GIL released, so shutdown never waits on a thread stuck on the
+// GIL. Lines beyond kMaxQueued waiting are dropped and counted (one line
+// then says how many).
+class LogBridge {
+ public:
+  static LogBridge& get() {
+    static LogBridge* bridge = new LogBridge;  // never destroyed: outlives static teardown
+    return *bridge;
+  }
+
+  // Starts routing to `handler` (GIL held).
+  void start(py::object handler) {
+    stop();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handler_ = std::move(handler);
+      stopping_ = false;
+    }
+    thread_ = std::thread([this] { run(); });
+    dvr::set_log_sink([this](dvr::LogLevel level, std::string_view line) { push(level, line); });
+  }
+
+  // Back to the default sink (stderr); delivers what is queued first (GIL held).
+  void stop() {
+    if (!thread_.joinable()) return;
+    dvr::set_log_sink(nullptr);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    {
+      py::gil_scoped_release nogil;
+      thread_.join();
+    }
+    handler_ = py::object();
+  }
+
+  // Waits (GIL released) until every line queued so far was handed to Python.
+  void flush() {
+    if (!thread_.joinable()) return;
+    py::gil_scoped_release nogil;
+    std::unique_lock<std::mutex> lock(mu_);
+    std::uint64_t target = queued_;
+    idle_.wait_for(lock, std::chrono::seconds(10), [&] { return delivered_ >= target || stopping_; });
+  }
+
+ private:
+  static constexpr std::size_t kMaxQueued = 10000;
+
+  void push(dvr::LogLevel level, std::string_view line) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      if (queue_.size() >= kMaxQueued) {
+        ++dropped_;
+        return;
+      }
+      queue_.emplace_back(level, std::string(line));
+      ++queued_;
+    }
+    cv_.notify_one();
+  }
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything delivered
+      std::vector<std::pair<dvr::LogLevel, std::string>> batch(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+      queue_.clear();
+      std::uint64_t dropped = std::exchange(dropped_, 0);
+      lock.unlock();
+      {
+        py::gil_scoped_acquire gil;
+        for (auto& [level, line] : batch)
+          deliver(dvr::log_level_name(level), line);
+        if (dropped)
+          deliver("warn", "memdvr: " + std::to_string(dropped) + " log line(s) dropped: the Python log handler could not keep up");
+      }
+      lock.lock();
+      delivered_ += batch.size();
+      idle_.notify_all();
+    }
+  }
+
+  void deliver(const char* level, const std::string& line) {  // GIL held
+    try {
+      handler_(level, py::bytes(line).attr("decode")("utf-8", "backslashreplace"));
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("memdvr log handler");  // logging never fails anything
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_, idle_;
+  std::deque<std::pair<dvr::LogLevel, std::string>> queue_;
+  std::uint64_t queued_ = 0, delivered_ = 0, dropped_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;
+  py::object handler_;
+};
 
 // ---------------------------------------------------------------- Session
 
@@ -360,6 +422,25 @@ PYBIND11_MODULE(_core, m) {
 
   register_memory_owner(m);
 
+  m.def(
+      "set_log_level", [](const std::string& level) { dvr::set_log_level(dvr::parse_log_level(level)); }, py::arg("level"),
+      "Sets libdvr's log level for the process: \"error\", \"warn\", \"info\" or \"debug\" (overrides $DVR_LOG).");
+  m.def(
+      "log_level", [] { return std::string(dvr::log_level_name(dvr::log_level())); }, "libdvr's log level: set_log_level(), else $DVR_LOG, else \"warn\".");
+  m.def(
+      "set_log_handler",
+      [](py::object handler) {
+        if (handler.is_none())
+          LogBridge::get().stop();
+        else
+          LogBridge::get().start(std::move(handler));
+      },
+      py::arg("handler"),
+      "handler(level, line) receives libdvr's log lines on a dispatcher thread (with the GIL); None restores the "
+      "default sink (stderr), delivering what is queued first.");
+  m.def(
+      "flush_log", [] { LogBridge::get().flush(); }, "Waits until every log line queued so far reached the handler.");
+
   m.def("split_ref", &dvr::split_ref, py::arg("ref"),
         "Splits a snapshot reference 'SESSION/NAME' ('proc/NAME' for a process snapshot) into (SESSION, NAME); "
         "InvalidArgument unless it is two non-empty parts around one '/' (dvr::split_ref).");
@@ -372,6 +453,7 @@ PYBIND11_MODULE(_core, m) {
             dvr::StoreOptions o;
             if (chunk_size) o.chunk_size = *chunk_size;
             o.create = create;
+            py::gil_scoped_release nogil;
             return dvr::Store::open(path, o);
           },
           py::arg("path"), py::arg("chunk_size") = py::none(), py::arg("create") = true, "Opens (and with create=True creates) the store in `path`.")
@@ -379,11 +461,21 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("path", &dvr::Store::path)
       .def_property_readonly("medium", [](const dvr::Store& s) { return dvr::medium_name(s.medium()); })
       .def_property_readonly("chunk_size", &dvr::Store::chunk_size)
-      .def("sessions", &dvr::Store::sessions, "Sessions with at least one snapshot, sorted.")
+      .def(
+          "sessions",
+          [](const dvr::Store& s) {
+            py::gil_scoped_release nogil;
+            return s.sessions();
+          },
+          "Sessions with at least one snapshot, sorted.")
       .def(
           "list",
           [](const dvr::Store& s, std::optional<std::string> session) {
-            auto infos = session ? s.list(*session) : s.list();
+            std::vector<dvr::SnapshotInfo> infos;
+            {
+              py::gil_scoped_release nogil;
+              infos = session ? s.list(*session) : s.list();
+            }
             py::list out;
             for (const auto& i : infos)
               out.append(snapshot_info_dict(i));
@@ -391,23 +483,71 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("session") = py::none(), "Snapshots (dicts), oldest first; damaged ones marked.")
       .def(
-          "info", [](const dvr::Store& s, const std::string& session, const std::string& name) { return snapshot_info_dict(s.info(session, name)); },
+          "info",
+          [](const dvr::Store& s, const std::string& session, const std::string& name) {
+            dvr::SnapshotInfo info;
+            {
+              py::gil_scoped_release nogil;
+              info = s.info(session, name);
+            }
+            return snapshot_info_dict(info);
+          },
           py::arg("session"), py::arg("name"))
-      .def("remove", &dvr::Store::remove, py::arg("session"), py::arg("name"))
-      .def("gc",
-           [](dvr::Store& s) {
-             dvr::GcReport r;
-             {
-               py::gil_scoped_release nogil;
-               r = s.gc();
-             }
-             py::dict d;
-             d["bytes_before"] = r.bytes_before;
-             d["bytes_after"] = r.bytes_after;
-             d["packs_removed"] = r.packs_removed;
-             d["temp_files_removed"] = r.temp_files_removed;
-             return d;
-           })
+      .def(
+          "remove",
+          [](dvr::Store& s, const std::string& session, const std::string& name) {
+            py::gil_scoped_release nogil;
+            s.remove(session, name);
+          },
+          py::arg("session"), py::arg("name"))
+      .def(
+          "gc",
+          [](dvr::Store& s, py::object progress) {
+            PyProgress p(std::move(progress));
+            dvr::GcReport r = with_progress(p, [&](const dvr::Progress& fn) { return s.gc(fn); });
+            p.finish();
+            py::dict d;
+            d["bytes_before"] = r.bytes_before;
+            d["bytes_after"] = r.bytes_after;
+            d["packs_removed"] = r.packs_removed;
+            d["temp_files_removed"] = r.temp_files_removed;
+            return d;
+          },
+          py::arg("progress") = py::none(), "Reclaims unreferenced space; progress(done, total) in bytes of pack files examined.")
+      .def(
+          "prune",
+          [](dvr::Store& s, const std::string& session, unsigned keep_last, std::int64_t keep_within, unsigned keep_hourly, unsigned keep_daily,
+             unsigned keep_weekly, unsigned keep_monthly, bool dry_run) {
+            if (keep_within < 0) invalid("prune: keep_within must be a number of seconds >= 0, not " + std::to_string(keep_within));
+            dvr::PrunePolicy policy;
+            policy.keep_last = keep_last;
+            policy.keep_within = std::chrono::seconds(keep_within);
+            policy.keep_hourly = keep_hourly;
+            policy.keep_daily = keep_daily;
+            policy.keep_weekly = keep_weekly;
+            policy.keep_monthly = keep_monthly;
+            dvr::PruneReport r;
+            {
+              py::gil_scoped_release nogil;
+              r = s.prune(session, policy, dry_run);
+            }
+            py::list decisions;
+            for (const auto& dec : r.decisions) {
+              py::dict d;
+              d["snapshot"] = snapshot_info_dict(dec.snapshot);
+              d["keep"] = dec.keep;
+              d["reason"] = dec.reason;
+              decisions.append(d);
+            }
+            py::dict out;
+            out["decisions"] = decisions;
+            out["removed"] = r.removed;
+            out["dry_run"] = r.dry_run;
+            return out;
+          },
+          py::arg("session"), py::arg("keep_last") = 0, py::arg("keep_within") = 0, py::arg("keep_hourly") = 0, py::arg("keep_daily") = 0,
+          py::arg("keep_weekly") = 0, py::arg("keep_monthly") = 0, py::arg("dry_run") = false,
+          "Removes the snapshots of `session` the policy does not keep (dvr::Store::prune; keep_within in seconds).")
       .def(
           "verify",
           [](const dvr::Store& s, py::object progress) {
@@ -461,7 +601,11 @@ PYBIND11_MODULE(_core, m) {
           py::arg("path"), py::arg("progress") = py::none(), "Reads a stream file into the store (what `dvr import PATH` does).")
       .def("stats",
            [](const dvr::Store& s) {
-             auto st = s.stats();
+             dvr::StoreStats st;
+             {
+               py::gil_scoped_release nogil;
+               st = s.stats();
+             }
              py::dict d;
              d["path"] = st.path;
              d["medium"] = dvr::medium_name(st.medium);
@@ -527,7 +671,10 @@ PYBIND11_MODULE(_core, m) {
              dvr::SessionOptions o;
              if (tracking) o.tracking = parse_tracking(*tracking);
              auto s = std::make_unique<PySession>();
-             s->session.emplace(store, name, o);
+             {
+               py::gil_scoped_release nogil;
+               s->session.emplace(store, name, o);
+             }
              return s;
            }),
            py::arg("store"), py::arg("name"), py::arg("tracking") = py::none())
@@ -564,16 +711,17 @@ PYBIND11_MODULE(_core, m) {
       .def("regions", [](PySession& s) { return regions_list(s.get().regions()); })
       .def(
           "snapshot",
-          [](PySession& s, const std::string& name, const std::string& label, bool replace) {
+          [](PySession& s, const std::string& name, const std::string& label, bool replace, py::object progress) {
             dvr::Session& session = s.get();
-            dvr::SnapshotInfo info;
-            {
-              py::gil_scoped_release nogil;
-              info = session.snapshot(name, {.label = label, .replace = replace});
-            }
+            PyProgress p(std::move(progress));
+            dvr::SnapshotInfo info = with_progress(p, [&](const dvr::Progress& fn) {
+              return session.snapshot(name, {.label = label, .replace = replace, .progress = fn});
+            });
+            p.finish();
             return snapshot_info_dict(info);
           },
-          py::arg("name"), py::arg("label") = "", py::arg("replace") = false)
+          py::arg("name"), py::arg("label") = "", py::arg("replace") = false, py::arg("progress") = py::none(),
+          "Takes snapshot `name`; progress(done, total) in bytes of region memory read (GIL released meanwhile).")
       .def(
           "snapshot_background",
           [](PySession& s, const std::string& name, const std::string& label, bool replace) {
@@ -585,16 +733,27 @@ PYBIND11_MODULE(_core, m) {
           "Starts a background snapshot (see dvr::Session::snapshot_background); returns a SnapshotJob.")
       .def(
           "restore",
-          [](PySession& s, const std::string& name) {
+          [](PySession& s, const std::string& name, py::object progress) {
             dvr::Session& session = s.get();
-            py::gil_scoped_release nogil;
-            session.restore(name);
+            PyProgress p(std::move(progress));
+            with_progress(p, [&](const dvr::Progress& fn) {
+              session.restore(name, dvr::RestoreOptions{.progress = fn});
+              return 0;
+            });
+            p.finish();
           },
-          py::arg("name"))
+          py::arg("name"), py::arg("progress") = py::none(),
+          "Restores snapshot `name`; progress(done, total): bytes checked, then bytes copied, out of twice the bytes copied.")
       .def("list",
            [](PySession& s) {
+             dvr::Session& session = s.get();
+             std::vector<dvr::SnapshotInfo> infos;
+             {
+               py::gil_scoped_release nogil;
+               infos = session.list();
+             }
              py::list out;
-             for (const auto& i : s.get().list())
+             for (const auto& i : infos)
                out.append(snapshot_info_dict(i));
              return out;
            })

@@ -1,9 +1,11 @@
 """Progress callbacks (issue #17, item 4): progress= on verify, export and
 import — a callable(done, total) in bytes, True for a tqdm bar, None for the
 default (a bar only for calls over about a second on a terminal or in
-Jupyter) — called with the GIL re-acquired from libdvr's threads; a callback
-that raises stops the operation, its exception propagates and nothing is
-left half done. Also Store.export() / Store.import_() themselves."""
+Jupyter) — called on the calling thread with the GIL re-acquired while libdvr
+runs without it; a callback that raises stops the operation, its exception
+propagates and nothing is left half done. Also Store.export() /
+Store.import_() themselves. Snapshot, restore and gc progress, prune and
+logging: test_prune_progress.py."""
 
 import io
 import re
@@ -100,7 +102,7 @@ def test_export_import_with_progress(store, filled, tmp_path):
 def test_export_callback_raising_leaves_no_file(store, filled, tmp_path):
     path = tmp_path / "x.dvr"
     with pytest.raises(ValueError, match="stop from the callback"):
-        store.export("p/one", path, progress=Recorder(raise_at=2))
+        store.export("p/one", path, progress=Recorder(raise_at=1))  # a quick export calls once
     assert not path.exists()
     assert list(tmp_path.glob("x.dvr*")) == []  # no .part file either
     store.export("p/one", path)  # works afterwards, without progress
@@ -180,12 +182,3 @@ def test_progress_true_without_tqdm_says_what_to_install(store, filled, monkeypa
 def test_progress_of_the_wrong_type(store, filled):
     with pytest.raises(TypeError, match="progress"):
         store.verify(progress="yes")
-
-
-def test_snapshot_and_restore_have_no_progress_parameter_yet(filled):
-    """Not wired until libdvr's Session takes a progress callback: a parameter
-    that silently did nothing would lie."""
-    with pytest.raises(TypeError):
-        filled.snapshot("three", progress=True)
-    with pytest.raises(TypeError):
-        filled.restore("one", progress=True)
