@@ -4,12 +4,13 @@
 #include <utility>
 
 #include "base/os.hpp"
+#include "base/env.hpp"
 #include "dvr/error.hpp"
 
 namespace dvr::detail {
 
 Mapping Mapping::file(int fd, std::size_t len, int prot, int flags, const std::string& what, off_t offset) {
-  void* p = ::mmap(nullptr, len, prot, flags, fd, offset);
+  void* p = env().mmap(nullptr, len, prot, flags, fd, offset);
   if (p == MAP_FAILED) throw_errno(errno, "cannot map " + what);
   return Mapping(p, len);
 }
@@ -36,11 +37,11 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
 }
 
 void Mapping::sync(const std::string& what) const {
-  if (addr_ && ::msync(addr_, len_, MS_SYNC) != 0) throw_errno(errno, "cannot persist " + what);
+  if (addr_ && env().msync(addr_, len_, MS_SYNC) != 0) throw_errno(errno, "cannot persist " + what);
 }
 
 void Mapping::reset() noexcept {
-  if (addr_) ::munmap(addr_, len_);
+  if (addr_) env().munmap(addr_, len_);
   addr_ = nullptr;
   len_ = 0;
 }

@@ -1,4 +1,5 @@
 #include "base/os.hpp"
+#include "base/env.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -48,7 +49,7 @@ Fd::~Fd() {
 }
 
 Fd open_or_throw(const std::string& path, int flags, mode_t mode) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode);
+  int fd = env().open(path.c_str(), flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode);
   if (fd < 0) {
     if (errno == ELOOP) throw Error(Errc::corrupt, path + " is a symbolic link; a store holds none — remove it (someone may have planted it)");
     throw_errno(errno, "cannot open " + path);
@@ -79,7 +80,7 @@ void write_all(int fd, const void* data, std::size_t len, const std::string& pat
   FileSizeSignalGuard guard;
   auto p = static_cast<const char*>(data);
   while (len > 0) {
-    ssize_t n = ::write(fd, p, len);
+    ssize_t n = env().write(fd, p, len);
     if (n < 0) {
       if (errno == EINTR) continue;
       throw_errno(errno, "cannot write " + path);
@@ -93,7 +94,7 @@ void write_all_at(int fd, const void* data, std::size_t len, std::uint64_t offse
   FileSizeSignalGuard guard;
   auto p = static_cast<const char*>(data);
   while (len > 0) {
-    ssize_t n = ::pwrite(fd, p, len, static_cast<off_t>(offset));
+    ssize_t n = env().pwrite(fd, p, len, static_cast<off_t>(offset));
     if (n < 0) {
       if (errno == EINTR) continue;
       throw_errno(errno, "cannot write " + what);
@@ -118,7 +119,7 @@ void read_exact_at(int fd, void* data, std::size_t len, std::uint64_t offset, co
 }
 
 void fsync_or_throw(int fd, const std::string& path) {
-  if (::fsync(fd) != 0) throw_errno(errno, "cannot fsync " + path);
+  if (env().fsync(fd) != 0) throw_errno(errno, "cannot fsync " + path);
 }
 
 void fsync_dir(const std::string& dir) {
@@ -185,7 +186,7 @@ std::vector<std::string> list_dir(const std::string& dir) {
 }
 
 void make_private_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) throw_errno(errno, "cannot create directory " + dir);
+  if (env().mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) throw_errno(errno, "cannot create directory " + dir);
 }
 
 void write_file_atomic(const std::string& tmp_dir, const std::string& final_path, std::string_view data) {
@@ -196,13 +197,13 @@ void write_file_atomic(const std::string& tmp_dir, const std::string& final_path
       write_all(fd.get(), data.data(), data.size(), tmp);
       fsync_or_throw(fd.get(), tmp);
     } catch (...) {
-      ::unlink(tmp.c_str());
+      env().unlink(tmp.c_str());
       throw;
     }
   }
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+  if (env().rename(tmp.c_str(), final_path.c_str()) != 0) {
     int err = errno;
-    ::unlink(tmp.c_str());
+    env().unlink(tmp.c_str());
     throw_errno(err, "cannot publish " + final_path);
   }
   fsync_dir(final_path.substr(0, final_path.find_last_of('/')));

@@ -16,6 +16,7 @@
 
 #include "base/memops.hpp"
 #include "base/os.hpp"
+#include "base/env.hpp"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
@@ -132,7 +133,7 @@ Packs::HashMap* Packs::hash_map(std::uint32_t pack, bool writable) {
     if (static_cast<std::uint64_t>(st.st_size) != kHashFileSize) {
       // New (or cut short): sparse, so it costs only the pages written.
       FileSizeSignalGuard guard;
-      if (!writable || ::ftruncate(h.fd.get(), static_cast<off_t>(kHashFileSize)) != 0) return nullptr;
+      if (!writable || env().ftruncate(h.fd.get(), static_cast<off_t>(kHashFileSize)) != 0) return nullptr;
     }
     h.map = Mapping::file(h.fd.get(), kHashFileSize, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, path);
     h.writable = writable;
@@ -192,12 +193,12 @@ void Packs::create(std::uint32_t id, std::uint64_t size, std::uint64_t min_size)
   try {
     write_all(fd.get(), header, sizeof header, tmp);
     FileSizeSignalGuard guard;
-    if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0 && (errno != EFBIG || ::ftruncate(fd.get(), static_cast<off_t>(min_size)) != 0))
+    if (env().ftruncate(fd.get(), static_cast<off_t>(size)) != 0 && (errno != EFBIG || env().ftruncate(fd.get(), static_cast<off_t>(min_size)) != 0))
       throw_errno(errno, "cannot size new pack " + tmp);
     fsync_or_throw(fd.get(), tmp);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno(errno, "cannot publish " + path);
+    if (env().rename(tmp.c_str(), path.c_str()) != 0) throw_errno(errno, "cannot publish " + path);
   } catch (...) {
-    ::unlink(tmp.c_str());
+    env().unlink(tmp.c_str());
     throw;
   }
   fsync_dir(dir_);
@@ -208,7 +209,7 @@ void Packs::grow(std::uint32_t id, std::uint64_t size) {
   Fd fd = open_or_throw(path, O_RDWR);
   if (file_size(fd.get(), path) >= size) return;
   FileSizeSignalGuard guard;
-  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) throw_errno(errno, "cannot grow " + path);
+  if (env().ftruncate(fd.get(), static_cast<off_t>(size)) != 0) throw_errno(errno, "cannot grow " + path);
   fsync_or_throw(fd.get(), path);
 }
 
@@ -274,9 +275,9 @@ void PackWriter::release() {
 }
 
 void Packs::punch(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) {
-  int fd = ::open(path_of(pack).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  int fd = env().open(path_of(pack).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
   if (fd < 0) return;
-  ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(length));
+  env().fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(length));
   ::close(fd);
   auto it = writes_.find(pack);
   if (it != writes_.end() && it->second) it->second->forget(offset, length);
@@ -332,7 +333,7 @@ void PackWriter::reserve(std::uint64_t rel, std::uint64_t len) {
   // the range to the next hole.)
   {
     FileSizeSignalGuard guard;
-    int err = ::posix_fallocate(map_->fd.get(), static_cast<off_t>(offset_ + rel), static_cast<off_t>(len));
+    int err = env().posix_fallocate(map_->fd.get(), static_cast<off_t>(offset_ + rel), static_cast<off_t>(len));
     if (err != 0) throw_errno(err, "cannot reserve " + std::to_string(len) + " bytes in " + map_->path);
   }
   reserve_hashes(rel, len);
@@ -351,7 +352,7 @@ void PackWriter::reserve_hashes(std::uint64_t rel, std::uint64_t len) {
   FileSizeSignalGuard guard;
   std::uint64_t hb = (offset_ + rel) / kPageSize * 8 / kPageSize * kPageSize;
   std::uint64_t he = round_up_page((offset_ + rel + len + kPageSize - 1) / kPageSize * 8);
-  if (::posix_fallocate(hash_fd_, static_cast<off_t>(hb), static_cast<off_t>(he - hb)) != 0) hashes_ = nullptr;
+  if (env().posix_fallocate(hash_fd_, static_cast<off_t>(hb), static_cast<off_t>(he - hb)) != 0) hashes_ = nullptr;
 }
 
 bool PackWriter::by_fd(std::uint64_t rel, std::uint64_t len) const {
@@ -401,7 +402,7 @@ void PackWriter::flush_writeback() {
   // SYNC_FILE_RANGE_WRITE only queues the writes; an I/O error shows at the
   // fdatasync of Packs::persist().
   if (writeback_hi_ > writeback_lo_)
-    (void)::sync_file_range(map_->fd.get(), static_cast<off64_t>(writeback_lo_), static_cast<off64_t>(writeback_hi_ - writeback_lo_),
+    (void)env().sync_file_range(map_->fd.get(), static_cast<off_t>(writeback_lo_), static_cast<off_t>(writeback_hi_ - writeback_lo_),
                             SYNC_FILE_RANGE_WRITE);
   writeback_lo_ = writeback_hi_ = 0;
 }
@@ -424,9 +425,9 @@ void PackWriter::finish() {
     std::uint64_t b = page(hash_lo_ * 8), e = hash_hi_ * 8;
     if (deferred && hash_dirty_) {
       *hash_dirty_ = true;
-      (void)::sync_file_range(hash_fd_, static_cast<off64_t>(b), static_cast<off64_t>(e - b), SYNC_FILE_RANGE_WRITE);
+      (void)env().sync_file_range(hash_fd_, static_cast<off_t>(b), static_cast<off_t>(e - b), SYNC_FILE_RANGE_WRITE);
     } else {
-      ::msync(reinterpret_cast<char*>(hash_file_) + b, e - b, MS_SYNC);
+      env().msync(reinterpret_cast<char*>(hash_file_) + b, e - b, MS_SYNC);
     }
     hash_lo_ = UINT64_MAX;
     hash_hi_ = 0;
@@ -442,7 +443,7 @@ void PackWriter::finish() {
   } else if (unsynced_) {
     // Data written with pwrite, and the file system's record of the space it
     // allocated (a no-op on tmpfs).
-    if (::fdatasync(map_->fd.get()) != 0) throw_errno(errno, "cannot persist data written to " + map_->path);
+    if (env().fdatasync(map_->fd.get()) != 0) throw_errno(errno, "cannot persist data written to " + map_->path);
     unsynced_ = false;
   }
 }
@@ -456,7 +457,7 @@ void Packs::persist() {
   auto sync = [&](WriteMap* w) {
     if (!w || !w->unsynced.exchange(false)) return;
     if (std::find(synced.begin(), synced.end(), w->ino) != synced.end()) return;
-    if (::fdatasync(w->fd.get()) != 0) {
+    if (env().fdatasync(w->fd.get()) != 0) {
       w->unsynced = true;
       throw_errno(errno, "cannot persist data written to " + w->path);
     }
@@ -467,7 +468,7 @@ void Packs::persist() {
   for (auto& w : retired_)
     sync(w.get());
   for (auto& [id, h] : hash_maps_)
-    if (h.dirty.exchange(false)) (void)::fdatasync(h.fd.get());
+    if (h.dirty.exchange(false)) (void)env().fdatasync(h.fd.get());
 }
 
 void Packs::refresh_mappings() {

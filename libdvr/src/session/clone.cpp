@@ -13,6 +13,7 @@
 #include "format/chunks.hpp"
 #include "base/mapping.hpp"
 #include "base/memops.hpp"
+#include "base/env.hpp"
 #include "store/reader.hpp"
 #include "store/store_impl.hpp"
 
@@ -32,8 +33,8 @@ struct Clone::State {
   ~State() {
     regions.clear();
     maps.clear();
-    if (!pin_path.empty()) ::unlink(pin_path.c_str());
-    if (!lock_path.empty()) ::unlink(lock_path.c_str());
+    if (!pin_path.empty()) detail::env().unlink(pin_path.c_str());
+    if (!lock_path.empty()) detail::env().unlink(lock_path.c_str());
   }
 };
 
@@ -90,9 +91,9 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
   {
     std::string tmp_lock = impl_->tmp_dir() + "/" + random_hex() + ".lock";
     Fd pin_lock = open_or_throw(tmp_lock, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (::flock(pin_lock.get(), LOCK_SH) != 0 || ::rename(tmp_lock.c_str(), (pin_name + ".lock").c_str()) != 0) {
+    if (::flock(pin_lock.get(), LOCK_SH) != 0 || env().rename(tmp_lock.c_str(), (pin_name + ".lock").c_str()) != 0) {
       int err = errno;
-      ::unlink(tmp_lock.c_str());
+      env().unlink(tmp_lock.c_str());
       throw_errno(err, "cannot lock a pin for a clone of '" + ref + "' in " + impl_->pins_dir());
     }
     state->pin_lock = std::move(pin_lock);
@@ -100,9 +101,9 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
   }
   {
     std::string tmp = impl_->tmp_dir() + "/" + random_hex() + ".pin";
-    bool linked = ::link(impl_->manifest_path(session, snapshot).c_str(), tmp.c_str()) == 0;
+    bool linked = env().link(impl_->manifest_path(session, snapshot).c_str(), tmp.c_str()) == 0;
     if (linked && read_file(tmp) != bytes) {
-      ::unlink(tmp.c_str());  // replaced since it was read: pin the version loaded
+      env().unlink(tmp.c_str());  // replaced since it was read: pin the version loaded
       linked = false;
     }
     if (!linked) {
@@ -110,14 +111,14 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
       try {
         write_all(fd.get(), bytes.data(), bytes.size(), tmp);
       } catch (...) {
-        ::unlink(tmp.c_str());
+        env().unlink(tmp.c_str());
         throw;
       }
     }
     std::string pin = pin_name + kManifestSuffix;
-    if (::rename(tmp.c_str(), pin.c_str()) != 0) {
+    if (env().rename(tmp.c_str(), pin.c_str()) != 0) {
       int err = errno;
-      ::unlink(tmp.c_str());
+      env().unlink(tmp.c_str());
       throw_errno(err, "cannot pin the data of '" + ref + "' in " + pin);
     }
     state->pin_path = pin;

@@ -20,6 +20,7 @@
 #include "base/log.hpp"
 #include "base/memops.hpp"
 #include "base/progress.hpp"
+#include "base/env.hpp"
 #include "format/chunks.hpp"
 #include "store/store_impl.hpp"
 
@@ -38,7 +39,7 @@ std::uint64_t remove_leftovers(StoreImpl& store) {
   require_real_dir(store.tmp_dir());
   for (auto& f : list_dir(store.tmp_dir())) {
     std::string file = store.tmp_dir() + "/" + f;
-    if (::unlink(file.c_str()) == 0)
+    if (env().unlink(file.c_str()) == 0)
       ++removed;
     else if (errno != ENOENT)
       throw_errno(errno, "gc cannot remove leftover " + file);
@@ -50,8 +51,8 @@ std::uint64_t remove_leftovers(StoreImpl& store) {
     std::string pin_lock = pin.substr(0, pin.size() - std::strlen(kManifestSuffix)) + ".lock";
     int fd = ::open(pin_lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     bool dead = fd < 0 ? errno == ENOENT : ::flock(fd, LOCK_EX | LOCK_NB) == 0;
-    if (dead && ::unlink(pin.c_str()) == 0) ++removed;
-    if (dead) ::unlink(pin_lock.c_str());
+    if (dead && env().unlink(pin.c_str()) == 0) ++removed;
+    if (dead) env().unlink(pin_lock.c_str());
     if (fd >= 0) ::close(fd);
   }
   // Lock files whose pin never appeared (a clone killed while opening).
@@ -60,7 +61,7 @@ std::uint64_t remove_leftovers(StoreImpl& store) {
     std::string pin_lock = store.pins_dir() + "/" + f;
     if (path_exists(pin_lock.substr(0, pin_lock.size() - 5) + kManifestSuffix)) continue;
     int fd = ::open(pin_lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(pin_lock.c_str()) == 0) ++removed;
+    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 && env().unlink(pin_lock.c_str()) == 0) ++removed;
     if (fd >= 0) ::close(fd);
   }
   return removed;
@@ -137,11 +138,11 @@ GcReport Store::gc(const Progress& progress) {
     std::string file = impl_->packs->path_of(id);
     auto it = live.find(id);
     if (it == live.end()) {
-      if (::unlink(file.c_str()) == 0)
+      if (env().unlink(file.c_str()) == 0)
         ++report.packs_removed;
       else if (errno != ENOENT)
         throw_errno(errno, "gc cannot remove unused pack " + file);
-      ::unlink((file.substr(0, file.size() - 5) + ".hash").c_str());  // its page hashes
+      env().unlink((file.substr(0, file.size() - 5) + ".hash").c_str());  // its page hashes
       continue;
     }
     auto& ranges = it->second;
@@ -150,7 +151,7 @@ GcReport Store::gc(const Progress& progress) {
     std::uint64_t cursor = kPackHeaderSize;
     auto punch = [&](std::uint64_t from, std::uint64_t to) {
       if (to <= from) return;
-      if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from), static_cast<off_t>(to - from)) != 0 &&
+      if (env().fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from), static_cast<off_t>(to - from)) != 0 &&
           errno != EOPNOTSUPP)
         throw_errno(errno, "cannot free space in " + file);
     };
@@ -165,7 +166,7 @@ GcReport Store::gc(const Progress& progress) {
   for (auto& f : list_dir(impl_->path + "/packs")) {
     std::string file = impl_->path + "/packs/" + f;
     bool orphan = f.size() > 5 && f.compare(f.size() - 5, 5, ".hash") == 0 && !path_exists(file.substr(0, file.size() - 5) + ".pack");
-    if (((f.size() > 4 && f.compare(f.size() - 4, 4, ".new") == 0) || orphan) && ::unlink(file.c_str()) == 0) ++report.temp_files_removed;
+    if (((f.size() > 4 && f.compare(f.size() - 4, 4, ".new") == 0) || orphan) && env().unlink(file.c_str()) == 0) ++report.temp_files_removed;
   }
   fsync_dir(impl_->path + "/packs");
   impl_->packs->refresh_mappings();

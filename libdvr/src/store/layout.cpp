@@ -21,6 +21,7 @@
 #include "dvr/dvr.hpp"
 #include "base/log.hpp"
 #include "base/memops.hpp"
+#include "base/env.hpp"
 #include "format/chunks.hpp"
 #include "store/store_impl.hpp"
 
@@ -59,12 +60,25 @@ std::string superblock_text(const std::string& uuid, std::uint32_t chunk_size) {
 }
 
 void make_dirs(const std::string& path) {
-  // mkdir -p: parents with the default mode, the store itself private.
+  // mkdir -p: parents with the default mode, the store itself private. Each
+  // directory made is synced into its parent: otherwise a power cut could
+  // take the whole store away after its first snapshot returned.
+  auto sync_parent = [](const std::string& dir) {
+    const auto slash = dir.find_last_of('/');
+    const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+    Fd fd(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));  // outside the store: it may be a link
+    if (!fd || env().fsync(fd.get()) != 0) throw_errno(errno, "cannot sync directory " + parent);
+  };
   for (std::size_t pos = 1; (pos = path.find('/', pos)) != std::string::npos; ++pos) {
     std::string parent = path.substr(0, pos);
-    if (::mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) throw_errno(errno, "cannot create directory " + parent);
+    if (env().mkdir(parent.c_str(), 0755) == 0)
+      sync_parent(parent);
+    else if (errno != EEXIST)
+      throw_errno(errno, "cannot create directory " + parent);
   }
+  const bool made = !path_exists(path);
   make_private_dir(path);
+  if (made) sync_parent(path);
 }
 
 }  // namespace
@@ -137,10 +151,13 @@ StoreImpl::StoreImpl(const std::string& dir, const StoreOptions& options) {
   lock_timeout = options.lock_timeout;
   threads = resolve_threads(options.threads);
   create_or_check(options);
+  bool made = false;
   for (const std::string& sub : {sessions_dir(), tmp_dir(), path + "/packs", pins_dir()}) {
+    if (!path_exists(sub)) made = true;
     make_private_dir(sub);
     require_real_dir(sub);
   }
+  if (made) fsync_dir(path);  // a power cut must not take the new directories (and what they will hold) away
   medium = probe_medium(path + "/" + kSuperblockName);
   packs = std::make_unique<Packs>(path + "/packs", uuid);
 }
@@ -183,7 +200,7 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
   // at once agree on one superblock. Opening an existing store takes no lock:
   // its superblock never changes.
   std::string lock_path = path + "/lock";
-  lock_fd_ = Fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  lock_fd_ = Fd(env().open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!lock_fd_) {
     if (errno == EACCES || errno == EPERM) throw_errno(errno, "cannot open store " + path);
     throw_errno(errno, "cannot create lock file " + lock_path + " (is " + path + " a writable directory?)");
@@ -204,7 +221,7 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
       write_all(fd.get(), text.data(), text.size(), tmp);
       fsync_or_throw(fd.get(), tmp);
     }
-    if (::rename(tmp.c_str(), sb_path.c_str()) != 0) throw_errno(errno, "cannot publish " + sb_path);
+    if (env().rename(tmp.c_str(), sb_path.c_str()) != 0) throw_errno(errno, "cannot publish " + sb_path);
     fsync_dir(path);
   }
 

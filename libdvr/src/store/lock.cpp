@@ -19,6 +19,7 @@
 #include "dvr/dvr.hpp"
 #include "base/log.hpp"
 #include "base/memops.hpp"
+#include "base/env.hpp"
 #include "format/chunks.hpp"
 #include "store/store_impl.hpp"
 
@@ -40,7 +41,7 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : fd_(-1) {
   if (kind == Kind::writers && !s.writers_fd_) {
     // Created on first use: stores made before it existed get it then.
     const std::string file = s.path + "/" + kWritersLockName;
-    s.writers_fd_ = Fd(::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    s.writers_fd_ = Fd(env().open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!s.writers_fd_) throw_errno(errno, "cannot open the writers' lock " + file + " of store " + s.path);
   }
   fd_ = kind == Kind::writers ? s.writers_fd_.get() : s.lock_fd_.get();

@@ -19,6 +19,7 @@
 #include "dvr/dvr.hpp"
 #include "base/log.hpp"
 #include "base/memops.hpp"
+#include "base/env.hpp"
 #include "format/chunks.hpp"
 #include "store/store_impl.hpp"
 
@@ -162,14 +163,14 @@ namespace detail {
 void remove_manifest(StoreImpl& store, const std::string& session, const std::string& snapshot) {
   std::string file = store.manifest_path(session, snapshot);
   if (path_exists(store.session_dir(session))) require_real_dir(store.session_dir(session));
-  if (::unlink(file.c_str()) != 0) {
+  if (env().unlink(file.c_str()) != 0) {
     if (errno == ENOENT)
       throw Error(Errc::not_found,
                   "no snapshot '" + StoreImpl::ref(session, snapshot) + "' in store " + store.path + "; `dvr ls` lists what exists");
     throw_errno(errno, "cannot remove " + file);
   }
   fsync_dir(store.session_dir(session));
-  ::rmdir(store.session_dir(session).c_str());  // only succeeds when empty
+  env().rmdir(store.session_dir(session).c_str());  // only succeeds when empty
 }
 
 }  // namespace detail

@@ -9,6 +9,7 @@
 #include "base/memops.hpp"
 #include "base/progress.hpp"
 #include "base/os.hpp"
+#include "base/env.hpp"
 #include "format/chunks.hpp"
 
 namespace dvr::detail {
@@ -108,7 +109,7 @@ std::vector<SnapshotInfo> WriteBatch::publish(const std::vector<SnapshotWriter*>
       // no reader uses them (their space is given back when the batch ends).
       StoreImpl::Lock readers_gone(store_, true);
       for (auto it = done.rbegin(); it != done.rend(); ++it) {
-        ::unlink(store_.manifest_path((*it)->session, (*it)->name).c_str());
+        env().unlink(store_.manifest_path((*it)->session, (*it)->name).c_str());
         try {
           fsync_dir(store_.session_dir((*it)->session));
         } catch (const Error&) {
