@@ -17,7 +17,8 @@
 //    system commits metadata in order). A file whose directory did not
 //    survive is lost with it.
 // The store is then opened from OUT with the real Env: the test needs no real
-// power loss. Calls on paths outside the root (and file descriptors of files
+// power loss. Syncs are modelled and not passed on (nothing needs to reach
+// the disk for the simulation), which keeps the tests fast. Calls on paths outside the root (and file descriptors of files
 // outside it) are forwarded and not counted.
 #pragma once
 
