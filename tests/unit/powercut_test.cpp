@@ -137,7 +137,7 @@ std::string compare(Store& store, const std::string& ref, const Content& want) {
 }
 
 // Checks one post-cut store; "" when it holds, else the first violation.
-std::string check(const Expect& e, std::uint64_t seed, bool go_on) {
+std::string check_or_throw(const Expect& e, std::uint64_t seed, bool go_on) {
   const std::string where = " (cut during " + e.op + ", image " + e.image + ")";
   const std::string path = e.image + "/store";
   std::optional<Store> opened;
@@ -176,6 +176,14 @@ std::string check(const Expect& e, std::uint64_t seed, bool go_on) {
   v = store.verify();
   if (!v.ok()) return "verify after a new snapshot: " + v.problems[0].what + where;
   return "";
+}
+
+std::string check(const Expect& e, std::uint64_t seed, bool go_on) {
+  try {
+    return check_or_throw(e, seed, go_on);
+  } catch (const std::exception& err) {  // a snapshot that does not open or restore, a store that fails
+    return std::string(err.what()) + " (cut during " + e.op + ", image " + e.image + ")";
+  }
 }
 
 std::uint64_t trials_wanted() {
