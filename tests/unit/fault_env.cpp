@@ -45,7 +45,8 @@ void write_exact(int fd, const char* p, std::size_t n, off_t off) {
 }  // namespace
 
 PowerCutEnv::PowerCutEnv(std::string root, std::uint64_t seed) : root_(std::move(root)), rng_(seed) {
-  while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
+  while (root_.size() > 1 && root_.back() == '/')
+    root_.pop_back();
   // What is there now counts as durable.
   std::function<void(const std::string&)> walk = [&](const std::string& rel_dir) {
     initial_dirs_.insert(rel_dir);
@@ -409,8 +410,10 @@ std::string PowerCutEnv::render(Inode& n, std::uint64_t, const std::string& out_
   std::map<std::uint64_t, Page> now;
   read_pages(n.fd, 0, UINT64_MAX, now);
   std::set<std::uint64_t> pages;
-  for (auto& [p, d] : now) pages.insert(p);
-  for (auto& [p, d] : n.durable) pages.insert(p);
+  for (auto& [p, d] : now)
+    pages.insert(p);
+  for (auto& [p, d] : n.durable)
+    pages.insert(p);
   int fd = ::open(out_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) fail("cannot create " + out_file);
   const Page zeros(kPage, '\0');
@@ -438,7 +441,8 @@ std::string PowerCutEnv::render(Inode& n, std::uint64_t, const std::string& out_
           ++counters_.torn_pages;
       }
     }
-    if (!all_zero(pick->data(), kPage)) write_exact(fd, pick->data(), static_cast<std::size_t>(std::min<std::uint64_t>(kPage, size - p * kPage)), static_cast<off_t>(p * kPage));
+    if (!all_zero(pick->data(), kPage))
+      write_exact(fd, pick->data(), static_cast<std::size_t>(std::min<std::uint64_t>(kPage, size - p * kPage)), static_cast<off_t>(p * kPage));
   }
   if (::ftruncate(fd, static_cast<off_t>(size)) != 0) fail("cannot size " + out_file);
   ::close(fd);
@@ -454,7 +458,8 @@ void PowerCutEnv::cut_locked(const std::string& out) {
   ++counters_.cuts;
   // Which namespace operations survive.
   std::size_t pending = 0;
-  for (auto& op : ops_) pending += !op.durable;
+  for (auto& op : ops_)
+    pending += !op.durable;
   const std::size_t keep = static_cast<std::size_t>(rng_() % (pending + 1));
   std::map<std::string, std::uint64_t> files = initial_files_;
   std::set<std::string> dirs = initial_dirs_;

@@ -82,7 +82,7 @@ class PowerCutEnv : public dvr::detail::Env {
  private:
   using Page = std::string;  // kPage bytes
   struct Inode {
-    int fd = -1;  // read-only, kept open: the content stays readable after an unlink
+    int fd = -1;                            // read-only, kept open: the content stays readable after an unlink
     std::map<std::uint64_t, Page> durable;  // page number -> content; absent: zeros
     std::uint64_t durable_size = 0;
   };

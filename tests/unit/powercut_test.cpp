@@ -49,12 +49,12 @@ using ContentPtr = std::shared_ptr<const Content>;
 
 // What must (or may) be found after a cut.
 struct Expect {
-  std::string image;                         // the post-cut directory
-  std::string op;                            // the operation cut
+  std::string image;                            // the post-cut directory
+  std::string op;                               // the operation cut
   std::map<std::string, ContentPtr> committed;  // "session/name": commit returned
   std::map<std::string, ContentPtr> maybe;      // in flight: there and exact, or absent
-  std::set<std::string> removed;             // removal returned: must be absent
-  bool store_exists = false;                 // the store's creation returned
+  std::set<std::string> removed;                // removal returned: must be absent
+  bool store_exists = false;                    // the store's creation returned
 };
 
 // CRIU's side of the page-server protocol (as in page_stream_test.cpp).
@@ -129,7 +129,8 @@ std::string compare(Store& store, const std::string& ref, const Content& want) {
   Clone c = store.open_snapshot(ref.substr(0, slash), ref.substr(slash + 1));
   for (auto& [name, bytes] : want) {
     Region& r = c.region(name);
-    if (r.size() != bytes.size()) return ref + ": region " + name + " has " + std::to_string(r.size()) + " bytes, not " + std::to_string(bytes.size());
+    if (r.size() != bytes.size())
+      return ref + ": region " + name + " has " + std::to_string(r.size()) + " bytes, not " + std::to_string(bytes.size());
     std::string d = dvrtest::diff(r.data(), bytes.data(), bytes.size());
     if (!d.empty()) return ref + ": region " + name + ": " + d;
   }
@@ -149,7 +150,8 @@ std::string check_or_throw(const Expect& e, std::uint64_t seed, bool go_on) {
   }
   Store& store = *opened;
   std::set<std::string> listed;
-  for (auto& s : store.list()) listed.insert(s.session + "/" + s.name);
+  for (auto& s : store.list())
+    listed.insert(s.session + "/" + s.name);
   for (auto& [ref, c] : e.committed) {
     if (!listed.count(ref)) return "committed snapshot " + ref + " is missing" + where;
     if (auto d = compare(store, ref, *c); !d.empty()) return "committed snapshot differs: " + d + where;
@@ -247,11 +249,13 @@ TEST_CASE("power cut: snapshots, incremental snapshots, gc, receive and process 
         auto known = calls_of.find(name);
         const std::uint64_t n = known == calls_of.end() ? 0 : known->second;
         const std::uint64_t draws = n == 0 ? 0 : std::min<std::uint64_t>(n, 4);
-        while (at.size() < draws) at.insert(start + 1 + rng() % n);
+        while (at.size() < draws)
+          at.insert(start + 1 + rng() % n);
         Expect during = state;
         during.op = name;
         during.maybe = maybe;
-        for (auto& [ref, c] : maybe) during.committed.erase(ref);  // a removal in flight
+        for (auto& [ref, c] : maybe)
+          during.committed.erase(ref);  // a removal in flight
         env.on_call([&](std::uint64_t k) -> std::string {
           const bool pick = n == 0 ? rng() % 4 == 0 : at.count(k) != 0;
           if (!pick) return "";
@@ -347,8 +351,8 @@ TEST_CASE("power cut: snapshots, incremental snapshots, gc, receive and process 
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::cout << "power cut: " << cuts << " cut points in " << rounds << " rounds, " << secs << " s; " << total.syncs << " file syncs, "
-            << total.dir_syncs << " directory syncs, " << total.msyncs << " msyncs modelled; after the cuts " << total.lost_pages
-            << " pages lost, " << total.torn_pages << " torn, " << total.lost_ops << " directory operations dropped" << std::endl;
+            << total.dir_syncs << " directory syncs, " << total.msyncs << " msyncs modelled; after the cuts " << total.lost_pages << " pages lost, "
+            << total.torn_pages << " torn, " << total.lost_ops << " directory operations dropped" << std::endl;
   CHECK(total.unknown_msyncs == 0);  // every msync was of a mapping the Env saw made
   CHECK(total.lost_pages > 0);       // the cuts did drop and tear data
   CHECK(total.torn_pages > 0);
