@@ -39,22 +39,25 @@ export function layout(snaps: Snapshot[]): Placed[] {
   return out;
 }
 
-const COL = 120, LANE = 74, PAD = 40;
+const COL = 120, LANE = 74, PAD = 40, TOP = 36;
 
 /** The SVG of the tree; onSelect is called with the clicked snapshot's name. */
 export function snapshotTree(snaps: Snapshot[], selected: string | null, onSelect: (name: string) => void): SVGSVGElement {
   const placed = layout(snaps);
   const lanes = Math.max(1, ...placed.map((p) => p.lane + 1));
   const W = PAD * 2 + Math.max(1, placed.length) * COL - COL + 40;
-  const H = PAD + lanes * LANE;
+  const H = TOP + lanes * LANE;
   const maxStored = Math.max(1, ...snaps.map((x) => x.stored_bytes));
   const cx = (p: Placed) => PAD + p.col * COL;
-  const cy = (p: Placed) => PAD - 10 + p.lane * LANE;
+  const cy = (p: Placed) => TOP + p.lane * LANE;
   const svg = s('svg', { class: 'tree', width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: 'tree' });
   for (const p of placed) {
     if (!p.parent) continue;
     const x1 = cx(p.parent), y1 = cy(p.parent), x2 = cx(p), y2 = cy(p);
-    const d = y1 === y2 ? `M${x1},${y1}L${x2},${y2}` : `M${x1},${y1}C${x1 + COL / 2},${y1} ${x2 - COL / 2},${y2} ${x2},${y2}`;
+    // a branch turns down to its lane right after its parent, then runs along it
+    // (the lane is free from the parent's column on: layout() sees to it)
+    const k = COL / 2;
+    const d = y1 === y2 ? `M${x1},${y1}L${x2},${y2}` : `M${x1},${y1}C${x1 + k},${y1} ${x1 + k / 2},${y2} ${x1 + k},${y2}L${x2},${y2}`;
     svg.append(s('path', { class: 'edge', d }));
   }
   for (const p of placed) {

@@ -58,12 +58,14 @@ export function storesTable(stores: Store[], refresh: () => void): HTMLElement {
     ]), (i) => ({ 'data-store': stores[i].id }));
 }
 
+const plural = (n: number, w: string) => `${n} ${w}${n === 1 ? '' : 's'}`;
+
 export function alertsSummary(alerts: Alert[], nowNs: number, limit: number): HTMLElement {
   const errors = alerts.filter((a) => a.severity === 'error').length;
   const warnings = alerts.length - errors;
   if (!alerts.length) return h('p', { class: 'ok' }, 'No alerts.');
   return h('div', undefined,
-    h('p', undefined, h('span', { class: 'sev error' }, `${errors} errors`), ' ', h('span', { class: 'sev warning' }, `${warnings} warnings`),
+    h('p', undefined, h('span', { class: 'sev error' }, plural(errors, 'error')), ' ', h('span', { class: 'sev warning' }, plural(warnings, 'warning')),
       alerts.length > limit ? h('a', { href: '#/alerts' }, ` — all ${alerts.length}`) : null),
     h('ul', { class: 'alert-list' }, ...alerts.slice(0, limit).map((a) => h('li', { class: `alert ${a.severity}`, 'data-kind': a.kind },
       h('span', { class: `sev ${a.severity}` }, a.severity), ' ', h('b', undefined, a.kind.replace(/_/g, ' ')), ' ',
