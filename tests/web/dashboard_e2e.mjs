@@ -80,6 +80,9 @@ function freePort() {
   });
 }
 
+/** An error that ends a wait at once (a process it waits on has exited). */
+class Fatal extends Error {}
+
 async function until(what, f, timeout = WAIT) {
   const end = Date.now() + timeout;
   let last;
@@ -88,6 +91,7 @@ async function until(what, f, timeout = WAIT) {
       const v = await f();
       if (v) return v;
     } catch (e) {
+      if (e instanceof Fatal) throw e;
       last = e;
     }
     if (Date.now() > end) throw new Error(`dashboard_e2e: timed out waiting for ${what}${last ? ` (${last.message})` : ''}`);
@@ -119,7 +123,7 @@ for line in sys.stdin:
   return {
     async snapshot(name, label) {
       p.stdin.write(`${name} ${label}\n`);
-      await until(`Python's snapshot ${name}`, () => out.includes(`took ${name}\n`) || (p.exitCode !== null && Promise.reject(new Error(`python exited ${p.exitCode}`))));
+      await until(`Python's snapshot ${name}`, () => out.includes(`took ${name}\n`) || (p.exitCode !== null && Promise.reject(new Fatal(`the Python process exited ${p.exitCode}`))));
     },
     close() { p.stdin.end(); },
   };
@@ -139,9 +143,8 @@ async function main() {
   const serve = spawn(DVR, ['serve', '--listen', `127.0.0.1:${port}`, '--store', store, '--web-root', WEB_ROOT],
     { stdio: ['ignore', logFd, logFd] });
   children.push(serve);
-  serve.on('exit', (code) => { if (code !== null && code !== 0) log(`dvr serve exited ${code}; its log:\n${fs.readFileSync(serveLog, 'utf8')}`); });
   const health = await until('dvr serve to answer /api/v1/health', async () => {
-    if (serve.exitCode !== null) throw new Error(`dvr serve exited ${serve.exitCode}:\n${fs.readFileSync(serveLog, 'utf8')}`);
+    if (serve.exitCode !== null) throw new Fatal(`dvr serve exited ${serve.exitCode} before it answered`);
     const r = await fetch(`${base}/api/v1/health`);
     return r.ok ? r.json() : null;
   });

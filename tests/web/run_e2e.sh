@@ -6,8 +6,8 @@
 # nodejs, npm and chromium; the dvr-web target builds the dashboard).
 #   run_e2e.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
-build=${1:?usage: run_e2e.sh BUILD_DIR SOURCE_DIR}
-src=${2:?usage: run_e2e.sh BUILD_DIR SOURCE_DIR}
+build=$(cd "${1:?usage: run_e2e.sh BUILD_DIR SOURCE_DIR}" && pwd)
+src=$(cd "${2:?usage: run_e2e.sh BUILD_DIR SOURCE_DIR}" && pwd)
 chromium=${CHROMIUM:-/usr/bin/chromium}
 skip() { echo "SKIPPED: $*"; exit 0; }
 command -v node >/dev/null || skip "node is not installed (install-deps.sh installs nodejs and npm)"
