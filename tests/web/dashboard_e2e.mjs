@@ -17,7 +17,6 @@ import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import { createRequire } from 'node:module';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 
@@ -67,17 +66,6 @@ function alive(pid) {
   } catch {
     return false;
   }
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
 }
 
 /** An error that ends a wait at once (a process it waits on has exited). */
@@ -136,13 +124,24 @@ async function main() {
   const py = startPython();
   await py.snapshot('base', 'the first snapshot');
 
-  const port = await freePort();
-  const base = `http://127.0.0.1:${port}`;
+  // port 0: dvr serve picks a free port and says which on stdout (a JSON line)
   const serveLog = path.join(work, 'serve.log');
   const logFd = fs.openSync(serveLog, 'a');
-  const serve = spawn(DVR, ['serve', '--listen', `127.0.0.1:${port}`, '--store', store, '--web-root', WEB_ROOT],
-    { stdio: ['ignore', logFd, logFd] });
+  const serve = spawn(DVR, ['serve', '--listen', '127.0.0.1:0', '--store', store, '--web-root', WEB_ROOT],
+    { stdio: ['ignore', 'pipe', logFd] });
   children.push(serve);
+  let serveOut = '';
+  serve.stdout.on('data', (d) => { serveOut += d; });
+  const port = await until('dvr serve to say where it listens', () => {
+    if (serve.exitCode !== null) throw new Fatal(`dvr serve exited ${serve.exitCode} before it listened`);
+    for (const line of serveOut.split('\n')) {
+      if (!line.startsWith('{')) continue;
+      const ev = JSON.parse(line);
+      if (ev.event === 'listening') return ev.port;
+    }
+    return null;
+  });
+  const base = `http://127.0.0.1:${port}`;
   const health = await until('dvr serve to answer /api/v1/health', async () => {
     if (serve.exitCode !== null) throw new Fatal(`dvr serve exited ${serve.exitCode} before it answered`);
     const r = await fetch(`${base}/api/v1/health`);
