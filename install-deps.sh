@@ -49,6 +49,7 @@ PACKAGES=(
   redis-server redis-tools
   memcached python3-pymemcache
   libcli11-dev nlohmann-json3-dev python3-tqdm mypy
+  libcpp-httplib-dev libssl-dev openssl
 )
 NEXT_RELEASE_PACKAGES=(python3-scikit-build-core python3-packaging)  # Architecture: all, as PKG/trixie
 declare -A MIN_VERSION=([python3-packaging]=23.2)
