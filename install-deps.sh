@@ -49,6 +49,7 @@ PACKAGES=(
   redis-server redis-tools
   memcached python3-pymemcache
   libcli11-dev nlohmann-json3-dev python3-tqdm mypy
+  libcpp-httplib-dev libssl-dev openssl
   chromium
 )
 # The dashboard (web/) is built with node >= 18 and npm: Debian's nodejs and npm,
