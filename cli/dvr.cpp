@@ -821,6 +821,11 @@ int periodic_dumps(pid_t pid, const PeriodicArgs& a) {
   Store store = open_store(true);
   StopSignals signals;
   server::JobRecord record;
+  // A `dvr run` job's own record comes back when the series ends.
+  std::optional<server::JobRecord> before;
+  if (!a.record)
+    for (auto& r : server::read_jobs(store.path()))
+      if (r.pid == pid && server::job_alive(r)) before = r;
   if (a.record) {
     record = *a.record;
   } else {
@@ -836,10 +841,15 @@ int periodic_dumps(pid_t pid, const PeriodicArgs& a) {
   struct RecordGuard {
     const std::string& store;
     server::JobRecord& r;
+    std::optional<server::JobRecord>& before;
     ~RecordGuard() {
-      if (r.last_error.empty()) server::remove_job(store, r.pid);
+      if (!r.last_error.empty()) return;
+      if (before && server::job_alive(*before))
+        write_record(store, *before);
+      else
+        server::remove_job(store, r.pid);
     }
-  } record_guard{store.path(), record};
+  } record_guard{store.path(), record, before};
   proc::DumpOptions o;
   o.leave_running = true;
   o.tcp_established = a.tcp_established;

@@ -626,17 +626,74 @@ def test_jobs_proc_dump_clone_restore(scratch, proc_ready):
         cpid = clone["result"]["pid"]
         pids.add(cpid)
         assert cpid != pid and alive(cpid) and alive(pid)
-        busy = s.action("procs", "proc-restore", {"name": "first"})  # the original still runs: refused
-        assert busy["state"] == "failed" and busy["error"]["message"], busy
+        restored = s.action("procs", "proc-restore", {"name": "first"})  # in a PID namespace of its own: beside the original
+        assert restored["state"] == "done" and restored["result"]["name"] == "first", restored
+        rpid = restored["result"]["pid"]
+        pids.add(rpid)
+        assert alive(rpid) and rpid not in (pid, cpid)
+        gone = s.action("procs", "proc-dump", {"pid": 4194304 - 1, "name": "second"})
+        assert gone["state"] == "failed" and gone["error"]["message"], gone
+        assert s.action("procs", "proc-clone", {"name": "nope"})["error"]["code"] == "not_found"
         kill_pids(lambda: {p for p in pids if alive(p)})
         assert wait_gone(pid)
         # The job is gone and had no error: it leaves the list.
         assert wait_until(lambda: s.get("/api/v1/jobs")["jobs"] == [], timeout=30)
-        restored = s.action("procs", "proc-restore", {"name": "first"})
-        assert restored["state"] == "done", restored
-        rpid = restored["result"]["pid"]
-        pids.add(rpid)
-        assert alive(rpid)
+        assert not (path / "run" / f"{pid}.json").exists()
     finally:
         kill_pids(lambda: {p for p in pids if alive(p)})
+        s.stop()
+
+
+def test_job_records_of_dead_processes_go_or_become_dump_failed_alerts(scratch):
+    path = fill(scratch / "records", sessions=(("r", 1),))
+    run = path / "run"
+    run.mkdir(mode=0o700)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    base = {"schema_version": 1, "start_ticks": 1, "started_ns": 1, "kind": "dump_every", "command": "job --x", "heap": "",
+            "interval_s": 60.0, "last_dump": "", "last_dump_ns": 0, "updated_ns": 1}
+    (run / f"{dead.pid}.json").write_text(json.dumps({**base, "pid": dead.pid, "last_error": "proc/tick-1: CRIU failed <b>"}))
+    (run / f"{dead.pid + 1}.json").write_text(json.dumps({**base, "pid": dead.pid + 1, "start_ticks": 2, "last_error": ""}))
+    os.symlink("/etc/passwd", run / "7.json")  # never followed
+    s = Server("--store", path)
+    try:
+        jobs = s.get("/api/v1/jobs")["jobs"]
+        assert [(j["pid"], j["alive"], j["last_error"]) for j in jobs] == [(dead.pid, False, "proc/tick-1: CRIU failed <b>")], jobs
+        assert not (run / f"{dead.pid + 1}.json").exists()  # stale, without an error: removed
+        alerts = [a for a in s.get("/api/v1/alerts")["alerts"] if a["kind"] == "dump_failed"]
+        assert len(alerts) == 1 and alerts[0]["severity"] == "error" and "CRIU failed <b>" in alerts[0]["message"], alerts
+    finally:
+        s.stop()
+
+
+def test_a_periodic_dump_series_is_a_job_until_it_stops(scratch, proc_ready):
+    path = scratch / "series"
+    memdvr.Store(path)
+    status = scratch / "series.status"
+    out = subprocess.run([dvr_bin(), "--store", path, "run", "--output", scratch / "series.out", "--", proc_ready, "counter", "--mib", "4",
+                          "--status", status], capture_output=True, text=True, timeout=60, check=True)
+    pid = int(out.stdout.strip())
+    series = subprocess.Popen([dvr_bin(), "--store", path, "proc", "dump", str(pid), "--name", "tick", "--every", "1h"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    s = Server("--store", path)
+    try:
+        def dumped():
+            jobs = s.get("/api/v1/jobs")["jobs"]
+            return jobs if jobs and jobs[0]["last_dump"] else None
+        jobs = wait_until(dumped, timeout=120, interval=0.2)
+        assert jobs, s.get("/api/v1/jobs")
+        j = jobs[0]
+        assert j["pid"] == pid and j["kind"] == "dump_every" and j["interval_s"] == 3600 and j["alive"], j
+        assert j["last_dump"]["name"].startswith("tick-") and j["next_dump_ns"] > j["last_dump"]["time_ns"], j
+        assert not [a for a in s.get("/api/v1/alerts")["alerts"] if a["kind"] in ("dump_failed", "dump_late")]
+        series.send_signal(signal.SIGTERM)
+        series.communicate(timeout=60)
+        assert series.returncode == 0
+        # The series' record went with it; the job's own (dvr run) is back.
+        assert [(j["pid"], j["kind"], j["interval_s"]) for j in s.get("/api/v1/jobs")["jobs"]] == [(pid, "run", None)]
+    finally:
+        if series.poll() is None:
+            series.kill()
+            series.wait()
+        kill_pids(lambda: {pid} if alive(pid) else set())
         s.stop()
