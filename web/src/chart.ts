@@ -60,6 +60,9 @@ export function memoryChart(samples: MemorySample[], fromNs: number, toNs: numbe
   for (const se of shown) {
     const d = pts.map((p, i) => `${i ? 'L' : 'M'}${x(p.time_ns).toFixed(1)},${y(p[se.key] as number).toFixed(1)}`).join('');
     svg.append(s('path', { class: `line ${se.cls}`, d }));
+    // the newest sample as a dot: visible even while there is only one
+    const last = pts[pts.length - 1];
+    svg.append(s('circle', { class: `dot ${se.cls}`, cx: x(last.time_ns).toFixed(1), cy: y(last[se.key] as number).toFixed(1), r: 3 }));
   }
   // a cursor with the values under the mouse
   const cursor = s('line', { class: 'cursor', y1: T, y2: H - B, x1: -10, x2: -10 });

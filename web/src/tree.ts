@@ -39,7 +39,7 @@ export function layout(snaps: Snapshot[]): Placed[] {
   return out;
 }
 
-const COL = 120, LANE = 74, PAD = 40, TOP = 36;
+const COL = 120, LANE = 74, PAD = 64, TOP = 36; // PAD: half a clipped label
 
 /** The SVG of the tree; onSelect is called with the clicked snapshot's name. */
 export function snapshotTree(snaps: Snapshot[], selected: string | null, onSelect: (name: string) => void): SVGSVGElement {

@@ -21,6 +21,6 @@ export const alerts: View<AlertsData> = {
       table('alerts', ['severity', 'kind', 'store', 'subject', 'message', 'since'], sorted.map((a) => [
         h('span', { class: `sev ${a.severity}` }, a.severity), a.kind.replace(/_/g, ' '), printable(a.store), printable(a.subject),
         printable(a.message), h('span', { title: time(a.since_ns) }, ago(a.since_ns, d.now)),
-      ]), (i) => ({ class: `alert ${sorted[i].severity}`, 'data-kind': sorted[i].kind, 'data-subject': sorted[i].subject })));
+      ]), (i) => ({ class: `alert alert-${sorted[i].severity}`, 'data-kind': sorted[i].kind, 'data-subject': sorted[i].subject })));
   },
 };

@@ -67,7 +67,7 @@ export function alertsSummary(alerts: Alert[], nowNs: number, limit: number): HT
   return h('div', undefined,
     h('p', undefined, h('span', { class: 'sev error' }, plural(errors, 'error')), ' ', h('span', { class: 'sev warning' }, plural(warnings, 'warning')),
       alerts.length > limit ? h('a', { href: '#/alerts' }, ` — all ${alerts.length}`) : null),
-    h('ul', { class: 'alert-list' }, ...alerts.slice(0, limit).map((a) => h('li', { class: `alert ${a.severity}`, 'data-kind': a.kind },
+    h('ul', { class: 'alert-list' }, ...alerts.slice(0, limit).map((a) => h('li', { class: `alert alert-${a.severity}`, 'data-kind': a.kind },
       h('span', { class: `sev ${a.severity}` }, a.severity), ' ', h('b', undefined, a.kind.replace(/_/g, ' ')), ' ',
       printable(a.store), a.subject ? ` · ${printable(a.subject)}` : '', ': ', printable(a.message), h('span', { class: 'muted' }, ` (${ago(a.since_ns, nowNs)})`)))));
 }

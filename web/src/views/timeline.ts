@@ -79,7 +79,7 @@ function details(store: string, info: Snapshot, diff: TimelineData['diff'], refr
       info.damaged ? kv('damage', printable(info.damage)) : null, info.pending ? kv('state', 'pending (being written)') : null)),
     h('h4', undefined, 'Regions'),
     table('regions', ['region', 'size', 'owner'], info.regions.map((r) => [printable(r.name), num(bytes(r.size)), r.sdk_owned ? 'SDK' : 'tracked'])),
-    diff ? h('div', { class: 'diff' }, h('h4', undefined, `Diff against its parent ${printable(diff.a)}`),
+    diff ? h('div', { class: 'diff' }, h('h4', undefined, `Diff against its parent ${printable(info.parent)}`),
       table('regions', ['region', 'size before', 'size after', 'bytes differ', 'pages differ'], diff.regions.map((r) => [
         printable(r.name) + (r.only_in_a ? ' (removed)' : r.only_in_b ? ' (new)' : ''), num(bytes(r.size_a)), num(bytes(r.size_b)),
         num(bytes(r.bytes_differ)), num(r.pages_differ)]))) : null,
