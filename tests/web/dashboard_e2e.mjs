@@ -8,7 +8,9 @@
 //      --leave-running` is cloned from the jobs view: the operation finishes,
 //      the clone's pid is alive (then it is killed);
 //   4. a byte flipped in a pack file: Verify from the overview, and the alerts
-//      view shows a damaged_snapshot alert naming the snapshot.
+//      view shows a damaged_snapshot alert naming the snapshot;
+//   5. against a server with --token-file, the page asks for the token (again
+//      after a wrong one) and then reads and changes things with it.
 // A screenshot of each step goes to DVR_E2E_SCREENSHOTS (CTest: build/e2e-screenshots).
 // Run by tests/web/run_e2e.sh (CTest test "dashboard_e2e"), which finds what it needs.
 // Environment: DVR_BIN, DVR_TEST_JOB, DVR_WEB_ROOT, DVR_PYTHONPATH, DVR_WEB_DIR, DVR_E2E_SCREENSHOTS, CHROMIUM.
@@ -117,23 +119,17 @@ for line in sys.stdin:
   };
 }
 
-async function main() {
-  fs.mkdirSync(SHOTS, { recursive: true });
-  for (const f of fs.readdirSync(SHOTS)) if (f.endsWith('.png')) fs.rmSync(path.join(SHOTS, f));
-
-  const py = startPython();
-  await py.snapshot('base', 'the first snapshot');
-
-  // port 0: dvr serve picks a free port and says which on stdout (a JSON line)
-  const serveLog = path.join(work, 'serve.log');
+/** Starts `dvr serve` on a free loopback port (port 0: it says which on stdout); its base URL and health. */
+async function startServe(name, ...extra) {
+  const serveLog = path.join(work, `${name}.log`);
   const logFd = fs.openSync(serveLog, 'a');
-  const serve = spawn(DVR, ['serve', '--listen', '127.0.0.1:0', '--store', store, '--web-root', WEB_ROOT],
+  const serve = spawn(DVR, ['serve', '--listen', '127.0.0.1:0', '--store', store, '--web-root', WEB_ROOT, ...extra],
     { stdio: ['ignore', 'pipe', logFd] });
   children.push(serve);
   let serveOut = '';
   serve.stdout.on('data', (d) => { serveOut += d; });
-  const port = await until('dvr serve to say where it listens', () => {
-    if (serve.exitCode !== null) throw new Fatal(`dvr serve exited ${serve.exitCode} before it listened`);
+  const port = await until(`${name} to say where it listens`, () => {
+    if (serve.exitCode !== null) throw new Fatal(`${name} exited ${serve.exitCode} before it listened: ${fs.readFileSync(serveLog, 'utf8')}`);
     for (const line of serveOut.split('\n')) {
       if (!line.startsWith('{')) continue;
       const ev = JSON.parse(line);
@@ -142,11 +138,22 @@ async function main() {
     return null;
   });
   const base = `http://127.0.0.1:${port}`;
-  const health = await until('dvr serve to answer /api/v1/health', async () => {
-    if (serve.exitCode !== null) throw new Fatal(`dvr serve exited ${serve.exitCode} before it answered`);
+  const health = await until(`${name} to answer /api/v1/health`, async () => {
+    if (serve.exitCode !== null) throw new Fatal(`${name} exited ${serve.exitCode} before it answered`);
     const r = await fetch(`${base}/api/v1/health`);
     return r.ok ? r.json() : null;
   });
+  return { base, health };
+}
+
+async function main() {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  for (const f of fs.readdirSync(SHOTS)) if (f.endsWith('.png')) fs.rmSync(path.join(SHOTS, f));
+
+  const py = startPython();
+  await py.snapshot('base', 'the first snapshot');
+
+  const { base, health } = await startServe('serve');
   log(`dvr serve ${health.version} on ${base}`);
 
   const browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox'] });
@@ -248,6 +255,31 @@ async function main() {
     await shot(page, 'alerts');
 
     assert.deepEqual(errors, [], 'no errors in the page and no request left the server');
+
+    // 5. a server with --token-file: the dashboard asks for the token, refuses a wrong one, then works
+    const tokenFile = path.join(work, 'token');
+    fs.writeFileSync(tokenFile, 'e2e-secret-token\n', { mode: 0o600 });
+    const t = await startServe('serve-token', '--token-file', tokenFile);
+    assert.equal(t.health.auth, 'token');
+    const tpage = await browser.newPage({ viewport: { width: 1280, height: 860 } });
+    tpage.on('pageerror', (e) => errors.push(String(e)));
+    await tpage.goto(`${t.base}/`);
+    await tpage.locator('#token-form').waitFor({ timeout: WAIT });
+    await shot(tpage, 'token-prompt');
+    await tpage.fill('#token-input', 'wrong');
+    await tpage.click('#token-form button[type="submit"]');
+    await until('the prompt to say the token was refused', async () =>
+      (await tpage.locator('#token-form').count()) > 0 && /refused/.test(await tpage.locator('#token-form').innerText()));
+    await tpage.fill('#token-input', 'e2e-secret-token');
+    await tpage.click('#token-form button[type="submit"]');
+    await tpage.locator(`.stores tr[data-store="${storeId}"]`).waitFor({ timeout: WAIT });
+    assert.equal(await tpage.evaluate(() => sessionStorage.getItem('dvr-token')), 'e2e-secret-token', 'the token is kept for this tab');
+    await tpage.locator(`.stores tr[data-store="${storeId}"] button[data-action="gc"]`).click(); // a POST with the bearer token
+    const gop = tpage.locator('.op[data-action="gc"]').first();
+    await until('gc to finish', async () => ['done', 'failed'].includes(await gop.getAttribute('data-state')));
+    assert.equal(await gop.getAttribute('data-state'), 'done', `gc with the token failed: ${await gop.innerText()}`);
+    await shot(tpage, 'token-overview');
+    assert.deepEqual(errors.filter((e) => !/401/.test(e)), [], 'no errors in the page (the refused requests aside)');
     log('all steps passed');
   } finally {
     await browser.close();
