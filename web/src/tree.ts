@@ -10,7 +10,7 @@ import { bytes, printable } from './format';
 
 export interface Placed { snap: Snapshot; col: number; lane: number; parent: Placed | null }
 
-/** Columns and lanes of the snapshots (exported for its reuse in tests and the info panel). */
+/** Columns (time order) and lanes (branches) of the snapshots. */
 export function layout(snaps: Snapshot[]): Placed[] {
   const sorted = [...snaps].sort((a, b) => a.time_ns - b.time_ns || a.name.localeCompare(b.name));
   const byName = new Map<string, Placed>();
