@@ -910,7 +910,7 @@ json Server::alerts_doc() {
   for (auto& j : jobs) {
     std::string store = j["store"], subject = "pid " + std::to_string(j["pid"].get<long long>());
     bool series = j["interval_s"].is_number();
-    std::string kindword = j["kind"] == "run" && !series ? "autosave" : "dump";
+    const std::string kindword = "dump";  // autosave_*: in-process autosave writes no record (docs/dashboard.md)
     if (j["last_error"].is_string()) {
       found.push_back({"error", kindword + "_failed", store, subject,
                        "the periodic dump of " + j["command"].get<std::string>() + " (" + subject + ") failed: " + j["last_error"].get<std::string>()});
