@@ -49,7 +49,13 @@ PACKAGES=(
   redis-server redis-tools
   memcached python3-pymemcache
   libcli11-dev nlohmann-json3-dev python3-tqdm mypy
+  libcpp-httplib-dev libssl-dev openssl
+  chromium
 )
+# The dashboard (web/) is built with node >= 18 and npm: Debian's nodejs and npm,
+# unless an npm is on PATH already (say from NodeSource, whose nodejs package
+# conflicts with Debian's npm). chromium runs its end-to-end tests (tests/web).
+command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
 NEXT_RELEASE_PACKAGES=(python3-scikit-build-core python3-packaging)  # Architecture: all, as PKG/trixie
 declare -A MIN_VERSION=([python3-packaging]=23.2)
 CRIU_MIN=4.2

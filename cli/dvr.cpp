@@ -30,6 +30,8 @@
 #include "cli_util.hpp"
 #include "completion.hpp"
 #include "demo.hpp"
+#include "jobs.hpp"
+#include "serve.hpp"
 #include "dvr/dvr.hpp"
 #include "dvr/proc.hpp"
 #include "dvr/transfer.hpp"
@@ -261,20 +263,7 @@ int cmd_prune(const PruneArgs& a) {
                 "that keeps nothing would remove every snapshot of '" + printable(a.session) + "' (`dvr rm` removes snapshots by name)");
   PruneReport r = store.prune(a.session, policy, a.dry_run);
   if (a.json) {
-    json doc = document();
-    doc["session"] = jstr(a.session);
-    doc["dry_run"] = r.dry_run;
-    doc["removed"] = r.removed;
-    json decisions = json::array();
-    for (auto& d : r.decisions) {
-      json one;
-      one["snapshot"] = to_json(d.snapshot);
-      one["keep"] = d.keep;
-      one["reason"] = jstr(d.reason);
-      decisions.push_back(std::move(one));
-    }
-    doc["decisions"] = std::move(decisions);
-    print_json(doc);
+    print_json(prune_document(a.session, r));
     return 0;
   }
   for (auto& d : r.decisions) {
@@ -350,10 +339,7 @@ int cmd_log(const LsArgs& a) {
   require_session(store, a.session);
   auto snaps = store.list(a.session);
   if (a.json) {
-    json doc = document();
-    doc["session"] = jstr(a.session);
-    doc["snapshots"] = to_json(snaps);
-    print_json(doc);
+    print_json(log_document(a.session, snaps));
     return 0;
   }
   // Children by parent, oldest first; roots are snapshots whose parent is
@@ -399,14 +385,7 @@ int cmd_diff(const DiffArgs& a) {
   Store store = open_store(false);
   auto diffs = store.diff(sa, na, sb, nb);
   if (a.json) {
-    json doc = document();
-    doc["a"] = jstr(a.a);
-    doc["b"] = jstr(a.b);
-    json regions = json::array();
-    for (auto& d : diffs)
-      regions.push_back(to_json(d));
-    doc["regions"] = std::move(regions);
-    print_json(doc);
+    print_json(diff_document(a.a, a.b, diffs));
     return 0;
   }
   std::printf("%-24s %14s %12s  %s\n", "REGION", "BYTES DIFFER", "PAGES", "NOTE");
@@ -796,7 +775,43 @@ struct PeriodicArgs {
   bool json = false;
   // What a stop signal does to the process (dvr run --dump-every: passed on).
   bool forward_signal = false;
+  // The job's record in STORE/run/PID.json (server/jobs.hpp): dvr run's, or a
+  // new one (kind dump_every).
+  std::optional<server::JobRecord> record;
 };
+
+// The job registry that `dvr serve` reads: best effort (a store that cannot
+// take the record still gets its dumps), said once on stderr.
+void write_record(const std::string& store_path, const server::JobRecord& r) {
+  static bool warned = false;
+  try {
+    server::write_job(store_path, r);
+  } catch (const Error& e) {
+    if (!warned) std::cerr << "dvr: note: " << e.what() << " (dvr serve will not list this job)\n";
+    warned = true;
+  }
+}
+
+std::string joined(const std::vector<std::string>& argv) {
+  std::string out;
+  for (auto& a : argv)
+    out += (out.empty() ? "" : " ") + a;
+  return out;
+}
+
+std::string command_of(pid_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/cmdline").c_str(), "r");
+  if (!f) return "";
+  std::string out;
+  char buf[4096];
+  std::size_t n = std::fread(buf, 1, sizeof buf, f);
+  std::fclose(f);
+  for (std::size_t k = 0; k < n; ++k)
+    out += buf[k] ? buf[k] : ' ';
+  while (!out.empty() && out.back() == ' ')
+    out.pop_back();
+  return out;
+}
 
 // Dumps `pid` as NAME-<UTC time> every `every_s` seconds (each compared with
 // the previous one, so it stores what changed) until the process exits or a
@@ -805,6 +820,36 @@ int periodic_dumps(pid_t pid, const PeriodicArgs& a) {
   dvr::split_ref("proc/" + a.name);  // the name's check, before the first dump
   Store store = open_store(true);
   StopSignals signals;
+  server::JobRecord record;
+  // A `dvr run` job's own record comes back when the series ends.
+  std::optional<server::JobRecord> before;
+  if (!a.record)
+    for (auto& r : server::read_jobs(store.path()))
+      if (r.pid == pid && server::job_alive(r)) before = r;
+  if (a.record) {
+    record = *a.record;
+  } else {
+    record.pid = pid;
+    record.start_ticks = server::process_start_ticks(pid);
+    record.kind = "dump_every";
+    record.command = command_of(pid);
+  }
+  record.interval_s = a.every_s;
+  write_record(store.path(), record);
+  // Removed when the series ends, unless its last dump failed (dvr serve then
+  // shows a dump_failed alert until the record goes).
+  struct RecordGuard {
+    const std::string& store;
+    server::JobRecord& r;
+    std::optional<server::JobRecord>& before;
+    ~RecordGuard() {
+      if (!r.last_error.empty()) return;
+      if (before && server::job_alive(*before))
+        write_record(store, *before);
+      else
+        server::remove_job(store, r.pid);
+    }
+  } record_guard{store.path(), record, before};
   proc::DumpOptions o;
   o.leave_running = true;
   o.tcp_established = a.tcp_established;
@@ -854,9 +899,15 @@ int periodic_dumps(pid_t pid, const PeriodicArgs& a) {
         why = "process " + std::to_string(pid) + " exited during a dump (proc/" + dump + " was not stored)";
         break;
       }
+      record.last_error = std::string("proc/") + dump + ": " + e.what();
+      write_record(store.path(), record);
       throw;
     }
     ++dumps;
+    record.last_dump = p.name;
+    record.last_dump_ns = p.time_ns;
+    record.last_error.clear();
+    write_record(store.path(), record);
     if (a.json) {
       json ev = to_json(p);
       ev["event"] = "dump";
@@ -1008,17 +1059,7 @@ int cmd_proc_restore(const ProcArgs& a, bool clone) {
     std::cerr << "dvr: note: " << n << "\n";
   if (!o.detach) return r.exit_status;
   if (a.json) {
-    json doc = document();
-    doc["name"] = jstr(a.target);
-    doc["pid"] = r.pid;
-    doc["seconds"] = r.seconds;
-    if (!r.net.empty()) doc["net"] = jstr(r.net);
-    if (!r.ip.empty()) {
-      doc["ip"] = jstr(r.ip);
-      doc["host_ip"] = jstr(r.host_ip);
-      doc["host_if"] = jstr(r.host_if);
-    }
-    print_json(doc);
+    print_json(restore_document(a.target, r));
   } else {
     if (!r.ip.empty())
       std::cerr << "dvr: clone " << r.pid << " runs in a network namespace of its own at " << r.ip << " (host end " << r.host_if << " at " << r.host_ip
@@ -1034,12 +1075,7 @@ int cmd_proc_ls(bool as_json) {
   Store store = open_store(false);
   auto all = proc::list(store);
   if (as_json) {
-    json doc = document();
-    json list = json::array();
-    for (auto& p : all)
-      list.push_back(to_json(p));
-    doc["processes"] = std::move(list);
-    print_json(doc);
+    print_json(proc_ls_document(all));
     return 0;
   }
   if (all.empty()) {
@@ -1148,6 +1184,23 @@ int cmd_run(const RunArgs& a) {
     o.heap_session = session;
   }
   pid_t pid = proc::run(a.argv, o);
+  // The job's record for dvr serve: in the store of its heap, else in the
+  // store if there is one (dvr run without --heap makes none).
+  server::JobRecord record;
+  record.pid = pid;
+  record.start_ticks = server::process_start_ticks(pid);
+  record.kind = "run";
+  record.command = joined(a.argv);
+  record.heap = o.heap_bytes ? proc::heap_path(o.heap_store, session) : "";
+  std::optional<Store> registry_store = store;
+  if (!registry_store) {
+    try {
+      registry_store = open_store(!a.dump_every.empty());
+    } catch (const Error&) {
+      // no store: nothing to register in
+    }
+  }
+  if (registry_store && a.dump_every.empty()) write_record(registry_store->path(), record);
   if (a.json && a.dump_every.empty()) {
     json doc = document();
     doc["pid"] = pid;
@@ -1167,6 +1220,7 @@ int cmd_run(const RunArgs& a) {
   p.keep = a.keep;
   p.json = a.json;
   p.forward_signal = true;
+  p.record = record;
   return periodic_dumps(pid, p);
 }
 
@@ -1442,6 +1496,47 @@ int run(int argc, char** argv) {
   add_json(c_pull, pull.json);
   c_pull->footer("Examples:\n  dvr pull ssh://node2/dev/shm/dvr-0 sweep/loaded");
   c_pull->callback([&] { action = [&] { return cmd_push_pull(pull, false); }; });
+
+  server::ServeOptions so;
+  std::vector<std::string> serve_stores;
+  std::string verify_every = "6h";
+  auto* c_serve = app.add_subcommand("serve", "serve the dashboard and the REST API (docs/dashboard.md) until SIGINT or SIGTERM");
+  c_serve->add_option("--listen", so.listen, "address and port (default 127.0.0.1:8642; port 0: any free one); a non-loopback address needs "
+                                              "--token-file and --tls-cert/--tls-key")
+      ->type_name("HOST:PORT");
+  c_serve->add_option("--store", serve_stores, "a store to serve (repeatable; default: the global --store, else the default store)")
+      ->type_name("DIR");
+  c_serve->add_option("--peer", so.peers, "another host's dvr serve, shown in the global view (repeatable)")->type_name("URL");
+  c_serve->add_option("--peer-ca", so.peer_ca, "CA certificates for https:// peers (default: the system's)")->type_name("FILE");
+  c_serve->add_option("--peer-token-file", so.peer_token_file, "the token sent to peers (mode 0600)")->type_name("FILE");
+  c_serve->add_option("--token-file", so.token_file, "require Authorization: Bearer with this token (a file of mode 0600 owned by you)")
+      ->type_name("FILE");
+  c_serve->add_option("--tls-cert", so.tls_cert, "serve HTTPS with this PEM certificate (with --tls-key)")->type_name("FILE");
+  c_serve->add_option("--tls-key", so.tls_key, "... and this PEM private key")->type_name("FILE");
+  c_serve->add_option("--web-root", so.web_root, "the built dashboard (default: web/ beside the dvr binary)")->type_name("DIR");
+  c_serve->add_option("--sample-every", so.sample_every_s, "seconds between memory samples (default 10; kept >= 24 h)")
+      ->check(CLI::Range(0.05, 3600.0))
+      ->type_name("S");
+  c_serve->add_option("--check-every", so.check_every_s, "seconds between the cheap checks: damage flags, space, permissions (default 30)")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->type_name("S");
+  c_serve->add_option("--verify-every", verify_every, "a full verify of each store this often (default 6h; 0: only when asked)")
+      ->type_name("DURATION");
+  c_serve->add_option("--action-rate", so.action_rate, "actions of one kind per minute (default 6, as a burst)")->check(whole_number(1, 100000));
+  c_serve->footer(
+      "Prints {\"schema_version\":1,\"event\":\"listening\",\"url\":...,\"port\":...} on stdout once it listens; log lines go to stderr.\n"
+      "Examples:\n  dvr serve                                  http://127.0.0.1:8642/ for the default store\n"
+      "  dvr serve --store /mnt/pmem0/dvr --store /dev/shm/dvr-0 --peer http://node2:8642\n"
+      "  dvr serve --listen 0.0.0.0:8642 --token-file ~/.dvr-token --tls-cert cert.pem --tls-key key.pem\n"
+      "  curl -s http://127.0.0.1:8642/api/v1/stores | jq '.stores[].id'");
+  c_serve->callback([&] {
+    action = [&] {
+      so.stores = serve_stores;
+      if (so.stores.empty() && !g.store_path.empty()) so.stores.push_back(g.store_path);
+      so.verify_every_s = verify_every == "0" ? 0 : parse_duration(verify_every);
+      return server::serve(so);
+    };
+  });
 
   std::string shell;
   auto* c_comp = app.add_subcommand("completion", "print a shell completion script");

@@ -225,6 +225,73 @@ json to_json(const transfer::Stats& st, bool sent) {
   return doc;
 }
 
+json log_document(const std::string& session, const std::vector<SnapshotInfo>& snaps) {
+  json doc = document();
+  doc["session"] = jstr(session);
+  doc["snapshots"] = to_json(snaps);
+  return doc;
+}
+
+json prune_document(const std::string& session, const PruneReport& r) {
+  json doc = document();
+  doc["session"] = jstr(session);
+  doc["dry_run"] = r.dry_run;
+  doc["removed"] = r.removed;
+  json decisions = json::array();
+  for (auto& d : r.decisions) {
+    json one;
+    one["snapshot"] = to_json(d.snapshot);
+    one["keep"] = d.keep;
+    one["reason"] = jstr(d.reason);
+    decisions.push_back(std::move(one));
+  }
+  doc["decisions"] = std::move(decisions);
+  return doc;
+}
+
+json diff_document(const std::string& a, const std::string& b, const std::vector<RegionDiff>& regions) {
+  json doc = document();
+  doc["a"] = jstr(a);
+  doc["b"] = jstr(b);
+  json list = json::array();
+  for (auto& d : regions)
+    list.push_back(to_json(d));
+  doc["regions"] = std::move(list);
+  return doc;
+}
+
+json proc_ls_document(const std::vector<proc::ProcInfo>& all) {
+  json doc = document();
+  json list = json::array();
+  for (auto& p : all)
+    list.push_back(to_json(p));
+  doc["processes"] = std::move(list);
+  return doc;
+}
+
+json restore_document(const std::string& name, const proc::RestoreResult& r) {
+  json doc = document();
+  doc["name"] = jstr(name);
+  doc["pid"] = r.pid;
+  doc["seconds"] = r.seconds;
+  if (!r.net.empty()) doc["net"] = jstr(r.net);
+  if (!r.ip.empty()) {
+    doc["ip"] = jstr(r.ip);
+    doc["host_ip"] = jstr(r.host_ip);
+    doc["host_if"] = jstr(r.host_if);
+  }
+  return doc;
+}
+
+json removed_document(const std::vector<std::string>& removed) {
+  json doc = document();
+  json list = json::array();
+  for (auto& r : removed)
+    list.push_back(jstr(r));
+  doc["removed"] = std::move(list);
+  return doc;
+}
+
 void print_json(const json& doc) { std::cout << doc.dump() << "\n"; }
 
 }  // namespace dvr::cli

@@ -51,6 +51,20 @@ json to_json(const proc::ProcInfo& p);
 /// A transfer's statistics; `sent`: the sending side (sent_bytes, read_bytes, ...).
 json to_json(const transfer::Stats& st, bool sent);  // with schema_version
 
+// Whole documents, shared by the dvr command and `dvr serve` (server/):
+/// The `log` (and `ls` of one session) document: {session, snapshots}.
+json log_document(const std::string& session, const std::vector<SnapshotInfo>& snaps);
+/// The `prune` document: {session, dry_run, removed, decisions}.
+json prune_document(const std::string& session, const PruneReport& r);
+/// The `diff` document of snapshots `a` and `b` (as the user named them).
+json diff_document(const std::string& a, const std::string& b, const std::vector<RegionDiff>& regions);
+/// The `proc_ls` document: {processes}.
+json proc_ls_document(const std::vector<proc::ProcInfo>& all);
+/// The `proc_restore` document of a detached restore or clone of `name`.
+json restore_document(const std::string& name, const proc::RestoreResult& r);
+/// The `rm` / `proc_rm` document: {removed}.
+json removed_document(const std::vector<std::string>& removed);
+
 /// Prints a document on stdout, one line.
 void print_json(const json& doc);
 

@@ -304,4 +304,9 @@ class DVR_EXPORT Store {
 /// non-empty parts around one '/' (the parts are checked as names where used).
 DVR_EXPORT std::pair<std::string, std::string> split_ref(const std::string& ref);
 
+/// Whether `name` is a valid session or snapshot name: 1 to 128 characters of
+/// [A-Za-z0-9._-], not starting with '.' (so it never names anything outside
+/// its directory). The rule every call of the library checks names by.
+DVR_EXPORT bool is_valid_name(const std::string& name) noexcept;
+
 }  // namespace dvr

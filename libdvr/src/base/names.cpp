@@ -4,6 +4,7 @@
 
 #include "dvr/error.hpp"
 #include "dvr/store.hpp"
+#include "store/store_impl.hpp"
 
 namespace dvr {
 
@@ -13,5 +14,7 @@ std::pair<std::string, std::string> split_ref(const std::string& ref) {
     throw Error(Errc::invalid_argument, "'" + ref + "' is not a snapshot reference; write SESSION/NAME (e.g. sweep/loaded) or proc/NAME");
   return {ref.substr(0, slash), ref.substr(slash + 1)};
 }
+
+bool is_valid_name(const std::string& name) noexcept { return detail::valid_name(name); }
 
 }  // namespace dvr
