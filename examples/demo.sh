@@ -3,8 +3,7 @@
 # the default store ($DVR_STORE, else /dev/shm/dvr-$UID). Extra arguments go to
 # the demo, e.g. `bash examples/demo.sh --size 4G`.
 #
-# The build shows its progress (ninja's status line on a terminal, a line per
-# step otherwise) and prints nothing when everything is built already.
+# The build shows its progress (a line per step) and prints nothing when everything is built already.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./install-deps.sh
@@ -22,8 +21,11 @@ if [[ ! -f build/build.ninja ]]; then
   echo "demo.sh: configuring the build in build/ ..." >&2
   configure
 fi
-if ! ninja -C build -n 2>/dev/null | grep -q '^ninja: no work to do'; then
-  echo "demo.sh: building (a few minutes the first time) ..." >&2
-  NINJA_STATUS="[%f/%t %p] " cmake --build build
-fi
+# No dry run first: with CMake's CONFIGURE_DEPENDS globs, `ninja -n` always
+# stops at "Re-running CMake". The build runs; its glob check and "no work to
+# do" are dropped, so a build with nothing to do prints nothing.
+NINJA_STATUS="[%f/%t %p] " cmake --build build 2>&1 | awk -v who="demo.sh" '
+  /^ninja: no work to do/ || /Re-checking globbed directories/ || /^ninja: Entering directory/ { next }
+  !shown { print who ": building (a few minutes the first time) ..." > "/dev/stderr"; shown = 1 }
+  { print; fflush() }'
 exec build/dvr demo "$@"
