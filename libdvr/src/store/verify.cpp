@@ -135,6 +135,7 @@ VerifyReport Store::verify(const Progress& progress) const {
                    : " — check the permissions and health of the store's files, then verify again";
     report.problems.push_back({session, name, what});
   }
+  report.warnings = impl_->permission_warnings();
   return report;
 }
 
