@@ -18,8 +18,8 @@ struct Guard {
 
 // The current thread's guarded read, or nullptr. initial-exec: reading it in
 // the handler never allocates TLS.
-__attribute__((tls_model("initial-exec"))) thread_local Guard* t_guard = nullptr;
-__attribute__((tls_model("initial-exec"))) thread_local const void* t_fault = nullptr;
+[[gnu::tls_model("initial-exec")]] thread_local Guard* t_guard = nullptr;
+[[gnu::tls_model("initial-exec")]] thread_local const void* t_fault = nullptr;
 
 struct sigaction g_previous {};
 

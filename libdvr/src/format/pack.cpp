@@ -298,7 +298,7 @@ void Packs::forget_populated() {
 
 PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd, Packs* packs,
                        std::uint32_t pack)
-    : map_(map), offset_(offset), length_(length), hash_file_(hashes), hashes_(hashes), hash_fd_(hash_fd), packs_(packs), pack_(pack) {
+    : map_(map), offset_(offset), length_(length), hashes_(hashes), hash_fd_(hash_fd), packs_(packs), pack_(pack) {
   base_ = map_->map->address() + offset;
   memcpy_ = reinterpret_cast<void*>(pmem2_get_memcpy_fn(map_->map->get()));
 }

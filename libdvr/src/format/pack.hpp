@@ -214,8 +214,7 @@ class PackWriter {
   void* memcpy_;
   static constexpr std::size_t kSmallCopy = 64u << 10;
   std::uint64_t unflushed_lo_ = UINT64_MAX, unflushed_hi_ = 0;  // small copies not flushed yet
-  std::uint64_t* hash_file_;                                    // the pack's page hash file, or nullptr
-  std::uint64_t* hashes_;                                       // the same while there is room to write hashes, else nullptr
+  std::uint64_t* hashes_;  // the pack's page hash file while there is room to write hashes, else nullptr
   int hash_fd_;
   Packs* packs_;
   std::uint32_t pack_;

@@ -874,7 +874,7 @@ void check_restore(unsigned threads, detail::Packs& packs, const Manifest& m, co
 // Copies checked pack data into live memory (non-temporal stores); a read
 // that takes SIGBUS (the pack truncated since it was checked, a failing
 // medium) throws corrupt or io naming the pack.
-void copy_checked(detail::Packs& packs, std::uint32_t pack, std::uint64_t offset, char* to, std::size_t len) {
+static void copy_checked(detail::Packs& packs, std::uint32_t pack, std::uint64_t offset, char* to, std::size_t len) {
   const char* from = packs.mapped(pack, offset, len);
   if (!from) throw Error(Errc::corrupt, "pack file " + packs.path_of(pack) + " changed during the restore; run `dvr verify`");
   if (!detail::guarded(from, len, [&] { detail::copy_nt(to, from, len); })) {
