@@ -59,7 +59,7 @@ TEST_CASE("fuzz corpus: writes the seed inputs of tests/fuzz", "[.][fuzz-corpus]
   // incremental snapshot with a few pages changed (overlays, page records).
   TempDir tmp;
   Store store = Store::open(tmp.store(), StoreOptions{.chunk_size = 4096});
-  std::vector<unsigned char> a(12288), z(16384, 0), odd(5000);
+  std::vector<unsigned char> a(8192), z(16384, 0), odd(3000);
   for (std::size_t i = 0; i < a.size(); ++i)
     a[i] = static_cast<unsigned char>(i * 7 % 251);
   dvrtest::fill_random(odd.data(), odd.size(), 3);
