@@ -395,6 +395,7 @@ TEST_CASE("pack: stored_hashes returns the page hashes a writer set, and nothing
     w.set_hashes(0, hashes.data(), pages);
     w.finish();
   }
+  d.packs.persist();  // the page hashes reach the file with the batch's data
   d.packs.end_writes();
   CHECK(dvrtest::fs::exists(d.dir + "/00000001.hash"));
   Packs fresh(d.dir, kUuid);

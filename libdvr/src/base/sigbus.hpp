@@ -9,17 +9,21 @@
 //
 // How (docs/format.md, "Reading packs: SIGBUS"): the first guarded() call
 // installs one process-wide SIGBUS handler (SA_SIGINFO, SA_ONSTACK), keeping
-// the handler that was there before. guarded() records, in a thread-local
-// slot, the address range it reads and a jump buffer (sigsetjmp without the
-// signal mask, so a guarded call costs no system call); the handler, when the
-// fault address lies in the current thread's range, siglongjmp()s back, and
-// guarded() unblocks SIGBUS again and returns false. Any other SIGBUS (another
+// the handler that was there before. Each thread owns a slot of a global
+// table (claimed at its first guarded read, by its kernel thread id); guarded()
+// records there the address range it reads and a jump buffer (sigsetjmp
+// without the signal mask, so a guarded call costs no system call); the
+// handler, when the fault address lies in the faulting thread's range (found
+// by gettid, never through thread-local storage, which a library loaded with
+// dlopen may allocate lazily), siglongjmp()s back, and guarded() unblocks
+// SIGBUS again and returns false. (Beyond 1024 threads with guarded reads at
+// once, further threads read unguarded.) Any other SIGBUS (another
 // thread, another address, one sent with kill) goes to the previous handler:
 // its sa_sigaction or sa_handler is called; for SIG_DFL or SIG_IGN the
 // default action is restored and the fault re-executes (a signal that was
-// sent, not a fault, is raised again). The handler touches only the
-// thread-local slot (initial-exec TLS: no allocation), sigaction, raise and
-// siglongjmp: all async-signal-safe. An application that installs its own
+// sent, not a fault, is raised again). The handler uses only atomics of the
+// table, the gettid system call, sigaction, raise and siglongjmp: all
+// async-signal-safe. An application that installs its own
 // SIGBUS handler after the library must chain to the one it replaces, as
 // this one does.
 #pragma once

@@ -221,11 +221,6 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
   std::string magic, key;
   std::getline(in, magic);
   if (magic != kSuperblockMagic) throw Error(Errc::invalid_argument, sb_path + " is not a Memory DVR superblock; " + path + " is not a store");
-  // Exactly one page (docs/format.md): a shorter or longer file was cut
-  // short or written over, whatever its first lines still say.
-  if (text.size() != kPageSize)
-    throw Error(Errc::corrupt, "corrupt superblock " + sb_path + ": it is " + std::to_string(text.size()) + " bytes, not " + std::to_string(kPageSize) +
-                                   " (it was truncated or overwritten); restore it from a backup of the store");
   std::map<std::string, std::string> kv;
   std::string value;
   while (in >> key >> value)
@@ -235,6 +230,11 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
   if (format_version > kStoreFormatVersion)
     throw Error(Errc::unsupported, "store " + path + " has format version " + std::to_string(format_version) + ", newer than this dvr supports (" +
                                        std::to_string(kStoreFormatVersion) + "); upgrade Memory DVR to open it");
+  // Exactly one page in format 1 (docs/format.md): a shorter or longer file was cut
+  // short or written over, whatever its first lines still say.
+  if (text.size() != kPageSize)
+    throw Error(Errc::corrupt, "corrupt superblock " + sb_path + ": it is " + std::to_string(text.size()) + " bytes, not " + std::to_string(kPageSize) +
+                                   " (it was truncated or overwritten); restore it from a backup of the store");
   chunk_size = static_cast<std::uint32_t>(std::strtoul(kv["chunk_size"].c_str(), nullptr, 10));
   uuid = kv["uuid"];
   if (chunk_size < 4096 || (chunk_size & (chunk_size - 1)) != 0 || uuid.size() != 32)
