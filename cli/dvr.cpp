@@ -307,6 +307,8 @@ int cmd_verify(bool as_json) {
     return r.ok() ? 0 : 1;
   }
   std::cout << "verified " << r.snapshots << " snapshot(s), " << r.chunks << " stored chunk(s), " << bytes(r.bytes) << "\n";
+  for (auto& w : r.warnings)
+    std::cout << "WARNING: " << printable(w) << "\n";
   if (r.ok()) {
     std::cout << "ok: no damage found\n";
     return 0;
@@ -331,6 +333,8 @@ int cmd_stat(bool as_json) {
             << "sessions   " << s.sessions << ", snapshots " << s.snapshots << "\n"
             << "logical    " << bytes(s.logical_bytes) << " in all snapshots\n"
             << "stored     " << bytes(s.pack_bytes) << " in " << s.pack_files << " pack file(s)\n";
+  for (auto& w : s.warnings)
+    std::cout << "WARNING: " << printable(w) << "\n";
   return 0;
 }
 

@@ -150,6 +150,10 @@ json to_json(const VerifyReport& r) {
   for (auto& d : r.damaged_snapshots())
     damaged.push_back(jstr(d));
   doc["damaged_snapshots"] = std::move(damaged);
+  json warnings = json::array();
+  for (auto& w : r.warnings)
+    warnings.push_back(jstr(w));
+  doc["warnings"] = std::move(warnings);
   doc["ok"] = r.ok();
   return doc;
 }
@@ -174,6 +178,10 @@ json to_json(const StoreStats& s) {
   doc["logical_bytes"] = s.logical_bytes;
   doc["pack_bytes"] = s.pack_bytes;
   doc["pack_files"] = s.pack_files;
+  json warnings = json::array();
+  for (auto& w : s.warnings)
+    warnings.push_back(jstr(w));
+  doc["warnings"] = std::move(warnings);
   return doc;
 }
 

@@ -287,7 +287,8 @@ class VerifyProblem(_Result):
 class VerifyReport(_Result):
     """What Store.verify() found (dvr::VerifyReport): manifests examined,
     distinct chunks and bytes re-hashed, the problems, the damaged snapshots
-    ("session/name", sorted) and ``ok`` (no problem)."""
+    ("session/name", sorted), ``warnings`` (loosened store permissions: not
+    damage, one line each saying what to do) and ``ok`` (no problem)."""
 
     snapshots: int
     chunks: int
@@ -295,12 +296,14 @@ class VerifyReport(_Result):
     problems: Tuple[VerifyProblem, ...]
     damaged_snapshots: Tuple[str, ...]
     ok: bool
+    warnings: Tuple[str, ...] = ()
 
     @classmethod
     def _from_dict(cls, d: Dict[str, Any]) -> "VerifyReport":
         return cls(snapshots=d["snapshots"], chunks=d["chunks"], bytes=d["bytes"],
                    problems=tuple(VerifyProblem(**p) for p in d["problems"]),
-                   damaged_snapshots=tuple(d["damaged_snapshots"]), ok=d["ok"])
+                   damaged_snapshots=tuple(d["damaged_snapshots"]), ok=d["ok"],
+                   warnings=tuple(d["warnings"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,7 +320,8 @@ class GcReport(_Result):
 @dataclasses.dataclass(frozen=True)
 class StoreStats(_Result):
     """Store.stats() (dvr::StoreStats): ``medium`` is "pmem", "dram" or "disk";
-    ``logical_bytes`` sums the snapshots' sizes, ``pack_bytes`` is the space used."""
+    ``logical_bytes`` sums the snapshots' sizes, ``pack_bytes`` is the space used;
+    ``warnings``: loosened store permissions, as in VerifyReport."""
 
     path: str
     medium: str
@@ -328,6 +332,7 @@ class StoreStats(_Result):
     logical_bytes: int
     pack_bytes: int
     pack_files: int
+    warnings: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -786,7 +791,9 @@ class Store:
 
     def stats(self) -> StoreStats:
         """Path, medium, format version, chunk size, counts and space used (a :class:`StoreStats`)."""
-        return StoreStats(**self._core.stats())
+        d = self._core.stats()
+        d["warnings"] = tuple(d["warnings"])
+        return StoreStats(**d)
 
     def diff(self, session_a: str, snapshot_a: str, session_b: str, snapshot_b: str) -> List[RegionDiff]:
         """Per-region differences (bytes and 4 KiB pages) between two snapshots.

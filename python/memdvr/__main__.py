@@ -251,11 +251,14 @@ def _verify(args: argparse.Namespace) -> int:
     problems = [{"session": _utf8(p.session), "snapshot": _utf8(p.snapshot), "what": _utf8(p.what)}
                 for p in r.problems]
     doc = _doc(snapshots=r.snapshots, chunks=r.chunks, bytes=r.bytes, problems=problems,
-               damaged_snapshots=[_utf8(d) for d in r.damaged_snapshots], ok=r.ok)
+               damaged_snapshots=[_utf8(d) for d in r.damaged_snapshots],
+               warnings=[_utf8(w) for w in r.warnings], ok=r.ok)
     if args.json:
         _print_json(doc)
     else:
         print(f"verified {doc['snapshots']} snapshot(s), {doc['chunks']} stored chunk(s), {_size(doc['bytes'])}")
+        for w in doc["warnings"]:
+            print(f"WARNING: {_printable(w)}")
         if doc["ok"]:
             print("ok: no damage found")
         for p in problems:
@@ -270,12 +273,15 @@ def _stat(args: argparse.Namespace) -> int:
     st = _open(args).stats()
     keys = ("path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes", "pack_bytes", "pack_files")
     values = st.to_dict()
-    doc = _doc(**{k: (_utf8(values[k]) if isinstance(values[k], str) else int(values[k])) for k in keys})
+    doc = _doc(**{k: (_utf8(values[k]) if isinstance(values[k], str) else int(values[k])) for k in keys},
+               warnings=[_utf8(w) for w in st.warnings])
     if args.json:
         _print_json(doc)
     else:
         for key in keys:
             print(f"{key:15} {_printable(doc[key])}")
+        for w in doc["warnings"]:
+            print(f"WARNING: {_printable(w)}")
     return 0
 
 

@@ -569,6 +569,7 @@ PYBIND11_MODULE(_core, m) {
             }
             d["problems"] = problems;
             d["damaged_snapshots"] = r.damaged_snapshots();
+            d["warnings"] = r.warnings;
             return d;
           },
           py::arg("progress") = py::none(), "Re-hashes everything; progress(done, total) in bytes if given (GIL released meanwhile).")
@@ -616,6 +617,7 @@ PYBIND11_MODULE(_core, m) {
              d["logical_bytes"] = st.logical_bytes;
              d["pack_bytes"] = st.pack_bytes;
              d["pack_files"] = st.pack_files;
+             d["warnings"] = st.warnings;
              return d;
            })
       .def(

@@ -244,11 +244,11 @@ CONTRACT = {
                           "stored_bytes", "chunks", "zero_chunks", "regions", "tracking",
                           "chunks_read", "damaged", "damage", "pending"],
     memdvr.RegionInfo: ["name", "size", "sdk_owned"],
-    memdvr.VerifyReport: ["snapshots", "chunks", "bytes", "problems", "damaged_snapshots", "ok"],
+    memdvr.VerifyReport: ["snapshots", "chunks", "bytes", "problems", "damaged_snapshots", "ok", "warnings"],
     memdvr.VerifyProblem: ["session", "snapshot", "what"],
     memdvr.GcReport: ["bytes_before", "bytes_after", "packs_removed", "temp_files_removed"],
     memdvr.StoreStats: ["path", "medium", "format_version", "chunk_size", "sessions", "snapshots",
-                        "logical_bytes", "pack_bytes", "pack_files"],
+                        "logical_bytes", "pack_bytes", "pack_files", "warnings"],
     memdvr.RegionDiff: ["name", "size_a", "size_b", "only_in_a", "only_in_b", "bytes_differ",
                         "pages_differ", "object"],
 }

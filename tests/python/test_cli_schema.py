@@ -131,6 +131,36 @@ def test_a_damaged_snapshot_is_reported_alike(dvr_bin, store):
     assert all(s["why"] for s in a["skipped"] + b["skipped"])
 
 
+def test_loosened_permissions_are_warned_about_alike(dvr_bin, store):
+    """verify and stat warn (not damage: exit 0) about a store opened up to
+    group and others, in text and in the `warnings` array of their documents."""
+    schema = load_schema()
+    for verb in ("verify", "stat"):
+        a, b = both(dvr_bin, store, verb)
+        assert a == b and a["warnings"] == [], a
+    manifest = store / "sessions" / "s" / "one.snap"
+    os.chmod(manifest, 0o644)
+    os.chmod(store / "packs", 0o755)
+    for verb in ("verify", "stat"):
+        a, b = both(dvr_bin, store, verb)
+        check(a, verb, schema)
+        assert a == b, verb
+        assert len(a["warnings"]) == 2, a
+        assert f"{store}/packs (mode 0755)" in a["warnings"][0]
+        assert f"{manifest} (mode 0644)" in a["warnings"][1] and "chmod -R go=" in a["warnings"][1]
+    assert both(dvr_bin, store, "verify")[0]["ok"] is True
+    text = dvr(dvr_bin, store, "verify").stdout
+    assert text.count("WARNING: ") == 2 and "ok: no damage found" in text, text
+    assert py(store, "stat").stdout.count("WARNING: ") == 2
+    # The store directory itself: open makes it private again, and says so once.
+    os.chmod(store, 0o777)
+    proc = dvr(dvr_bin, store, "verify")
+    assert "was mode 0777" in proc.stdout and "dvr verify" in proc.stdout, proc.stdout
+    assert "was mode 0777" in proc.stderr  # the log sink's warning, on stderr
+    assert os.stat(store).st_mode & 0o777 == 0o700
+    assert "was mode 0777" not in dvr(dvr_bin, store, "stat").stdout
+
+
 def test_unknown_names_are_errors_in_both(dvr_bin, store):
     for args in (("ls", "nosuch"), ("log", "nosuch"), ("recover", "nosuch"), ("info", "s/nosuch"), ("diff", "s/one", "s/nosuch"),
                  ("rm", "s/one", "s/nosuch")):

@@ -285,8 +285,8 @@ TEST_CASE("pack: a missing, foreign, short, planted or out-of-range pack is corr
   }
   SECTION("another store's pack") {
     PackDir other(kOtherUuid);
-    other.packs.create(1, 1 << 20, 1 << 20);
-    dvrtest::fs::copy_file(other.packs.path_of(1), d.packs.path_of(2));
+    other.packs.create(2, 1 << 20, 1 << 20);
+    dvrtest::fs::copy_file(other.packs.path_of(2), d.packs.path_of(2));
     check_corrupt(catch_error([&] { d.packs.read(2, kPackHeaderSize, 4096); }), d.packs.path_of(2), "another store");
     // A Packs without a store id (32 characters) does not compare it.
     Packs any(d.dir, "");
@@ -395,6 +395,7 @@ TEST_CASE("pack: stored_hashes returns the page hashes a writer set, and nothing
     w.set_hashes(0, hashes.data(), pages);
     w.finish();
   }
+  d.packs.persist();  // the page hashes reach the file with the batch's data
   d.packs.end_writes();
   CHECK(dvrtest::fs::exists(d.dir + "/00000001.hash"));
   Packs fresh(d.dir, kUuid);

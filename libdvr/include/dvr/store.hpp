@@ -108,6 +108,10 @@ struct DVR_EXPORT VerifyReport {
   std::uint64_t chunks = 0;     // distinct stored chunks re-hashed
   std::uint64_t bytes = 0;      // bytes re-hashed
   std::vector<VerifyProblem> problems;
+  /// Not damage (ok() ignores them): loosened permissions of the store — its
+  /// directory as open found it, and directories or files of it that group
+  /// or others may read or write — one line each, saying what to do.
+  std::vector<std::string> warnings;
   /// Names ("session/snapshot") of every damaged snapshot, sorted, once each.
   std::vector<std::string> damaged_snapshots() const;
   bool ok() const { return problems.empty(); }
@@ -130,6 +134,8 @@ struct StoreStats {
   std::uint64_t logical_bytes = 0;  // sum over snapshots of their logical size
   std::uint64_t pack_bytes = 0;     // space actually used by pack files
   std::uint64_t pack_files = 0;
+  /// Loosened permissions, as in VerifyReport::warnings.
+  std::vector<std::string> warnings;
 };
 
 /// How one region differs between two snapshots (Store::diff).
@@ -208,7 +214,10 @@ class DVR_EXPORT Store {
   /// Opens (and, with options.create, creates) the store in `path`.
   /// Throws not_found (no such directory and create=false), invalid_argument
   /// (a non-empty directory that is not a store), unsupported (a store written
-  /// by a newer dvr), permission (a store owned by another user).
+  /// by a newer dvr), permission (a store owned by another user), corrupt (a
+  /// damaged superblock). A store directory open to group or others is made
+  /// 0700 again, with a warning through the log sink (dvr/log.hpp) that
+  /// verify() and stats() repeat.
   static Store open(const std::string& path, const StoreOptions& options = {});
 
   /// Opens default_path().
@@ -269,9 +278,11 @@ class DVR_EXPORT Store {
 
   /// Re-reads every manifest and re-hashes every stored chunk. Never throws for
   /// damage: each problem is reported with the snapshots it affects.
-  /// `progress`: bytes re-hashed out of the bytes to re-hash.
+  /// `progress`: bytes re-hashed out of the bytes to re-hash. Also reports
+  /// loosened permissions (VerifyReport::warnings), which are not damage.
   VerifyReport verify(const Progress& progress = {}) const;
 
+  /// Counts and sizes, and loosened permissions (StoreStats::warnings).
   StoreStats stats() const;
 
   /// Compares two snapshots (of any sessions) region by region, byte by byte

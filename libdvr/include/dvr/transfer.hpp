@@ -120,6 +120,13 @@ struct ReceiveOptions {
   /// for the contract. When it throws, the stream is abandoned, nothing is
   /// stored, and the exception propagates.
   Progress progress;
+  /// Refuse (invalid_argument, nothing stored) a snapshot that declares more
+  /// logical bytes than this; 0: no limit besides the ones every receive
+  /// has (its tables must fit in a quarter of this machine's memory and its
+  /// manifest in the store's free space, else no_space; a stream read from a
+  /// regular file must be long enough to carry every chunk it declares, else
+  /// corrupt). A stream of zero chunks costs no hashing of zero memory.
+  std::uint64_t max_logical_bytes = 0;
 };
 
 /// Reads one stream from `fd` into `store`. Everything is checked before the

@@ -4,6 +4,7 @@
 
 #include "dvr/error.hpp"
 #include "base/memops.hpp"
+#include "base/sigbus.hpp"
 #include "format/pack.hpp"
 
 namespace dvr::detail {
@@ -47,11 +48,18 @@ const char* page_table_problem(const ChunkView& c) {
 std::string page_problem(const Packs& packs, const ChunkView& c, std::uint32_t p, PageLoc at, const char* bytes) {
   const std::uint32_t len = c.page_length(p);
   if (at.pack == 0) return c.pages[p] == zero_page_hash(len) ? "" : "an all-zero page has the wrong checksum in its manifest";
-  if (page_hash(bytes, len) == c.pages[p]) return "";
+  std::uint64_t h = 0;
+  if (!guarded(bytes, len, [&] { h = page_hash(bytes, len); })) throw packs.unreadable(at.pack, at.offset, bytes);
+  if (h == c.pages[p]) return "";
   return "checksum mismatch in " + packs.path_of(at.pack) + " at offset " + std::to_string(at.offset);
 }
 
 }  // namespace
+
+void copy_out(Packs& packs, std::uint32_t pack, std::uint64_t offset, char* out, std::size_t len) {
+  const char* from = packs.read(pack, offset, len);
+  if (!guarded(from, len, [&] { std::memcpy(out, from, len); })) throw packs.unreadable(pack, offset, from);
+}
 
 std::string check_chunk(const Packs& packs, const ChunkView& c) {
   const ChunkRef& ref = *c.ref;
@@ -63,7 +71,10 @@ std::string check_chunk(const Packs& packs, const ChunkView& c) {
   };
   if (!c.paged) {
     if (ref.is_zero()) return is_zero_chunk(ref.hash, ref.length) ? "" : "an all-zero chunk has the wrong checksum in its manifest";
-    return hash128(bytes({ref.pack, ref.offset}, ref.length), ref.length) == ref.hash ? "" : "checksum mismatch in " + where({ref.pack, ref.offset});
+    const char* from = bytes({ref.pack, ref.offset}, ref.length);
+    Hash128 h{};
+    if (!guarded(from, ref.length, [&] { h = hash128(from, ref.length); })) throw packs.unreadable(ref.pack, ref.offset, from);
+    return h == ref.hash ? "" : "checksum mismatch in " + where({ref.pack, ref.offset});
   }
   if (const char* why = page_table_problem(c); *why) return why;
   for (std::uint32_t p = 0; p < c.page_count(); ++p) {
@@ -81,7 +92,7 @@ void read_chunk(Packs& packs, const ChunkView& c, char* out, const std::string& 
     if (ref.is_zero())
       std::memset(out, 0, ref.length);
     else
-      std::memcpy(out, packs.read(ref.pack, ref.offset, ref.length), ref.length);
+      copy_out(packs, ref.pack, ref.offset, out, ref.length);
     return;
   }
   for (std::uint32_t p = 0; p < c.page_count(); ++p) {
@@ -91,7 +102,7 @@ void read_chunk(Packs& packs, const ChunkView& c, char* out, const std::string& 
     if (at.pack == 0)
       std::memset(to, 0, len);
     else
-      std::memcpy(to, packs.read(at.pack, at.offset, len), len);
+      copy_out(packs, at.pack, at.offset, to, len);
   }
 }
 
@@ -106,7 +117,7 @@ void read_pages(Packs& packs, const ChunkView& c, const std::uint32_t* pages, st
     const char* from = at.pack ? packs.read(at.pack, at.offset, len) : nullptr;
     if (std::string why = page_problem(packs, c, p, at, from); !why.empty()) damaged(why);
     if (from)
-      std::memcpy(out, from, len);
+      copy_out(packs, at.pack, at.offset, out, len);
     else
       std::memset(out, 0, len);
     out += len;

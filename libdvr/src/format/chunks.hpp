@@ -52,6 +52,11 @@ void map_chunk(Packs& packs, const ChunkView& c);
 /// they are). Thread-safe; call map_chunk() first.
 std::string check_chunk(const Packs& packs, const ChunkView& c);
 
+/// Copies `len` bytes at `offset` of pack `pack` into `out`; a read that takes
+/// SIGBUS (a pack truncated while mapped, a failing medium) throws corrupt or
+/// io naming the pack (Packs::unreadable), like every read of pack data here.
+void copy_out(Packs& packs, std::uint32_t pack, std::uint64_t offset, char* out, std::size_t len);
+
 /// Copies the chunk's bytes (ref->length of them) into `out` after checking
 /// them; throws corrupt, naming `what`, when they fail their checksum.
 void read_chunk(Packs& packs, const ChunkView& c, char* out, const std::string& what);

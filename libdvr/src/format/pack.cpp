@@ -17,6 +17,7 @@
 #include "base/memops.hpp"
 #include "base/os.hpp"
 #include "base/env.hpp"
+#include "base/sigbus.hpp"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
@@ -259,10 +260,15 @@ PackWriter Packs::writer(std::uint32_t pack, std::uint64_t offset, std::uint64_t
   if (offset < kPackHeaderSize || offset + length > slot->size)
     throw Error(Errc::io, "internal error: write of [" + std::to_string(offset) + ", " + std::to_string(offset + length) + ") outside " + path);
   HashMap* h = hash_map(pack, true);
-  return PackWriter(slot.get(), offset, length, h ? h->addr() : nullptr, h ? h->fd.get() : -1, h ? &h->dirty : nullptr);
+  return PackWriter(slot.get(), offset, length, h ? h->addr() : nullptr, h ? h->fd.get() : -1, this, pack);
 }
 
-void Packs::end_writes() { retired_.clear(); }
+void Packs::end_writes() {
+  retired_.clear();
+  undo_hashes_.clear();
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  pending_hashes_.clear();
+}
 
 void Packs::drop_resident() {
   for (auto& [id, m] : reads_)
@@ -291,9 +297,9 @@ void Packs::forget_populated() {
     }
 }
 
-PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd,
-                       std::atomic<bool>* hash_dirty)
-    : map_(map), offset_(offset), length_(length), hash_file_(hashes), hashes_(hashes), hash_fd_(hash_fd), hash_dirty_(hash_dirty) {
+PackWriter::PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd, Packs* packs,
+                       std::uint32_t pack)
+    : map_(map), offset_(offset), length_(length), hashes_(hashes), hash_fd_(hash_fd), packs_(packs), pack_(pack) {
   base_ = map_->map->address() + offset;
   memcpy_ = reinterpret_cast<void*>(pmem2_get_memcpy_fn(map_->map->get()));
 }
@@ -411,26 +417,22 @@ void PackWriter::set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std:
   if (!hashes_ || count == 0) return;  // no hash file: readers recompute them
   std::uint64_t first = (offset_ + rel) / kPageSize;
   if (first + count > kHashFileSize / 8) return;
-  std::memcpy(hashes_ + first, hashes, count * 8);
-  hash_lo_ = std::min(hash_lo_, first);
-  hash_hi_ = std::max(hash_hi_, first + count);
+  // Kept here, not written to the page hash file yet: Packs::persist() writes
+  // them once the whole batch's data is written, so that a batch that fails
+  // (a full disk) leaves the page hash files exactly as they were.
+  if (pending_.empty() || pending_.back().first + pending_.back().values.size() != first) pending_.push_back({pack_, first, {}});
+  pending_.back().values.insert(pending_.back().values.end(), hashes, hashes + count);
 }
 
 void PackWriter::finish() {
   const bool deferred = map_->write_all_by_fd;  // disk: Packs::persist() syncs once per pack
-  if (hash_lo_ < hash_hi_) {
-    // The hashes go to storage with the data (before the manifest that uses
-    // them is published). Best effort: a lost hash is recomputed when read.
-    auto page = [](std::uint64_t byte) { return byte & ~(kPageSize - 1); };
-    std::uint64_t b = page(hash_lo_ * 8), e = hash_hi_ * 8;
-    if (deferred && hash_dirty_) {
-      *hash_dirty_ = true;
-      (void)env().sync_file_range(hash_fd_, static_cast<off_t>(b), static_cast<off_t>(e - b), SYNC_FILE_RANGE_WRITE);
-    } else {
-      env().msync(reinterpret_cast<char*>(hash_file_) + b, e - b, MS_SYNC);
-    }
-    hash_lo_ = UINT64_MAX;
-    hash_hi_ = 0;
+  if (!pending_.empty()) {
+    // The hashes go to the page hash file in Packs::persist(), with the data
+    // of the whole batch (before the manifest that uses them is published).
+    std::lock_guard<std::mutex> lock(packs_->pending_mu_);
+    for (auto& run : pending_)
+      packs_->pending_hashes_.push_back(std::move(run));
+    pending_.clear();
   }
   if (unflushed_lo_ < unflushed_hi_) pmem2_get_flush_fn(map_->map->get())(base_ + unflushed_lo_, unflushed_hi_ - unflushed_lo_);
   unflushed_lo_ = UINT64_MAX;
@@ -467,6 +469,66 @@ void Packs::persist() {
     sync(w.get());
   for (auto& w : retired_)
     sync(w.get());
+  write_hashes();
+  for (auto& [id, h] : hash_maps_)
+    if (h.dirty.exchange(false)) (void)env().fdatasync(h.fd.get());
+}
+
+void Packs::write_hashes() {
+  // The page hashes the writers of this batch set, into the page hash files,
+  // with what they overwrite kept (undo_hashes_) until the batch ends: a
+  // batch whose publish fails puts it back (discard_writes()). Best effort,
+  // like every page hash: one that is lost is recomputed when read.
+  std::vector<PendingHash> runs;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    runs.swap(pending_hashes_);
+  }
+  for (auto& run : runs) {
+    HashMap* h = nullptr;
+    try {
+      h = hash_map(run.pack, true);
+    } catch (const Error&) {
+      h = nullptr;  // a file planted in its place: readers report it
+    }
+    if (!h) continue;
+    std::uint64_t* at = h->addr() + run.first;
+    undo_hashes_.push_back({run.pack, run.first, std::vector<std::uint64_t>(at, at + run.values.size())});
+    std::memcpy(at, run.values.data(), run.values.size() * 8);
+    sync_hashes(*h, run);
+  }
+}
+
+void Packs::sync_hashes(HashMap& h, const PendingHash& run) {
+  // On a disk file system, one fdatasync per page hash file at the end of
+  // persist(); elsewhere the written range is flushed now.
+  auto w = writes_.find(run.pack);
+  if (w != writes_.end() && w->second && w->second->write_all_by_fd) {
+    h.dirty = true;
+    return;
+  }
+  std::uint64_t b = run.first * 8 & ~(kPageSize - 1), e = (run.first + run.values.size()) * 8;
+  env().msync(reinterpret_cast<char*>(h.addr()) + b, e - b, MS_SYNC);
+}
+
+void Packs::discard_writes() {
+  std::vector<PendingHash> undo;
+  undo.swap(undo_hashes_);
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    pending_hashes_.clear();
+  }
+  for (auto it = undo.rbegin(); it != undo.rend(); ++it) {
+    HashMap* h = nullptr;
+    try {
+      h = hash_map(it->pack, true);
+    } catch (const Error&) {
+      h = nullptr;
+    }
+    if (!h) continue;
+    std::memcpy(h->addr() + it->first, it->values.data(), it->values.size() * 8);
+    sync_hashes(*h, *it);
+  }
   for (auto& [id, h] : hash_maps_)
     if (h.dirty.exchange(false)) (void)env().fdatasync(h.fd.get());
 }
@@ -516,6 +578,17 @@ const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t 
       throw Error(Errc::corrupt, "pack file " + path + " has no valid header; it is damaged or not a Memory DVR pack");
     if (uuid_.size() == 32 && std::memcmp(header + 16, uuid_.data(), 32) != 0)
       throw Error(Errc::corrupt, "pack file " + path + " belongs to another store (its store id differs); it was copied in by mistake");
+    std::uint32_t version = 0, id = 0;
+    std::memcpy(&version, header + 8, 4);
+    std::memcpy(&id, header + 12, 4);
+    if (version > kPackVersion)
+      throw Error(Errc::unsupported, "pack file " + path + " has pack format version " + std::to_string(version) + ", newer than this dvr reads (" +
+                                         std::to_string(kPackVersion) + "); upgrade Memory DVR to read the snapshots stored in it");
+    if (version == 0)
+      throw Error(Errc::corrupt, "pack file " + path + " has no pack format version (0 in its header); it is damaged — run `dvr verify` to list the snapshots stored in it");
+    if (id != pack)
+      throw Error(Errc::corrupt, "pack file " + path + " says it is pack " + std::to_string(id) + " in its header, not pack " + std::to_string(pack) +
+                                     "; it was renamed or copied over another pack — run `dvr verify` to list the snapshots stored in it");
     it = reads_.emplace(pack, ReadMap{Mapping::file(fd, size, PROT_READ, MAP_SHARED, path), static_cast<std::uint64_t>(st.st_ino)}).first;
   }
   if (offset < kPackHeaderSize || offset > it->second.size() || length > it->second.size() - offset)
@@ -523,6 +596,23 @@ const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t 
                                    std::to_string(it->second.size()) + " but a chunk needs bytes [" + std::to_string(offset) + ", " +
                                    std::to_string(offset + length) + ")");
   return it->second.addr() + offset;
+}
+
+Error Packs::unreadable(std::uint32_t pack, std::uint64_t offset) const {
+  const std::string path = path_of(pack);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) <= offset)
+    return Error(Errc::corrupt, "pack file " + path + " was truncated while in use (SIGBUS reading byte " + std::to_string(offset) +
+                                    (::stat(path.c_str(), &st) == 0 ? ", but it now ends at byte " + std::to_string(st.st_size) : std::string(", and it is gone now")) +
+                                    "); the snapshots stored there cannot be restored — run `dvr verify` to list them");
+  return Error(Errc::io, "cannot read pack file " + path + " at byte " + std::to_string(offset) +
+                             " (SIGBUS: the medium reported an error); check the device (dmesg), then run `dvr verify`");
+}
+
+Error Packs::unreadable(std::uint32_t pack, std::uint64_t offset, const char* at) const {
+  const char* fault = static_cast<const char*>(guarded_fault_address());
+  std::uint64_t in = fault && fault >= at ? static_cast<std::uint64_t>(fault - at) : 0;
+  return unreadable(pack, (offset + in) & ~(kPageSize - 1));
 }
 
 void Packs::map_all() {

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,6 +76,10 @@ class Packs {
   /// Ends a batch of writers: mappings replaced or evicted meanwhile (still in
   /// use by writers of the batch until now) are released.
   void end_writes();
+  /// For a batch that failed, before end_writes(): the page hash files get
+  /// back what persist() overwrote, and hashes not written yet are dropped,
+  /// so that they are exactly as before the batch.
+  void discard_writes();
 
   /// Forgets which pages the write mappings have populated (after gc freed
   /// space, whose page-table entries the kernel dropped).
@@ -89,6 +94,14 @@ class Packs {
   /// corrupt when the pack is missing, foreign, or too short. Call
   /// refresh_mappings() at the start of each operation (under the store lock).
   const char* read(std::uint32_t pack, std::uint64_t offset, std::uint64_t length);
+
+  /// The error for a read of pack `pack` at `offset` that took SIGBUS
+  /// (base/sigbus.hpp): corrupt when the file now ends before `offset` (it
+  /// was truncated while mapped), else io (the medium failed); names the pack.
+  Error unreadable(std::uint32_t pack, std::uint64_t offset) const;
+  /// unreadable() for the fault guarded_fault_address() recorded, in a read
+  /// of `len` bytes at `offset` of `pack` mapped at `at`.
+  Error unreadable(std::uint32_t pack, std::uint64_t offset, const char* at) const;
 
   /// Maps every pack for reading (packs that cannot be mapped are skipped), so
   /// that mapped() can be used from several threads.
@@ -138,6 +151,19 @@ class Packs {
   std::map<std::uint32_t, std::unique_ptr<WriteMap>> writes_;
   std::vector<std::unique_ptr<WriteMap>> retired_;
   std::uint64_t write_clock_ = 0;
+  // Page hashes set by writers (PackWriter::set_hashes), written to the page
+  // hash files only by persist(), when the batch's data is all written; what
+  // they overwrote is kept until the batch ends (discard_writes()).
+  struct PendingHash {
+    std::uint32_t pack = 0;
+    std::uint64_t first = 0;  // page index in the pack
+    std::vector<std::uint64_t> values;
+  };
+  std::mutex pending_mu_;
+  std::vector<PendingHash> pending_hashes_;  // guarded by pending_mu_ (writers finish on several threads)
+  std::vector<PendingHash> undo_hashes_;
+  void write_hashes();
+  void sync_hashes(HashMap& h, const PendingHash& run);
 };
 
 /// Writes chunk data into one extent of a pack, from one thread; finish()
@@ -156,7 +182,8 @@ class PackWriter {
   /// when it returns (the source may change after); finish() completes
   /// persistence.
   void copy(std::uint64_t rel, const void* src, std::size_t len);
-  /// Records the page hashes of the pages copied at rel (page-aligned).
+  /// Records the page hashes of the pages copied at rel (page-aligned); they
+  /// reach the page hash file at Packs::persist().
   void set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count);
   /// Makes everything copied persistent (throws when the file system cannot
   /// write it back). On a disk file system it only starts the writeback of
@@ -173,8 +200,8 @@ class PackWriter {
 
  private:
   friend class Packs;
-  PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd,
-             std::atomic<bool>* hash_dirty);
+  PackWriter(Packs::WriteMap* map, std::uint64_t offset, std::uint64_t length, std::uint64_t* hashes, int hash_fd, Packs* packs,
+             std::uint32_t pack);
   void reserve_hashes(std::uint64_t rel, std::uint64_t len);
   void start_writeback(std::uint64_t offset, std::uint64_t len);  // absolute offset in the pack
   void flush_writeback();
@@ -187,11 +214,11 @@ class PackWriter {
   void* memcpy_;
   static constexpr std::size_t kSmallCopy = 64u << 10;
   std::uint64_t unflushed_lo_ = UINT64_MAX, unflushed_hi_ = 0;  // small copies not flushed yet
-  std::uint64_t* hash_file_;                                    // the pack's page hash file, or nullptr
-  std::uint64_t* hashes_;                                       // the same while there is room to write hashes, else nullptr
+  std::uint64_t* hashes_;  // the pack's page hash file while there is room to write hashes, else nullptr
   int hash_fd_;
-  std::atomic<bool>* hash_dirty_;  // the page hash file's Packs::HashMap::dirty
-  std::uint64_t hash_lo_ = UINT64_MAX, hash_hi_ = 0;  // pages whose hashes were set
+  Packs* packs_;
+  std::uint32_t pack_;
+  std::vector<Packs::PendingHash> pending_;  // hashes set, handed to packs_ by finish()
   std::vector<std::pair<std::uint64_t, std::uint64_t>> by_fd_;  // reserved ranges written with pwrite, ascending
   bool unsynced_ = false;                                       // pwrites not yet persisted
 };

@@ -104,9 +104,13 @@ bool parse_pagemap(const char* data, std::size_t size, Pagemap& out) {
       if (!has_pages) e.pages = compat_pages;
       e.flags = static_cast<std::uint32_t>(flags);
       if (!ok || e.vaddr % kPageSize || e.pages == 0 || e.pages > (1ull << 40) / kPageSize) return false;
+      // The entry must end inside the 64-bit address space (vaddr + bytes
+      // must not wrap), and start at or after the previous one's end: both
+      // compared without computing a sum that could wrap.
+      if (e.vaddr > UINT64_MAX - e.pages * kPageSize + 1) return false;  // pages * kPageSize <= 2^40: no wrap here
       if (!out.entries.empty()) {
         const Entry& last = out.entries.back();
-        if (e.vaddr < last.vaddr + last.pages * kPageSize) return false;  // overlapping or unsorted
+        if (e.vaddr < last.vaddr || e.vaddr - last.vaddr < last.pages * kPageSize) return false;  // overlapping or unsorted
       }
       e.present = (flags & kPePresent) != 0;
       out.entries.push_back(e);

@@ -22,6 +22,7 @@
 #include "base/log.hpp"
 #include "base/memops.hpp"
 #include "base/progress.hpp"
+#include "base/sigbus.hpp"
 #include "track/heap_note.hpp"
 #include "store/store_impl.hpp"
 #include "store/reader.hpp"
@@ -848,7 +849,9 @@ void check_restore(unsigned threads, detail::Packs& packs, const Manifest& m, co
           detail::PageLoc at = v.location(p);
           std::uint32_t len = v.page_length(p);
           const char* bytes = at.pack ? packs.mapped(at.pack, at.offset, len) : nullptr;
-          std::uint64_t h = bytes ? detail::page_hash(bytes, len) : detail::zero_page_hash(len);
+          std::uint64_t h = detail::zero_page_hash(len);
+          if (bytes && !detail::guarded(bytes, len, [&] { h = detail::page_hash(bytes, len); }))
+            throw Error(Errc::corrupt, "cannot restore '" + ref + "': " + packs.unreadable(at.pack, at.offset, bytes).what() + " (live memory was not changed)");
           if ((at.pack && !bytes) || h != v.pages[p]) {
             std::size_t none = SIZE_MAX;
             if (bad.compare_exchange_strong(none, k)) bad_page = p;
@@ -868,6 +871,18 @@ void check_restore(unsigned threads, detail::Packs& packs, const Manifest& m, co
   }
 }
 
+// Copies checked pack data into live memory (non-temporal stores); a read
+// that takes SIGBUS (the pack truncated since it was checked, a failing
+// medium) throws corrupt or io naming the pack.
+static void copy_checked(detail::Packs& packs, std::uint32_t pack, std::uint64_t offset, char* to, std::size_t len) {
+  const char* from = packs.mapped(pack, offset, len);
+  if (!from) throw Error(Errc::corrupt, "pack file " + packs.path_of(pack) + " changed during the restore; run `dvr verify`");
+  if (!detail::guarded(from, len, [&] { detail::copy_nt(to, from, len); })) {
+    Error e = packs.unreadable(pack, offset, from);
+    throw Error(e.code(), std::string(e.what()) + " (live memory was partly restored: restore again from an intact snapshot)");
+  }
+}
+
 // Copies a checked plan into live memory (non-temporal stores, every core).
 void copy_restore(unsigned threads, detail::Packs& packs, const Manifest& m, const RestorePlan& plan, detail::ProgressMeter& meter) {
   using detail::kPageSize;
@@ -882,7 +897,7 @@ void copy_restore(unsigned threads, detail::Packs& packs, const Manifest& m, con
         if (v.ref->is_zero())
           detail::zero_nt(to, j.hi - j.lo);
         else
-          detail::copy_nt(to, packs.mapped(v.ref->pack, v.ref->offset + j.lo, j.hi - j.lo), j.hi - j.lo);
+          copy_checked(packs, v.ref->pack, v.ref->offset + j.lo, to, j.hi - j.lo);
         continue;
       }
       for (std::uint32_t p = j.p0; p < j.p1; ++p) {
@@ -891,7 +906,7 @@ void copy_restore(unsigned threads, detail::Packs& packs, const Manifest& m, con
         const std::uint64_t lo = std::max(j.lo, page), hi = std::min(j.hi, page + v.page_length(p));
         char* to = plan.dst[j.chunk] + lo;
         if (at.pack)
-          detail::copy_nt(to, packs.mapped(at.pack, at.offset + (lo - page), hi - lo), hi - lo);
+          copy_checked(packs, at.pack, at.offset + (lo - page), to, hi - lo);
         else
           detail::zero_nt(to, hi - lo);
       }

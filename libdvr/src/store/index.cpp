@@ -18,6 +18,7 @@
 
 #include "dvr/dvr.hpp"
 #include "base/memops.hpp"
+#include "base/sigbus.hpp"
 #include "format/chunks.hpp"
 #include "store/store_impl.hpp"
 
@@ -155,7 +156,11 @@ const ChunkRef* StoreImpl::find_chunk(const Hash128& h, const char* data, std::u
   auto it = index_.find(h);
   if (it == index_.end() || it->second.length != length) return nullptr;
   const char* stored = packs->mapped(it->second.pack, it->second.offset, length);
-  return stored && std::memcmp(stored, data, length) == 0 ? &it->second : nullptr;
+  // Stored bytes that cannot be read (SIGBUS: a truncated pack, a failing
+  // medium) are not reused: the chunk is stored anew.
+  bool same = false;
+  if (stored && !guarded(stored, length, [&] { same = std::memcmp(stored, data, length) == 0; })) same = false;
+  return same ? &it->second : nullptr;
 }
 
 void StoreImpl::index_published(const std::string& file, const Manifest& m) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -194,7 +195,14 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
                                               "); choose an empty or new directory for the store");
     if (!options.create && !path_exists(sb_path)) throw Error(Errc::not_found, "no store at " + path + " (empty directory)");
   }
-  if ((st.st_mode & 077) != 0 && ::chmod(path.c_str(), 0700) != 0) throw_errno(errno, "cannot make store " + path + " private (mode 0700)");
+  if ((st.st_mode & 077) != 0) {
+    if (::chmod(path.c_str(), 0700) != 0) throw_errno(errno, "cannot make store " + path + " private (mode 0700)");
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    loosened_at_open = "store directory " + path + " was mode " + mode +
+                       " (open to group or others), made private (0700) again; find out who loosened it, and run `dvr verify` before trusting its snapshots";
+    DVR_LOG(warn, loosened_at_open);
+  }
 
   // The lock file also guards creation, so two processes opening a new store
   // at once agree on one superblock. Opening an existing store takes no lock:
@@ -235,14 +243,71 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
   while (in >> key >> value)
     kv[key] = value;
   format_version = static_cast<std::uint32_t>(std::strtoul(kv["format"].c_str(), nullptr, 10));
-  if (format_version == 0) throw Error(Errc::corrupt, sb_path + " has no format version; the store's superblock is damaged");
+  if (format_version == 0) throw Error(Errc::corrupt, "corrupt superblock " + sb_path + ": it has no format version; restore it from a backup of the store");
   if (format_version > kStoreFormatVersion)
     throw Error(Errc::unsupported, "store " + path + " has format version " + std::to_string(format_version) + ", newer than this dvr supports (" +
                                        std::to_string(kStoreFormatVersion) + "); upgrade Memory DVR to open it");
+  // Exactly one page in format 1 (docs/format.md): a shorter or longer file was cut
+  // short or written over, whatever its first lines still say.
+  if (text.size() != kPageSize)
+    throw Error(Errc::corrupt, "corrupt superblock " + sb_path + ": it is " + std::to_string(text.size()) + " bytes, not " + std::to_string(kPageSize) +
+                                   " (it was truncated or overwritten); restore it from a backup of the store");
   chunk_size = static_cast<std::uint32_t>(std::strtoul(kv["chunk_size"].c_str(), nullptr, 10));
   uuid = kv["uuid"];
   if (chunk_size < 4096 || (chunk_size & (chunk_size - 1)) != 0 || uuid.size() != 32)
-    throw Error(Errc::corrupt, sb_path + " is damaged (bad chunk_size or uuid)");
+    throw Error(Errc::corrupt, "corrupt superblock " + sb_path + ": bad chunk_size or uuid; restore it from a backup of the store");
+}
+
+std::vector<std::string> StoreImpl::permission_warnings() const {
+  std::vector<std::string> out;
+  if (!loosened_at_open.empty()) out.push_back(loosened_at_open);
+  // Everything dvr creates is 0700 (directories) or 0600 (files): any bit for
+  // group or others was set by someone else.
+  struct Kind {
+    const char* what;
+    std::vector<std::string> examples;
+    std::uint64_t count = 0;
+  } dirs{"directory", {}, 0}, files{"file", {}, 0};
+  auto check = [](Kind& kind, const std::string& p) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || S_ISLNK(st.st_mode) || (st.st_mode & 077) == 0) return;
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    if (kind.examples.size() < 3) kind.examples.push_back(p + " (mode " + mode + ")");
+    ++kind.count;
+  };
+  auto walk = [&](const std::string& dir, int depth, auto& self) -> void {
+    check(dirs, dir);
+    std::vector<std::string> entries;
+    try {
+      entries = list_dir(dir);
+    } catch (const Error&) {
+      return;  // unreadable: the operations that need it report it
+    }
+    for (auto& e : entries) {
+      std::string p = dir + "/" + e;
+      struct stat st {};
+      if (::lstat(p.c_str(), &st) != 0) continue;
+      if (S_ISDIR(st.st_mode) && depth > 0)
+        self(p, depth - 1, self);
+      else if (S_ISDIR(st.st_mode))
+        check(dirs, p);
+      else
+        check(files, p);
+    }
+  };
+  walk(path, 2, walk);  // the store, its subdirectories, the sessions' directories
+  for (Kind* k : {&dirs, &files}) {
+    if (k->count == 0) continue;
+    std::string line = std::to_string(k->count) + " " + k->what + (k->count == 1 ? "" : "s") + " of store " + path +
+                       " open to group or others (dvr makes them " + (k == &dirs ? "0700" : "0600") + "): " + k->examples[0];
+    for (std::size_t i = 1; i < k->examples.size(); ++i)
+      line += ", " + k->examples[i];
+    if (k->count > k->examples.size()) line += ", ...";
+    line += std::string("; make them private again (chmod -R go= ") + path + ") and find out who changed them";
+    out.push_back(std::move(line));
+  }
+  return out;
 }
 
 std::vector<std::string> StoreImpl::pin_files() const {

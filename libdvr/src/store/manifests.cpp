@@ -18,6 +18,7 @@
 
 #include "dvr/dvr.hpp"
 #include "base/memops.hpp"
+#include "base/sigbus.hpp"
 #include "format/chunks.hpp"
 #include "store/store_impl.hpp"
 
@@ -52,7 +53,13 @@ void StoreImpl::hydrate(Manifest& m) const {
     try {
       for (std::uint32_t p = 0; p < n; ++p) {
         PageLoc at = v.location(p);
-        out[p] = at.pack ? page_hash(packs->read(at.pack, at.offset, v.page_length(p)), v.page_length(p)) : zero_page_hash(v.page_length(p));
+        const std::uint32_t len = v.page_length(p);
+        if (!at.pack) {
+          out[p] = zero_page_hash(len);
+          continue;
+        }
+        const char* bytes = packs->read(at.pack, at.offset, len);
+        if (!guarded(bytes, len, [&] { out[p] = page_hash(bytes, len); })) throw packs->unreadable(at.pack, at.offset, bytes);
       }
     } catch (const Error&) {
       // Unreadable: left for the reader's checks to report.

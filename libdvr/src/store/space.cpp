@@ -94,9 +94,11 @@ StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Pla
 StoreImpl::AllocationScope::~AllocationScope() {
   // A snapshot that failed (a full disk, say) gives its space back at once,
   // rather than leaving the file system full until the next gc.
-  if (!committed_)
+  if (!committed_) {
     for (auto& f : store_.in_flight_)
       store_.packs->punch(f.pack, f.offset, f.length);
+    store_.packs->discard_writes();  // and the page hash files as they were
+  }
   store_.in_flight_.clear();
   store_.packs->end_writes();
 }

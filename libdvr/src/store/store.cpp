@@ -190,6 +190,7 @@ StoreStats Store::stats() const {
     s.pack_bytes += detail::file_allocated(impl_->packs->path_of(id));
     ++s.pack_files;
   }
+  s.warnings = impl_->permission_warnings();
   return s;
 }
 

@@ -88,6 +88,13 @@ class StoreImpl {
 
   /// Session directories with valid names, unsorted.
   std::vector<std::string> session_names() const;
+  /// Loosened permissions (docs/format.md, "Permissions"): the store
+  /// directory's mode as open found it (open makes it 0700 again), and every
+  /// directory or file of the store that group or others may read, write or
+  /// enter now. One line each (at most a few per kind, then a count), saying
+  /// what to do; empty when the store is private. For verify() and stats().
+  std::vector<std::string> permission_warnings() const;
+  std::string loosened_at_open;  // the warning open logged, or ""
   /// Snapshot names of a session, unsorted (from the directory).
   std::vector<std::string> snapshot_names(const std::string& session) const;
 

@@ -51,6 +51,7 @@ VerifyReport Store::verify(const Progress& progress) const {
     bool readable = false;
     std::string error;
     bool damage = true;  // false: an I/O or permission problem, not proven damage
+    bool newer = false;  // in a pack of a newer format (unsupported): not damage either
   };
   std::map<Key, Loc> locs;
   std::vector<std::pair<std::string, std::string>> readable;
@@ -85,6 +86,7 @@ VerifyReport Store::verify(const Progress& progress) const {
     } catch (const Error& e) {
       loc.error = e.what();
       loc.damage = e.code() == Errc::corrupt;
+      loc.newer = e.code() == Errc::unsupported;
     }
     work.push_back(&loc);
   }
@@ -116,13 +118,14 @@ VerifyReport Store::verify(const Progress& progress) const {
       continue;  // changed meanwhile; its first pass stands
     }
     std::vector<std::string> items;
-    bool damage = false;
+    bool damage = false, newer = false;
     for (auto& r : m.regions)
       for (std::uint64_t i = 0; i < r.chunk_count; ++i) {
         auto& c = m.chunks[r.first_chunk + i];
         auto it = locs.find(key_of_chunk(view_of(m, r.first_chunk + i)));
         if (it == locs.end() || it->second.error.empty()) continue;
         damage = damage || it->second.damage;
+        newer = newer || it->second.newer;
         items.push_back("region '" + r.name + "' bytes [" + std::to_string(i * m.chunk_size) + ", " + std::to_string(i * m.chunk_size + c.length) +
                         "): " + it->second.error);
       }
@@ -131,10 +134,12 @@ VerifyReport Store::verify(const Progress& progress) const {
     for (std::size_t i = 1; i < std::min<std::size_t>(items.size(), 3); ++i)
       what += "; " + items[i];
     if (items.size() > 3) what += "; ...";
-    what += damage ? " — this snapshot cannot be restored; remove it with `dvr rm " + session + "/" + name + "`"
-                   : " — check the permissions and health of the store's files, then verify again";
+    what += damage  ? " — this snapshot cannot be restored; remove it with `dvr rm " + session + "/" + name + "`"
+            : newer ? " — upgrade Memory DVR to read it"
+                    : " — check the permissions and health of the store's files, then verify again";
     report.problems.push_back({session, name, what});
   }
+  report.warnings = impl_->permission_warnings();
   return report;
 }
 

@@ -10,6 +10,7 @@
 #include "base/progress.hpp"
 #include "base/os.hpp"
 #include "base/env.hpp"
+#include "base/sigbus.hpp"
 #include "format/chunks.hpp"
 
 namespace dvr::detail {
@@ -391,7 +392,10 @@ bool SnapshotWriter::Lane::changed_page(std::size_t chunk, std::uint32_t p, cons
     // Written but perhaps unchanged: compare with the stored page.
     PageLoc at = was.location(p);
     const char* old = at.pack ? w_.store().packs->mapped(at.pack, at.offset, len) : nullptr;
-    if (at.pack ? old && std::memcmp(old, now, len) == 0 : all_zero(now, len)) return false;
+    // A stored page that cannot be read (SIGBUS) counts as changed: stored anew.
+    bool same = false;
+    if (at.pack && old && !guarded(old, len, [&] { same = std::memcmp(old, now, len) == 0; })) same = false;
+    if (at.pack ? same : all_zero(now, len)) return false;
   }
   hashes[p] = h;
   return true;

@@ -19,6 +19,7 @@
 #include "base/progress.hpp"
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 namespace dvr::transfer {
 
@@ -27,6 +28,17 @@ using detail::kPageSize;
 using detail::StoreImpl;
 
 namespace {
+
+// The smallest record that covers one chunk: a zero record (8 bytes of
+// kind and length, 32 of payload, 8 of checksum).
+constexpr std::uint64_t kMinChunkRecord = 48;
+
+// Bytes free to this user on the file system of `dir`; 0 when unknown.
+std::uint64_t free_bytes(const std::string& dir) {
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) return 0;
+  return static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+}
 
 // ---- receiving -------------------------------------------------------------
 //
@@ -59,6 +71,7 @@ struct Incoming {
   std::vector<char> pending;
   std::size_t pending_chunk = SIZE_MAX;
   std::uint64_t pending_have = 0;
+  bool pending_zero = false;  // every piece of the store chunk being put together so far came as a zero record
 
   Region& region_at(detail::Reader& p, std::uint64_t& j);
   std::uint32_t chunk_len(const Region& r, std::uint64_t j) const;
@@ -91,7 +104,9 @@ Hash128 content_hash(const char* data, std::size_t n, bool paged) {
   return detail::tree_hash(ph.data(), ph.size());
 }
 
-// Stores the checked bytes of stream chunk j of region r (`len` bytes).
+// Stores the checked bytes of stream chunk j of region r (`len` bytes);
+// data == nullptr: they are all zero (a zero record for a piece of a larger
+// store chunk).
 void put_data(Incoming& in, const Incoming::Region& r, std::uint64_t j, const char* data, std::uint32_t len) {
   const std::uint32_t store_chunk = in.writer->chunk_size();
   const std::uint64_t at = j * in.chunk_size;  // region offset
@@ -110,14 +125,24 @@ void put_data(Incoming& in, const Incoming::Region& r, std::uint64_t j, const ch
   if (in.pending_chunk == SIZE_MAX) {
     in.pending_chunk = chunk;
     in.pending_have = 0;
+    in.pending_zero = true;
     in.pending.resize(store_chunk);
   }
   if (in.pending_chunk != chunk || in.pending_have != off)
     bad_stream("chunks of region '" + r.name + "' arrive out of order, which a store with another chunk size cannot take");
-  std::memcpy(in.pending.data() + off, data, len);
+  if (data)
+    std::memcpy(in.pending.data() + off, data, len);
+  else
+    std::memset(in.pending.data() + off, 0, len);
+  in.pending_zero = in.pending_zero && !data;
   in.pending_have += len;
   if (in.pending_have == in.writer->manifest().chunks[chunk].length) {
-    in.lane->put_whole(chunk, in.pending.data());
+    // Every piece a zero record: zero, by constants rather than by hashing
+    // zero memory.
+    if (in.pending_zero)
+      in.writer->zero(chunk);
+    else
+      in.lane->put_whole(chunk, in.pending.data());
     in.pending_chunk = SIZE_MAX;
   }
 }
@@ -259,18 +284,22 @@ void receive_pages(Incoming& in, RecordContext& cx, detail::Reader& p) {
 
 // kZero: an all-zero chunk.
 void receive_zero(Incoming& in, RecordContext& cx, detail::Reader& p) {
-  auto& buf = cx.buf;
+  (void)cx;
   std::uint64_t j = 0;
   auto& r = in.region_at(p, j);
   Hash128 h = p.hash();
   std::uint32_t len = p.u32();
   if (len != in.chunk_len(r, j) || !(in.paged ? detail::is_zero_tree(h, len) : detail::is_zero_chunk(h, len)))
     bad_stream("an all-zero chunk has the wrong checksum or length");
-  if (in.chunk_size == in.writer->chunk_size()) {
-    in.writer->zero(r.first + j);
+  // Never by hashing zero memory (a record of 48 bytes may claim 16 MiB):
+  // the store's chunks it covers are marked zero, whose hashes are constants.
+  const std::uint32_t store_chunk = in.writer->chunk_size();
+  const std::uint64_t at = j * in.chunk_size;  // region offset
+  if (in.chunk_size >= store_chunk) {
+    for (std::uint64_t off = 0; off < len; off += store_chunk)
+      in.writer->zero(r.first + (at + off) / store_chunk);
   } else {
-    buf.assign(len, 0);
-    put_data(in, r, j, buf.data(), len);
+    put_data(in, r, j, nullptr, len);  // a piece of a store chunk: zero when every piece of it is
   }
   r.hashes.push_back(h);
 }
@@ -378,7 +407,9 @@ void read_item(Incoming& in, RecordReader& rd, StoreImpl& si, Stats& st, detail:
 }
 
 // Reads the kSnapshot record's fields and starts the snapshot's writer.
-void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& batch, const std::string& session_override) {
+// `stream_left`: bytes of the stream after this record when known (a file), else 0.
+void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& batch, const std::string& session_override,
+                std::uint64_t max_logical, std::uint64_t stream_left) {
   StoreImpl& si = batch.store();
   detail::Reader p = parse(payload);
   in.session = p.str();
@@ -409,14 +440,23 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
   }
   in.base = p.str();
   Hash128 bfp = p.hash();
-  // The snapshot's tables (about 64 bytes a chunk of this store, 8 a page,
-  // untouched until its data arrives) must fit in memory.
-  static const std::uint64_t ram = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  const std::uint64_t tables = in.logical / si.chunk_size * 64 + in.regions.size() * 256;
-  if (tables > ram / 4)
-    throw Error(Errc::no_space, "the stream's snapshot '" + in.session + "/" + in.name + "' declares " + std::to_string(in.logical >> 20) +
-                                    " MiB, whose tables alone would need " + std::to_string(tables >> 20) + " MiB of this machine's " +
-                                    std::to_string(ram >> 20) + " MiB of memory; nothing was stored");
+  // What the stream may make this side allocate and hash, bounded before
+  // anything is (docs/migration.md, "Security model"): the logical size the
+  // caller allows; the snapshot's tables (about 64 bytes a chunk of this
+  // store and 8 a page, in memory; about 40 bytes a chunk in its manifest)
+  // in a quarter of this machine's memory and in the store's free space;
+  // and, for a stream whose length is known (a file), at least one record
+  // (48 bytes or more) for every chunk its base cannot supply. Zero chunks
+  // cost no hashing of zero memory (receive_zero).
+  const std::string what = "the stream's snapshot '" + in.session + "/" + in.name + "' declares " + std::to_string(in.logical) + " bytes";
+  if (max_logical && in.logical > max_logical)
+    throw Error(Errc::invalid_argument, what + ", more than the " + std::to_string(max_logical) +
+                                            " this receive allows (ReceiveOptions::max_logical_bytes); nothing was stored");
+  std::uint64_t store_chunks = 0, stream_chunks = 0;
+  for (auto& r : in.regions) {
+    store_chunks += (r.size + si.chunk_size - 1) / si.chunk_size;
+    stream_chunks += r.chunks;
+  }
   if (detail::path_exists(si.manifest_path(in.session, in.name)))
     throw Error(Errc::already_exists, "snapshot '" + in.session + "/" + in.name + "' exists already in store " + si.path +
                                           "; remove it first (`dvr rm`) to receive it again — nothing was stored");
@@ -429,6 +469,26 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
       throw Error(Errc::not_found, "snapshot '" + in.session + "/" + in.base + "' in store " + si.path +
                                        " differs from the sender's base of that name; send without --base — nothing was stored");
   }
+  if (stream_left) {
+    std::uint64_t from_base = 0;  // chunks the base can supply, many with one record (kind 6)
+    for (auto& r : in.regions)
+      if (const detail::ManifestRegion* br = in.base_region(r.name); br && br->size == r.size && in.b->chunk_size == in.chunk_size)
+        from_base += r.chunks;
+    const std::uint64_t need = stream_chunks - from_base;
+    if (need > stream_left / kMinChunkRecord)
+      bad_stream("snapshot '" + in.session + "/" + in.name + "' declares " + std::to_string(stream_chunks) + " chunks (" + std::to_string(in.logical) +
+                 " bytes), but only " + std::to_string(stream_left) + " bytes of the stream follow, and each chunk takes a record of at least " +
+                 std::to_string(kMinChunkRecord));
+  }
+  static const std::uint64_t ram = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t tables = store_chunks * 64 + (in.logical / kPageSize + store_chunks) * 8 + in.regions.size() * 256;
+  if (const std::uint64_t free = free_bytes(si.path); free && store_chunks * 40 > free)
+    throw Error(Errc::no_space, what + ", whose manifest alone would need " + std::to_string((store_chunks * 40) >> 20) + " MiB, more than the " +
+                                    std::to_string(free >> 20) + " MiB free in store " + si.path + "; nothing was stored");
+  if (tables > ram / 4)
+    throw Error(Errc::no_space, "the stream's snapshot '" + in.session + "/" + in.name + "' declares " + std::to_string(in.logical >> 20) +
+                                    " MiB, whose tables alone would need " + std::to_string(tables >> 20) + " MiB of this machine's " +
+                                    std::to_string(ram >> 20) + " MiB of memory; nothing was stored");
   in.writer = std::make_unique<detail::SnapshotWriter>(batch, in.session, in.name, detail::WriterOptions{.label = in.label, .parent = in.base});
   for (auto& r : in.regions) {
     r.first = in.writer->manifest().chunks.size();
@@ -494,7 +554,7 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
     if (!options.session.empty()) session = options.session;
     for (auto& q : items)
       if (q->session == session && q->name == name) bad_stream("a snapshot arrives twice");
-    begin_item(*in, payload, batch, options.session);
+    begin_item(*in, payload, batch, options.session, options.max_logical_bytes, stream_size > rd.bytes() ? stream_size - rd.bytes() : 0);
     items.push_back(std::move(in));
     read_item(*items.back(), rd, batch.store(), st, meter);
   }
@@ -525,7 +585,7 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
 }  // namespace internal
 
 Stats receive(Store& store, int fd, const ReceiveOptions& options) {
-  const std::uint64_t size = options.progress ? bytes_left(fd) : 0;
+  const std::uint64_t size = bytes_left(fd);  // also bounds what the stream may declare (begin_item)
   RecordReader rd(fd);
   return receive_stream(store, rd, options, size);
 }
