@@ -284,9 +284,6 @@ TEST_CASE("sign: key files are written once, read back, and a secret key others 
 
   // The wrong kind of file, or not a key file: named, with what to give.
   e = catch_error([&] { transfer::SigningKey::load(prefix + ".pub"); });
-  CHECK(e.code == Errc::permission);  // 0644: refused before it is read
-  ::chmod((prefix + ".pub").c_str(), 0600);
-  e = catch_error([&] { transfer::SigningKey::load(prefix + ".pub"); });
   CHECK(e.code == Errc::invalid_argument);
   CHECK_THAT(e.what, Catch::Contains("public key file"));
   e = catch_error([&] { transfer::VerifyKey::load(prefix + ".key"); });
