@@ -39,7 +39,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config git ninja-build
   libpmem2-dev libxxhash-dev libzstd-dev zstd xxhash
-  libjemalloc-dev
+  libjemalloc-dev libsodium-dev
   catch2
   python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-pip
   python3-nbclient python3-ipykernel python3-nbformat jupyter-client

@@ -445,8 +445,19 @@ int cmd_recover(const LsArgs& a) {
 
 struct TransferArgs {
   std::string ref, file, url, base, compress, level, ssh, remote_dvr = "dvr";
+  std::string sign;                        // --sign KEY: the secret key file
+  std::vector<std::string> require_keys;   // --require-signature PUBKEY...
+  std::string remote_sign;                 // pull --remote-sign KEY: the far side's secret key file
   bool no_compress = false, negotiate = false, json = false;
 };
+
+// --require-signature's public keys, loaded (a bad file fails before the transfer starts).
+std::vector<transfer::VerifyKey> required_keys(const TransferArgs& a) {
+  std::vector<transfer::VerifyKey> keys;
+  for (auto& f : a.require_keys)
+    keys.push_back(transfer::VerifyKey::load(f));
+  return keys;
+}
 
 transfer::Options transfer_options(const TransferArgs& a) {
   transfer::Options o;
@@ -461,6 +472,7 @@ transfer::Options transfer_options(const TransferArgs& a) {
     if (o.compress == transfer::Compress::none) throw Error(Errc::invalid_argument, "--level and --compress=none (--no-compress) exclude each other");
     o.level = std::stoi(a.level);  // checked by its validator: 1 to 19
   }
+  if (!a.sign.empty()) o.sign_with = transfer::SigningKey::load(a.sign);
   return o;
 }
 
@@ -477,15 +489,17 @@ void print_transfer(const transfer::Stats& st, bool sent, bool as_json, std::ost
   if (st.data_bytes) out << " (compression " << std::fixed << std::setprecision(2) << st.compression_ratio << "x)";
   out << ", " << st.chunks_skipped << " of " << st.chunks << " chunks skipped" << (st.base.empty() ? std::string() : " (relative to " + st.base + ")");
   if (!sent) out << ", " << bytes(st.stored_bytes) << " added to the store";
+  if (!st.signed_by.empty()) out << ", signed by " << st.signed_by;
   out << ", " << format_seconds(st.seconds) << "\n";
 }
 
 // A receive (receive, import) with its progress: bytes of the stream read,
 // out of the file's size (0 from a pipe, until the end).
-transfer::Stats receive_counted(Store& store, int fd, const char* op) {
+transfer::Stats receive_counted(Store& store, int fd, const char* op, std::vector<transfer::VerifyKey> keys) {
   ProgressReporter progress(op, progress_mode());
   transfer::ReceiveOptions ro;
   ro.progress = progress.callback();
+  ro.require_signature = std::move(keys);
   transfer::Stats st = transfer::receive(store, fd, ro);
   progress.finish();
   return st;
@@ -601,8 +615,11 @@ int cmd_send(const TransferArgs& a) {
 }
 
 int cmd_receive(const TransferArgs& a) {
+  std::vector<transfer::VerifyKey> keys = required_keys(a);
   Store store = open_store(true);
-  transfer::Stats st = a.negotiate ? transfer::receive_negotiated(store, 0, 1) : receive_counted(store, 0, "receive");
+  transfer::ReceiveOptions ro;
+  ro.require_signature = keys;
+  transfer::Stats st = a.negotiate ? transfer::receive_negotiated(store, 0, 1, ro) : receive_counted(store, 0, "receive", keys);
   print_transfer(st, false, a.json, a.negotiate ? std::cerr : std::cout);
   return 0;
 }
@@ -634,12 +651,19 @@ int cmd_export(const TransferArgs& a) {
 }
 
 int cmd_import(const TransferArgs& a) {
+  std::vector<transfer::VerifyKey> keys = required_keys(a);
   int fd = ::open(a.file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(errno == ENOENT ? Errc::not_found : Errc::io, "cannot open " + a.file + ": " + std::strerror(errno));
   transfer::Stats st;
   try {
     Store store = open_store(true);
-    st = receive_counted(store, fd, "import");
+    st = receive_counted(store, fd, "import", keys);
+  } catch (const Error& e) {
+    ::close(fd);
+    // A refused stream: the message says what; this says which file.
+    if (e.code() == Errc::corrupt || e.code() == Errc::permission || e.code() == Errc::unsupported)
+      throw Error(e.code(), "import of " + printable(a.file) + ": " + e.what());
+    throw;
   } catch (...) {
     ::close(fd);
     throw;
@@ -656,6 +680,7 @@ int cmd_push_pull(const TransferArgs& a, bool push) {
     ssh = env_ssh && *env_ssh ? env_ssh : "ssh";
   }
   transfer::Options o = transfer_options(a);
+  std::vector<transfer::VerifyKey> keys = required_keys(a);
   SshTarget t = parse_ssh_url(a.url);
   Store store = open_store(!push);
   std::vector<std::string> remote = {a.remote_dvr, "--store", t.path};
@@ -664,6 +689,7 @@ int cmd_push_pull(const TransferArgs& a, bool push) {
   } else {
     remote.insert(remote.end(), {"send", "--negotiate", a.ref});
     if (!o.base.empty()) remote.insert(remote.end(), {"--base", o.base});
+    if (!a.remote_sign.empty()) remote.insert(remote.end(), {"--sign", a.remote_sign});
     // Spelled so that a far dvr older than --compress understands the
     // default and none (it compresses every chunk, as zstd does).
     if (o.compress == transfer::Compress::none) {
@@ -683,6 +709,7 @@ int cmd_push_pull(const TransferArgs& a, bool push) {
     } else {
       transfer::ReceiveOptions ro;
       ro.progress = o.progress;  // stream bytes; the size is not known before
+      ro.require_signature = keys;
       st = transfer::receive_negotiated(store, child.from, child.to, ro);
     }
   } catch (const Error& e) {
@@ -1236,6 +1263,35 @@ const char* kDescription =
 
 void add_json(CLI::App* sub, bool& flag) { sub->add_flag("--json", flag, "print one JSON document on stdout (docs/cli.md)"); }
 
+// --sign KEY (send, export, push): the sender's side of a signed stream.
+void add_sign_option(CLI::App* sub, TransferArgs& t) {
+  sub->add_option("--sign", t.sign, "sign the stream with this secret key file (made by `dvr keygen`)")->type_name("KEY");
+}
+
+// --require-signature PUBKEY (receive, import, pull): the receiver's side.
+void add_require_option(CLI::App* sub, TransferArgs& t) {
+  sub->add_option("--require-signature", t.require_keys,
+                  "store nothing unless the stream is signed by this public key (PREFIX.pub; repeat to accept any of several)")
+      ->type_name("PUBKEY")
+      ->allow_extra_args(false);
+}
+
+int cmd_keygen(const std::string& prefix, bool as_json) {
+  transfer::SigningKey k = transfer::SigningKey::generate();
+  k.save(prefix);
+  if (as_json) {
+    json doc = document();
+    doc["secret_key"] = jstr(prefix + ".key");
+    doc["public_key"] = jstr(prefix + ".pub");
+    doc["fingerprint"] = k.fingerprint();
+    print_json(doc);
+  } else {
+    std::cout << "wrote " << printable(prefix) << ".key (secret, mode 0600: keep it on the sending side) and " << printable(prefix)
+              << ".pub (public: give it to the receivers); key " << k.fingerprint() << "\n";
+  }
+  return 0;
+}
+
 void add_transfer_options(CLI::App* sub, TransferArgs& t) {
   sub->add_option("--base", t.base, "send only what differs from this snapshot of the same session, which the receiver holds");
   sub->add_option("--compress", t.compress, "auto (default: chunks that compress), zstd (every chunk) or none")
@@ -1452,16 +1508,20 @@ int run(int argc, char** argv) {
   auto* c_send = app.add_subcommand("send", "write a snapshot (SESSION/NAME, or proc/NAME with its heaps) as a verified stream to stdout");
   c_send->add_option("ref", send.ref, "the snapshot")->required()->type_name("REF");
   add_transfer_options(c_send, send);
+  add_sign_option(c_send, send);
   c_send->add_flag("--negotiate", send.negotiate, "(the far side of push/pull)")->group("");
   add_json(c_send, send.json);
-  c_send->footer("Examples:\n  dvr send sweep/loaded > loaded.dvr\n  dvr send sweep/b --base sweep/a | ssh host dvr receive");
+  c_send->footer(
+      "Examples:\n  dvr send sweep/loaded > loaded.dvr\n  dvr send sweep/b --base sweep/a | ssh host dvr receive\n"
+      "  dvr send sweep/loaded --sign ~/.dvr/me.key | ssh host dvr receive --require-signature me.pub");
   c_send->callback([&] { action = [&] { return cmd_send(send); }; });
 
   TransferArgs recv;
   auto* c_recv = app.add_subcommand("receive", "read such a stream from stdin into the store; nothing is stored unless all of it checks out");
   c_recv->add_flag("--negotiate", recv.negotiate, "(the far side of push)")->group("");
+  add_require_option(c_recv, recv);
   add_json(c_recv, recv.json);
-  c_recv->footer("Examples:\n  dvr receive < loaded.dvr");
+  c_recv->footer("Examples:\n  dvr receive < loaded.dvr\n  dvr receive --require-signature alice.pub < loaded.dvr");
   c_recv->callback([&] { action = [&] { return cmd_receive(recv); }; });
 
   TransferArgs exp;
@@ -1469,16 +1529,34 @@ int run(int argc, char** argv) {
   c_exp->add_option("ref", exp.ref, "the snapshot")->required()->type_name("REF");
   c_exp->add_option("-o,--output", exp.file, "the file")->required()->type_name("FILE");
   add_transfer_options(c_exp, exp);
+  add_sign_option(c_exp, exp);
   add_json(c_exp, exp.json);
-  c_exp->footer("Examples:\n  dvr export sweep/loaded -o loaded.dvr\n  dvr export proc/job -o job.dvr --compress=zstd --level 3");
+  c_exp->footer(
+      "Examples:\n  dvr export sweep/loaded -o loaded.dvr\n  dvr export proc/job -o job.dvr --compress=zstd --level 3\n"
+      "  dvr export sweep/loaded -o loaded.dvr --sign ~/.dvr/alice.key   (receivers: dvr import --require-signature alice.pub)");
   c_exp->callback([&] { action = [&] { return cmd_export(exp); }; });
 
   TransferArgs imp;
   auto* c_imp = app.add_subcommand("import", "read a stream file into the store");
   c_imp->add_option("file", imp.file, "the file")->required()->type_name("FILE");
+  add_require_option(c_imp, imp);
   add_json(c_imp, imp.json);
-  c_imp->footer("Examples:\n  dvr import loaded.dvr\n  dvr import loaded.dvr --progress=json");
+  c_imp->footer(
+      "Examples:\n  dvr import loaded.dvr\n  dvr import loaded.dvr --progress=json\n"
+      "  dvr import loaded.dvr --require-signature alice.pub   (refuses a file not signed by alice.key)");
   c_imp->callback([&] { action = [&] { return cmd_import(imp); }; });
+
+  std::string keygen_out;
+  bool keygen_json = false;
+  auto* c_keygen = app.add_subcommand("keygen", "make an Ed25519 key pair for signed streams (export/send --sign, import/receive --require-signature)");
+  c_keygen->add_option("--out", keygen_out, "write PREFIX.key (secret, mode 0600) and PREFIX.pub (public); refuses to overwrite")
+      ->required()
+      ->type_name("PREFIX");
+  add_json(c_keygen, keygen_json);
+  c_keygen->footer(
+      "Examples:\n  dvr keygen --out ~/.dvr/alice\n  dvr export sweep/loaded -o loaded.dvr --sign ~/.dvr/alice.key\n"
+      "  dvr import loaded.dvr --require-signature alice.pub   (on the receiving side)");
+  c_keygen->callback([&] { action = [&] { return cmd_keygen(keygen_out, keygen_json); }; });
 
   TransferArgs push, pull;
   auto* c_push = app.add_subcommand("push", "send a snapshot to a store on another machine through ssh (only what it lacks travels)");
@@ -1487,8 +1565,9 @@ int run(int argc, char** argv) {
   c_push->add_option("--ssh", push.ssh, "the ssh command (default $DVR_SSH, else ssh)")->type_name("CMD");
   c_push->add_option("--remote-dvr", push.remote_dvr, "the far dvr (default dvr)")->type_name("PATH");
   add_transfer_options(c_push, push);
+  add_sign_option(c_push, push);
   add_json(c_push, push.json);
-  c_push->footer("Examples:\n  dvr push sweep/loaded ssh://node2/dev/shm/dvr-0");
+  c_push->footer("Examples:\n  dvr push sweep/loaded ssh://node2/dev/shm/dvr-0\n  dvr push sweep/loaded ssh://node2/dev/shm/dvr-0 --sign ~/.dvr/me.key");
   c_push->callback([&] { action = [&] { return cmd_push_pull(push, true); }; });
 
   auto* c_pull = app.add_subcommand("pull", "the reverse of push");
@@ -1497,8 +1576,13 @@ int run(int argc, char** argv) {
   c_pull->add_option("--ssh", pull.ssh, "the ssh command (default $DVR_SSH, else ssh)")->type_name("CMD");
   c_pull->add_option("--remote-dvr", pull.remote_dvr, "the far dvr (default dvr)")->type_name("PATH");
   add_transfer_options(c_pull, pull);
+  add_require_option(c_pull, pull);
+  c_pull->add_option("--remote-sign", pull.remote_sign, "the far side signs the stream with this secret key file (a path on the far machine)")
+      ->type_name("KEY");
   add_json(c_pull, pull.json);
-  c_pull->footer("Examples:\n  dvr pull ssh://node2/dev/shm/dvr-0 sweep/loaded");
+  c_pull->footer(
+      "Examples:\n  dvr pull ssh://node2/dev/shm/dvr-0 sweep/loaded\n"
+      "  dvr pull ssh://node2/dev/shm/dvr-0 sweep/loaded --remote-sign /etc/dvr/node2.key --require-signature node2.pub");
   c_pull->callback([&] { action = [&] { return cmd_push_pull(pull, false); }; });
 
   server::ServeOptions so;

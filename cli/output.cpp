@@ -229,6 +229,7 @@ json to_json(const transfer::Stats& st, bool sent) {
     doc["chunks_raw"] = st.chunks_raw;
     doc["read_bytes"] = st.read_bytes;
   }
+  doc["signed_by"] = jstr(st.signed_by);
   doc["seconds"] = st.seconds;
   return doc;
 }

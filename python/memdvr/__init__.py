@@ -46,8 +46,8 @@ import re
 import struct
 import sys
 import time
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Tuple,
-                    Union, overload)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence,
+                    Tuple, Union, overload)
 
 import numpy as np
 import numpy.typing as npt
@@ -85,6 +85,8 @@ __all__ = [
     "PruneReport",
     "Progress",
     "default_path",
+    "keygen",
+    "key_fingerprint",
     "set_log_level",
     "log_level",
     "log_to_python",
@@ -361,7 +363,8 @@ class TransferStats(_Result):
     the refs ("session/name"), the base used, logical, wire and chunk-data
     bytes, chunks (skipped: the receiver had them; compressed; raw), bytes read
     (export) and added to the store (import), seconds, the compression ratio
-    and the content fingerprint."""
+    and the content fingerprint; ``signed_by``: the fingerprint of the key
+    that signed the stream ("" when it was not signed)."""
 
     refs: Tuple[str, ...]
     base: str
@@ -377,6 +380,7 @@ class TransferStats(_Result):
     seconds: float
     compression_ratio: float
     fingerprint: str
+    signed_by: str
 
     @classmethod
     def _from_dict(cls, d: Dict[str, Any]) -> "TransferStats":
@@ -487,6 +491,23 @@ def flush_log() -> None:
     """Waits until every line the library logged so far has reached Python's
     logging (after :func:`log_to_python`; nothing to wait for otherwise)."""
     _core.flush_log()
+
+
+def keygen(prefix: _PathArg) -> str:
+    """Writes a new Ed25519 key pair for signed streams: ``PREFIX.key`` (the
+    secret key, mode 0600: it stays with the sender, for ``Store.export(...,
+    sign=)``) and ``PREFIX.pub`` (for the receivers, ``Store.import_(...,
+    require_signature=)``), what ``dvr keygen --out PREFIX`` does. Returns the
+    key's fingerprint ("ed25519:" and 32 hex digits). Raises AlreadyExists
+    when either file exists (nothing is overwritten), NotFound (no such
+    directory)."""
+    return _core.keygen(os.fspath(prefix))
+
+
+def key_fingerprint(path: _PathArg) -> str:
+    """The fingerprint of a public key file (``PREFIX.pub``), as
+    TransferStats.signed_by and the messages name keys."""
+    return _core.key_fingerprint(os.fspath(path))
 
 
 def _prune_policy(keep_last: int, keep_within: Union[None, float, _dt.timedelta], keep_hourly: int,
@@ -836,7 +857,8 @@ class Store:
             return Clone(self._core.open_snapshot(session, name, verify), {}, writeable)
 
     def export(self, ref: str, path: _PathArg, *, base: str = "", compress: str = "auto",
-               level: int = 1, progress: Progress = None) -> TransferStats:
+               level: int = 1, progress: Progress = None,
+               sign: Optional[_PathArg] = None) -> TransferStats:
         """Writes snapshot ``ref`` ("session/name", or "proc/NAME") to the file ``path``
         as a verified stream (what ``dvr export REF -o PATH`` does).
 
@@ -845,25 +867,40 @@ class Store:
         "none"; ``level``: zstd level 1-19 (0: none). The file is written
         beside ``path`` and renamed over it once complete: no half file, also
         when ``progress`` raises (bytes of the snapshot's data). The GIL is
-        released meanwhile. Raises NotFound, Corrupt, InvalidArgument, NoSpace.
+        released meanwhile. ``sign``: a secret key file (:func:`keygen`, ``dvr
+        keygen``): the stream is signed with it (``dvr export --sign KEY``;
+        docs/migration.md, "Authenticated imports"). Raises NotFound, Corrupt,
+        InvalidArgument, NoSpace, PermissionDenied (a key file others can read).
         """
         session, name = _core.split_ref(ref)
+        key = "" if sign is None else os.fspath(sign)
         with _progress(progress, "export") as cb, self._finding(session, name):
             return TransferStats._from_dict(
-                self._core.export_(ref, os.fspath(path), base, compress, level, cb))
+                self._core.export_(ref, os.fspath(path), base, compress, level, cb, key))
 
-    def import_(self, path: _PathArg, *, progress: Progress = None) -> TransferStats:
+    def import_(self, path: _PathArg, *, progress: Progress = None,
+                require_signature: Union[_PathArg, Sequence[_PathArg], None] = None) -> TransferStats:
         """Reads a stream file written by :meth:`export` (or ``dvr export``) into the store.
 
         Every chunk is checked before anything is published; a broken file,
         or a ``progress`` callback that raises (bytes of the file read, out of
         its size: dvr::transfer::ReceiveOptions::progress), leaves the store
         as it was. The GIL
-        is released meanwhile. Raises Corrupt, AlreadyExists, NotFound (a base
-        the store lacks, or no file), NoSpace.
+        is released meanwhile. ``require_signature``: a public key file (or
+        several): the file must be signed by (one of) them, else nothing is
+        stored and PermissionDenied (unsigned, or signed by another key) or
+        Corrupt (the signature does not match: altered after signing) is
+        raised (``dvr import --require-signature PUBKEY``). Raises Corrupt,
+        AlreadyExists, NotFound (a base the store lacks, or no file), NoSpace.
         """
+        if require_signature is None:
+            keys: List[str] = []
+        elif isinstance(require_signature, (str, os.PathLike)):
+            keys = [os.fspath(require_signature)]
+        else:
+            keys = [os.fspath(k) for k in require_signature]
         with _progress(progress, "import") as cb:
-            return TransferStats._from_dict(self._core.import_(os.fspath(path), cb))
+            return TransferStats._from_dict(self._core.import_(os.fspath(path), cb, keys))
 
 
 class Session:

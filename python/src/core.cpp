@@ -239,6 +239,7 @@ py::dict transfer_stats_dict(const dvr::transfer::Stats& st) {
   d["seconds"] = st.seconds;
   d["compression_ratio"] = st.compression_ratio;
   d["fingerprint"] = st.fingerprint;
+  d["signed_by"] = st.signed_by;
   return d;
 }
 
@@ -270,7 +271,8 @@ dvr::transfer::Stats export_to(const dvr::Store& store, const std::string& ref, 
 
 // What `dvr import FILE` does: receive() from the file, with its progress
 // (ReceiveOptions::progress: bytes of the file read, out of its size).
-dvr::transfer::Stats import_from(dvr::Store& store, const std::string& file, const dvr::Progress& progress) {
+dvr::transfer::Stats import_from(dvr::Store& store, const std::string& file, const dvr::Progress& progress,
+                                 const std::vector<dvr::transfer::VerifyKey>& keys) {
   int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_file_errno(errno, "cannot open " + file);
   struct Closer {
@@ -279,7 +281,15 @@ dvr::transfer::Stats import_from(dvr::Store& store, const std::string& file, con
   } close_file{fd};
   dvr::transfer::ReceiveOptions o;
   o.progress = progress;
-  return dvr::transfer::receive(store, fd, o);
+  o.require_signature = keys;
+  try {
+    return dvr::transfer::receive(store, fd, o);
+  } catch (const dvr::Error& e) {
+    // A refused stream: the message says what; this says which file (as `dvr import`).
+    if (e.code() == dvr::Errc::corrupt || e.code() == dvr::Errc::permission || e.code() == dvr::Errc::unsupported)
+      throw dvr::Error(e.code(), "import of " + file + ": " + e.what());
+    throw;
+  }
 }
 
 // ---------------------------------------------------------------- logging
@@ -441,6 +451,20 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "flush_log", [] { LogBridge::get().flush(); }, "Waits until every log line queued so far reached the handler.");
 
+  m.def(
+      "keygen",
+      [](const std::string& prefix) {
+        dvr::transfer::SigningKey k = dvr::transfer::SigningKey::generate();
+        k.save(prefix);
+        return k.fingerprint();
+      },
+      py::arg("prefix"),
+      "Writes a new Ed25519 key pair as PREFIX.key (secret, mode 0600) and PREFIX.pub (what `dvr keygen --out PREFIX` does); "
+      "returns its fingerprint. AlreadyExists when either file exists.");
+  m.def(
+      "key_fingerprint", [](const std::string& path) { return dvr::transfer::VerifyKey::load(path).fingerprint(); }, py::arg("path"),
+      "The fingerprint (\"ed25519:\" and 32 hex digits) of a public key file.");
+
   m.def("split_ref", &dvr::split_ref, py::arg("ref"),
         "Splits a snapshot reference 'SESSION/NAME' ('proc/NAME' for a process snapshot) into (SESSION, NAME); "
         "InvalidArgument unless it is two non-empty parts around one '/' (dvr::split_ref).");
@@ -576,9 +600,10 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "export_",
           [](const dvr::Store& s, const std::string& ref, const std::string& path, const std::string& base, const std::string& compress, int level,
-             py::object progress) {
+             py::object progress, const std::string& sign) {
             dvr::transfer::Options o;
             o.base = base;
+            if (!sign.empty()) o.sign_with = dvr::transfer::SigningKey::load(sign);
             o.compress = dvr::transfer::parse_compress(compress, "compress");
             o.level = level;
             PyProgress p(std::move(progress));
@@ -590,16 +615,22 @@ PYBIND11_MODULE(_core, m) {
             return transfer_stats_dict(st);
           },
           py::arg("ref"), py::arg("path"), py::arg("base") = "", py::arg("compress") = "auto", py::arg("level") = 1, py::arg("progress") = py::none(),
-          "Writes snapshot REF as a stream file at `path` (what `dvr export REF -o PATH` does).")
+          py::arg("sign") = "",
+          "Writes snapshot REF as a stream file at `path` (what `dvr export REF -o PATH [--sign KEY]` does); `sign`: a secret key file.")
       .def(
           "import_",
-          [](dvr::Store& s, const std::string& path, py::object progress) {
+          [](dvr::Store& s, const std::string& path, py::object progress, const std::vector<std::string>& require_signature) {
+            std::vector<dvr::transfer::VerifyKey> keys;
+            for (auto& f : require_signature)
+              keys.push_back(dvr::transfer::VerifyKey::load(f));
             PyProgress p(std::move(progress));
-            dvr::transfer::Stats st = with_progress(p, [&](const dvr::Progress& fn) { return import_from(s, path, fn); });
+            dvr::transfer::Stats st = with_progress(p, [&](const dvr::Progress& fn) { return import_from(s, path, fn, keys); });
             p.finish();
             return transfer_stats_dict(st);
           },
-          py::arg("path"), py::arg("progress") = py::none(), "Reads a stream file into the store (what `dvr import PATH` does).")
+          py::arg("path"), py::arg("progress") = py::none(), py::arg("require_signature") = std::vector<std::string>{},
+          "Reads a stream file into the store (what `dvr import PATH [--require-signature PUBKEY...]` does); "
+          "`require_signature`: public key files, one of which must have signed it.")
       .def("stats",
            [](const dvr::Store& s) {
              dvr::StoreStats st;

@@ -76,7 +76,7 @@ done
 # Nothing of the python component (the wheel's files) in a default install.
 [[ ! -e $prefix/memdvr ]] || fail "the python component was installed by a default cmake --install"
 # The exported target: only the include dir and C++20, no private dependency.
-if grep -E 'pmem2|xxhash|zstd|Threads|PkgConfig::' "$prefix/$libdir"/cmake/dvr/dvrTargets*.cmake; then
+if grep -E 'pmem2|xxhash|zstd|sodium|Threads|PkgConfig::' "$prefix/$libdir"/cmake/dvr/dvrTargets*.cmake; then
   fail "dvrTargets*.cmake names a private dependency of libdvr (above)"
 fi
 grep -q 'INTERFACE_COMPILE_FEATURES "cxx_std_20"' "$prefix/$libdir/cmake/dvr/dvrTargets.cmake" \

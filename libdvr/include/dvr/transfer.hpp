@@ -24,6 +24,68 @@ class Region;
 
 namespace dvr::transfer {
 
+/// An Ed25519 public key: the key a receiver requires streams to be signed
+/// with (ReceiveOptions::require_signature). Its file (PREFIX.pub, written
+/// by SigningKey::save) is text: the line `dvr ed25519 public key v1`, then
+/// the 32 key bytes in base64, then optional `#` comment lines.
+class DVR_EXPORT VerifyKey {
+ public:
+  /// Reads a public key file. Throws not_found, io, corrupt (not a public
+  /// key file: the message names the file and says what it expected; a
+  /// secret key file given here is refused so, naming PREFIX.pub).
+  static VerifyKey load(const std::string& path);
+  /// Parses a public key file's text; `what` names it in errors. Throws corrupt.
+  static VerifyKey parse(const std::string& text, const std::string& what = "the public key");
+  /// The key from its 32 raw bytes.
+  static VerifyKey from_bytes(const std::array<std::uint8_t, 32>& key) {
+    VerifyKey k;
+    k.key_ = key;
+    return k;
+  }
+  /// "ed25519:" and 32 hex digits (the first 16 bytes of the BLAKE2b-256 of
+  /// the key): how messages and `dvr keygen` name the key.
+  std::string fingerprint() const;
+  /// The text of its key file.
+  std::string to_text() const;
+  /// Whether `signature` is this key's Ed25519 signature of the n bytes at `message`.
+  bool verify(const void* message, std::size_t n, const std::array<std::uint8_t, 64>& signature) const;
+  const std::array<std::uint8_t, 32>& bytes() const { return key_; }
+  bool operator==(const VerifyKey& o) const { return key_ == o.key_; }
+
+ private:
+  std::array<std::uint8_t, 32> key_{};
+};
+
+/// An Ed25519 secret key, to sign streams with (Options::sign_with). Copies
+/// share the secret, which is wiped from memory when the last goes. Its file
+/// (PREFIX.key, mode 0600) is text: `dvr ed25519 secret key v1`, then the
+/// key's 32-byte seed in base64, then `#` comments (the fingerprint).
+class DVR_EXPORT SigningKey {
+ public:
+  /// A new random key (libsodium's crypto_sign_keypair).
+  static SigningKey generate();
+  /// Reads a secret key file written by save(). Refuses (permission) a file
+  /// that users other than its owner may read or write (mode & 077: run
+  /// `chmod 600 FILE`), or that is not a regular file; throws not_found, io,
+  /// corrupt (not a secret key file: the message says what it expected).
+  static SigningKey load(const std::string& path);
+  /// Writes PREFIX.key (mode 0600) and PREFIX.pub (0644), each complete or
+  /// not at all. Refuses (already_exists) when either exists: nothing is
+  /// overwritten. Throws not_found (no such directory), io, no_space.
+  void save(const std::string& prefix) const;
+  /// Its public key.
+  const VerifyKey& public_key() const { return public_; }
+  /// public_key().fingerprint().
+  std::string fingerprint() const { return public_.fingerprint(); }
+  /// The detached Ed25519 signature of the n bytes at `message`.
+  std::array<std::uint8_t, 64> sign(const void* message, std::size_t n) const;
+
+ private:
+  struct Secret;
+  std::shared_ptr<const Secret> secret_;
+  VerifyKey public_;
+};
+
 /// How chunks are compressed on the wire (`dvr send --compress=`).
 enum class Compress {
   /// zstd for each chunk whose first bytes compress well (a sample of them
@@ -58,6 +120,12 @@ struct Options {
   /// When it throws, the stream is left unfinished (the receiver stores
   /// nothing) and the exception propagates.
   Progress progress;
+  /// Sign the stream with this key (`dvr export --sign KEY`): a signature
+  /// record after the stream's end covers every byte before it. Receivers
+  /// that do not require a signature (and dvr versions before signatures,
+  /// which stop reading at the stream's end) accept it all the same.
+  /// Used by send (export), send_live and send_negotiated (push).
+  std::optional<SigningKey> sign_with;
 };
 
 struct Stats {
@@ -77,6 +145,9 @@ struct Stats {
   double compression_ratio = 1;
   /// send_live: the content fingerprint of what was sent (as fingerprint()).
   std::string fingerprint;
+  /// The fingerprint of the key that signed the stream (VerifyKey::fingerprint),
+  /// "" when it was not signed.
+  std::string signed_by;
 };
 
 /// Writes REF ("session/name", or "proc/NAME" for a process snapshot with its
@@ -127,11 +198,21 @@ struct ReceiveOptions {
   /// regular file must be long enough to carry every chunk it declares, else
   /// corrupt). A stream of zero chunks costs no hashing of zero memory.
   std::uint64_t max_logical_bytes = 0;
+  /// Accept only streams signed by one of these keys (`dvr import
+  /// --require-signature PUBKEY`); empty: any stream, signed or not. An
+  /// unsigned stream is refused at its header, before anything is read into
+  /// the store; a signature is checked after the stream's end and before
+  /// anything is published (the chunks read meanwhile lie in free space,
+  /// given back). A signed stream's signature is checked even when this is
+  /// empty (it then proves only that the stream was not altered).
+  std::vector<VerifyKey> require_signature;
 };
 
 /// Reads one stream from `fd` into `store`. Everything is checked before the
 /// first snapshot is published. Throws corrupt (checksum, truncation,
-/// malformed), unsupported (newer stream format), already_exists, not_found
+/// malformed, a signature that does not verify), permission (an unsigned
+/// stream, or one signed by another key, while options.require_signature
+/// names keys), unsupported (newer stream format), already_exists, not_found
 /// (the stream needs a base this store lacks), no_space.
 DVR_EXPORT Stats receive(Store& store, int fd, const ReceiveOptions& options = {});
 

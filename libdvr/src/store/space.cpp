@@ -39,14 +39,17 @@ bool StoreImpl::range_free(std::uint32_t pack, std::uint64_t offset, std::uint64
 
 StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Placement> hint) {
   auto ids = packs->ids();
+  const std::uint64_t first = std::max(kPackHeaderSize, round_up_page(test_first_offset));
+  const std::uint64_t max_size = kMaxPackSize + (first - kPackHeaderSize);
   auto usable = [&](std::uint32_t id) { return unreadable_.empty() || id == quarantine_pack_; };
   // Next fit: right after the previous block of the same snapshot, so that a
   // snapshot's data stays contiguous and no search is needed.
-  if (hint && usable(hint->pack) && std::find(ids.begin(), ids.end(), hint->pack) != ids.end() && range_free(hint->pack, hint->offset, length)) {
+  if (hint && usable(hint->pack) && std::find(ids.begin(), ids.end(), hint->pack) != ids.end() && hint->offset >= first &&
+      range_free(hint->pack, hint->offset, length)) {
     std::uint64_t size = packs->size_of(hint->pack);
     if (hint->offset + length <= size) return *hint;
-    if (hint->pack == ids.back() && hint->offset + length <= kMaxPackSize) {
-      packs->grow(hint->pack, std::min(kMaxPackSize, std::max(hint->offset + length, 2 * size)));
+    if (hint->pack == ids.back() && hint->offset + length <= max_size) {
+      packs->grow(hint->pack, std::min(max_size, std::max(hint->offset + length, 2 * size)));
       return *hint;
     }
   }
@@ -55,7 +58,7 @@ StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Pla
   std::sort(flying.begin(), flying.end(),
             [](const InFlight& x, const InFlight& y) { return std::tie(x.pack, x.offset) < std::tie(y.pack, y.offset); });
   auto fit = [&](std::uint32_t id, bool may_grow) -> std::optional<Placement> {
-    std::uint64_t size = packs->size_of(id), cursor = kPackHeaderSize;
+    std::uint64_t size = packs->size_of(id), cursor = first;
     auto it = live_.lower_bound({id, 0});
     auto fl = std::lower_bound(flying.begin(), flying.end(), id, [](const InFlight& f, std::uint32_t p) { return f.pack < p; });
     for (;;) {
@@ -76,8 +79,8 @@ StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Pla
       cursor = std::max(cursor, e);
     }
     if (size >= cursor + length) return Placement{id, cursor};
-    if (may_grow && cursor + length <= kMaxPackSize) {
-      packs->grow(id, std::min(kMaxPackSize, std::max(cursor + length, 2 * size)));
+    if (may_grow && cursor + length <= max_size) {
+      packs->grow(id, std::min(max_size, std::max(cursor + length, 2 * size)));
       return Placement{id, cursor};
     }
     return std::nullopt;
@@ -86,9 +89,9 @@ StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Pla
     if (usable(id))
       if (auto p = fit(id, id == ids.back())) return *p;
   std::uint32_t id = ids.empty() ? 1 : ids.back() + 1;
-  packs->create(id, std::max(kInitialPackSize, kPackHeaderSize + length), kPackHeaderSize + length);
+  packs->create(id, std::max(kInitialPackSize, first + length), first + length);
   if (!unreadable_.empty()) quarantine_pack_ = id;
-  return {id, kPackHeaderSize};
+  return {id, first};
 }
 
 StoreImpl::AllocationScope::~AllocationScope() {

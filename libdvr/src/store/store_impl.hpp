@@ -130,6 +130,11 @@ class StoreImpl {
   /// range is large enough. Call after refresh_index() with the exclusive lock
   /// held, through an AllocationScope.
   Placement allocate(std::uint64_t length, std::optional<Placement> hint = std::nullopt);
+  /// For tests only (tests/unit/aged_store_test.cpp; nothing public sets it):
+  /// new data goes at or beyond this offset of a pack, and packs may grow to
+  /// it plus kMaxPackSize, so that data lies past 4 GiB in a sparse pack
+  /// without 4 GiB being written below it. 0: from the pack's header on.
+  std::uint64_t test_first_offset = 0;
 
   /// The pack space handed out while one snapshot is written. take() may be
   /// called from several threads; everything taken counts as occupied until

@@ -531,6 +531,13 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
     throw Error(v > kVersion ? Errc::unsupported : Errc::corrupt, "the stream has format version " + std::to_string(v) + "; this dvr reads version " +
                                                                       std::to_string(kVersion) + (v > kVersion ? " (upgrade dvr on this side)" : "") +
                                                                       "; nothing was stored");
+  std::uint32_t flags;
+  std::memcpy(&flags, head + 12, 4);
+  const bool is_signed = (flags & kFlagSigned) != 0;
+  if (!is_signed && !options.require_signature.empty())
+    throw Error(Errc::permission, "the stream is not signed, and a signature by " + fingerprints(options.require_signature) +
+                                      " is required (--require-signature); nothing was stored (the sender signs with `dvr export --sign KEY`)");
+  if (is_signed) rd.expect_signature();  // the header's 16 bytes are in the hash already
   rd.start();  // records are read and checked ahead on the reader's thread from here
   Stats st;
   // Progress: bytes of the stream read, out of its size when known (a file);
@@ -559,6 +566,9 @@ Stats receive_stream(Store& store, RecordReader& rd, const ReceiveOptions& optio
     read_item(*items.back(), rd, batch.store(), st, meter);
   }
   if (items.empty()) bad_stream("it holds no snapshot");
+  // A signed stream: its signature, over every byte before it, before
+  // anything is published (what was read lies in space given back on failure).
+  if (is_signed) st.signed_by = check_signature(rd.signature(), rd.digest(), options.require_signature, "the stream").fingerprint();
   meter.advance_to(rd.bytes());
   meter.finish();  // before the commit: a callback that throws here still stores nothing
   // Everything checked: publish, heaps first, the process images last; all

@@ -180,7 +180,7 @@ Stats send_with(const Store& store, const std::string& ref, int fd, const Option
     prog.grow_total(total);
   }
   RecordWriter w(fd);
-  write_stream_head(w);
+  write_stream_head(w, opt.sign_with);
   for (std::size_t k = 0; k < items.size(); ++k)
     send_item(items[k], bases[k], w, opt, st, prog);
   prog.finish();  // before the end record: a callback that throws still leaves the stream unfinished
@@ -190,6 +190,7 @@ Stats send_with(const Store& store, const std::string& ref, int fd, const Option
   w.finish();
   st.base = bases.empty() ? "" : bases.back();
   st.wire_bytes = w.bytes();
+  if (opt.sign_with) st.signed_by = opt.sign_with->fingerprint();
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   st.compression_ratio = st.wire_bytes ? static_cast<double>(st.data_bytes) / static_cast<double>(std::max<std::uint64_t>(1, st.wire_bytes)) : 1;
   return st;

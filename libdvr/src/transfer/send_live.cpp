@@ -47,7 +47,7 @@ Stats send_live(const Store& store, const std::string& session, const std::vecto
   detail::ProgressMeter progress(options.progress, total);
 
   RecordWriter w{fd};
-  write_stream_head(w);
+  write_stream_head(w, options.sign_with);
   {
     detail::Writer h;
     h.str(session);
@@ -184,6 +184,7 @@ Stats send_live(const Store& store, const std::string& session, const std::vecto
   st.base = b ? options.base : "";
   st.logical_bytes = total;
   st.wire_bytes = w.bytes();
+  if (options.sign_with) st.signed_by = options.sign_with->fingerprint();
   st.compression_ratio = static_cast<double>(st.data_bytes) / static_cast<double>(std::max<std::uint64_t>(1, st.wire_bytes));
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;

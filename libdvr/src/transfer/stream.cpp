@@ -26,10 +26,11 @@ namespace dvr::transfer::internal {
 
 using detail::StoreImpl;
 
-void write_stream_head(RecordWriter& w) {
+void write_stream_head(RecordWriter& w, const std::optional<SigningKey>& key) {
+  if (key) w.sign_with(*key);
   char head[16];
   std::memcpy(head, kMagic, 8);
-  std::uint32_t v = kVersion, flags = 0;
+  std::uint32_t v = kVersion, flags = key ? kFlagSigned : 0;
   std::memcpy(head + 8, &v, 4);
   std::memcpy(head + 12, &flags, 4);
   w.raw(head, 16);
@@ -154,7 +155,28 @@ struct RecordWriter::Shared {
   bool cancel = false;            // destroyed early: drop what is queued
   std::exception_ptr error;       // the write that failed
   std::thread thread;
+  std::optional<SigningKey> key;  // sign_with(): the writer's thread hashes what it writes
+  std::unique_ptr<StreamHash> hash;
 };
+
+// A record framed as the stream frames them (stream.hpp).
+static std::string frame(Kind kind, const std::string& payload) {
+  std::string out(8, '\0');
+  std::uint32_t k = kind, n = static_cast<std::uint32_t>(payload.size());
+  std::memcpy(out.data(), &k, 4);
+  std::memcpy(out.data() + 4, &n, 4);
+  out += payload;
+  const std::uint64_t h = detail::hash64(out.data(), out.size());
+  out.append(reinterpret_cast<const char*>(&h), 8);
+  return out;
+}
+
+void RecordWriter::sign_with(const SigningKey& key) {
+  if (bytes_ != 0) throw Error(Errc::invalid_argument, "RecordWriter::sign_with after the stream began");
+  std::lock_guard<std::mutex> g(sh_->mu);
+  sh_->key = key;
+  sh_->hash = std::make_unique<StreamHash>();
+}
 
 RecordWriter::RecordWriter(int fd) : fd_(fd), sh_(std::make_unique<Shared>()) {
   sh_->thread = std::thread([this] { run(); });
@@ -183,7 +205,22 @@ void RecordWriter::run() {
       // a push against a base (runs, pages) go out in one system call.
       std::unique_lock<std::mutex> lk(sh_->mu);
       sh_->can_take.wait(lk, [&] { return !sh_->queue.empty() || sh_->closing || sh_->cancel; });
-      if (sh_->cancel || sh_->queue.empty()) return;
+      if (sh_->cancel) return;
+      if (sh_->queue.empty()) {
+        // finish(): everything is written; a signed stream ends with the
+        // signature of all of it.
+        if (!sh_->key) return;
+        std::string sig = frame(kSignature, signature_record(*sh_->key, sh_->hash->final()));
+        sh_->key.reset();
+        lk.unlock();
+        try {
+          write_fd(fd_, sig.data(), sig.size());
+        } catch (...) {
+          std::lock_guard<std::mutex> g(sh_->mu);
+          sh_->error = std::current_exception();
+        }
+        return;
+      }
       while (!sh_->queue.empty() && batch.size() < 64) {
         sh_->queued -= sh_->queue.front().size();
         batch.push_back(std::move(sh_->queue.front()));
@@ -193,8 +230,10 @@ void RecordWriter::run() {
     sh_->can_put.notify_one();
     try {
       iov.clear();
-      for (auto& r : batch)
+      for (auto& r : batch) {
         iov.push_back({r.data(), r.size()});
+        if (sh_->hash) sh_->hash->update(r.data(), r.size());  // only this thread, once sign_with() returned
+      }
       write_fdv(fd_, iov.data(), iov.size());
     } catch (...) {
       {
@@ -261,6 +300,7 @@ void RecordWriter::finish() {
   sh_->can_take.notify_all();
   sh_->thread.join();
   if (sh_->error) std::rethrow_exception(sh_->error);
+  if (sh_->hash) bytes_ += 16 + kSignatureRecord;  // the signature record
 }
 
 // ---- RecordReader ----------------------------------------------------------
@@ -295,6 +335,7 @@ RecordReader::~RecordReader() {
 void RecordReader::raw(char* p, std::size_t n) {
   if (sh_->thread.joinable()) throw Error(Errc::invalid_argument, "RecordReader::raw after start");
   read_fd(fd_, p, n);
+  hash_.update(p, n);
   bytes_ += n;
 }
 
@@ -314,17 +355,37 @@ void RecordReader::run() {
         }
       }
       char head[8], tail[8];
-      read_fd(fd_, head, 8);
       std::uint32_t k, n;
-      std::memcpy(&k, head, 4);
-      std::memcpy(&n, head + 4, 4);
-      if (n > kMaxRecord) bad_stream("a record claims " + std::to_string(n) + " bytes");
-      buf.resize(n);
-      read_fd(fd_, buf.data(), n);
-      read_fd(fd_, tail, 8);
-      std::uint64_t want;
-      std::memcpy(&want, tail, 8);
-      if (detail::hash64_of_two(head, 8, buf.data(), n) != want) bad_stream("a record fails its checksum (a flipped or missing byte)");
+      auto read_record = [&](std::string& into, std::uint32_t limit) {
+        read_fd(fd_, head, 8);
+        std::memcpy(&k, head, 4);
+        std::memcpy(&n, head + 4, 4);
+        if (n > limit) bad_stream("a record claims " + std::to_string(n) + " bytes");
+        into.resize(n);
+        read_fd(fd_, into.data(), n);
+        read_fd(fd_, tail, 8);
+        std::uint64_t want;
+        std::memcpy(&want, tail, 8);
+        if (detail::hash64_of_two(head, 8, into.data(), n) != want) bad_stream("a record fails its checksum (a flipped or missing byte)");
+      };
+      read_record(buf, kMaxRecord);
+      if (signed_) {
+        hash_.update(head, 8);
+        hash_.update(buf.data(), n);
+        hash_.update(tail, 8);
+      }
+      if (k == kStreamEnd && signed_) {
+        // The signature record, before the stream-end record is handed on:
+        // whoever gets that one can check the signature at once.
+        digest_ = hash_.final();
+        std::string sig;
+        const std::uint32_t end_n = n;
+        read_record(sig, 4096);
+        if (k != kSignature) bad_stream("its header says it is signed, but no signature record follows its end");
+        signature_ = std::move(sig);
+        k = kStreamEnd;
+        n = end_n;
+      }
       {
         std::lock_guard<std::mutex> g(sh_->mu);
         sh_->queued += n;
@@ -360,6 +421,7 @@ Kind RecordReader::record(std::string& payload) {
   lk.unlock();
   sh_->can_put.notify_one();
   bytes_ += 16 + payload.size();
+  if (r.kind == kStreamEnd && signed_) bytes_ += 16 + signature_.size();
   return r.kind;
 }
 

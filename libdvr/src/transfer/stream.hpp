@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "dvr/store.hpp"
 #include "dvr/transfer.hpp"
 #include "format/manifest.hpp"
+#include "transfer/sign.hpp"
 
 struct ZSTD_CCtx_s;  // zstd.h's ZSTD_CCtx
 
@@ -37,6 +39,7 @@ enum Kind : std::uint32_t {
   kInherit = 6,
   kSnapshotEnd = 7,
   kStreamEnd = 8,
+  kSignature = 9,  // after kStreamEnd, in a stream whose header has kFlagSigned
 };
 enum Codec : std::uint8_t { kRaw = 0, kZstd = 1 };
 
@@ -87,6 +90,11 @@ class RecordWriter {
   void finish();
   /// Bytes queued so far (the stream's length once finish() returns).
   std::uint64_t bytes() const { return bytes_; }
+  /// Before anything is queued: the writer's thread hashes every byte it
+  /// writes (BLAKE2b-512), and finish() ends the stream with a signature
+  /// record of that hash by `key` (docs/format.md). The stream's header must
+  /// carry kFlagSigned (write_stream_head).
+  void sign_with(const SigningKey& key);
 
  private:
   void queue(std::string&& framed);
@@ -121,12 +129,25 @@ class RecordReader {
   Kind record(std::string& payload);
   /// Bytes the caller has taken so far (header and records).
   std::uint64_t bytes() const { return bytes_; }
+  /// Before start(), for a stream whose header has kFlagSigned: the reader
+  /// hashes every byte of the stream (the header read by raw() included)
+  /// and, after the stream-end record, reads the signature record that must
+  /// follow it, before the caller gets the stream-end record.
+  void expect_signature() { signed_ = true; }
+  /// Once record() has returned kStreamEnd of a signed stream: the
+  /// signature record's payload, and the hash of every byte before it.
+  const std::string& signature() const { return signature_; }
+  const Digest& digest() const { return digest_; }
 
  private:
   struct Shared;
   void run();
   int fd_;
   std::uint64_t bytes_ = 0;
+  bool signed_ = false;
+  StreamHash hash_;        // of the bytes read, while signed_
+  std::string signature_;  // set by the reader's thread before it queues the stream-end record
+  Digest digest_{};
   std::unique_ptr<Shared> sh_;
 };
 
@@ -147,8 +168,9 @@ Hash128 fingerprint(const Manifest& m);
 Manifest load(const Store& s, const std::string& session, const std::string& name);
 
 // send.cpp / receive.cpp, for the negotiation.
-/// The stream's first 16 bytes: magic, version, flags (docs/format.md).
-void write_stream_head(RecordWriter& w);
+/// The stream's first 16 bytes: magic, version, flags (docs/format.md);
+/// with `key`, the flag kFlagSigned, and the writer signs the stream.
+void write_stream_head(RecordWriter& w, const std::optional<SigningKey>& key = std::nullopt);
 
 /// Per-chunk compression of the data in records (send, send_live): the data
 /// is written raw into the record (reserve(), then filled in by the caller,
