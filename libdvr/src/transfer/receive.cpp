@@ -39,6 +39,7 @@ namespace {
 
 struct Incoming {
   std::string session, name, label, base;
+  std::int64_t origin_time_ns = 0;  // the sender's origin time (0: unknown; then its arrival)
   std::uint32_t chunk_size = 0;  // the stream's (the store's may differ)
   bool paged = true;
   struct Region {
@@ -386,7 +387,7 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
   in.name = p.str();
   in.label = p.str();
   (void)p.str();  // the parent there; here the base becomes the parent
-  (void)p.u64();  // time there
+  in.origin_time_ns = static_cast<std::int64_t>(p.u64());  // when it was made there (its origin time); ordered here by arrival
   in.chunk_size = p.u32();
   in.paged = p.u8() != 0;
   std::uint32_t n = p.u32();
@@ -429,7 +430,7 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
       throw Error(Errc::not_found, "snapshot '" + in.session + "/" + in.base + "' in store " + si.path +
                                        " differs from the sender's base of that name; send without --base — nothing was stored");
   }
-  in.writer = std::make_unique<detail::SnapshotWriter>(batch, in.session, in.name, detail::WriterOptions{.label = in.label, .parent = in.base});
+  in.writer = std::make_unique<detail::SnapshotWriter>(batch, in.session, in.name, detail::WriterOptions{.label = in.label, .parent = in.base, .origin_time_ns = in.origin_time_ns});
   for (auto& r : in.regions) {
     r.first = in.writer->manifest().chunks.size();
     in.writer->add_region(r.name, r.size, r.sdk_owned);
