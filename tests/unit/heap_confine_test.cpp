@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "dvr/proc.hpp"
+#include "base/os.hpp"
 #include "proc/metadata.hpp"
 #include "proc/proc_heaps.hpp"
 #include "test_support.hpp"
