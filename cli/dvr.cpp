@@ -156,7 +156,7 @@ int cmd_ls(const LsArgs& a) {
     return 0;
   }
   if (snaps.empty()) {
-    std::cout << "no snapshots in " << store.path() << "\n";
+    std::cout << "no snapshots in " << printable(store.path()) << "\n";
     return 0;
   }
   std::printf("%-32s %-19s %10s %10s  %s\n", "SNAPSHOT", "TIME", "SIZE", "ADDED", "LABEL");
@@ -189,6 +189,8 @@ int cmd_info(const RefArgs& a) {
   }
   std::cout << "snapshot  " << printable(i.session + "/" + i.name) << "\n"
             << "time      " << format_time(i.time_ns) << " (" << rfc3339(i.time_ns) << ")\n"
+            << (i.origin_time_ns != i.time_ns ? "made      " + rfc3339(i.origin_time_ns) + " (where it came from; the time above is its arrival)\n" : "")
+            << "order     " << i.seq << " (commit order in this store: the highest is the newest)\n"
             << "parent    " << (i.parent.empty() ? "(none)" : printable(i.parent)) << "\n"
             << "label     " << printable(i.label) << "\n"
             << "size      " << bytes(i.logical_bytes) << " (" << i.logical_bytes << " bytes)\n"
@@ -327,7 +329,7 @@ int cmd_stat(bool as_json) {
     print_json(to_json(s));
     return 0;
   }
-  std::cout << "store      " << s.path << "\n"
+  std::cout << "store      " << printable(s.path) << "\n"
             << "medium     " << medium_name(s.medium) << (s.medium == Medium::dram ? "  (tmpfs: survives process crashes, NOT reboots)" : "") << "\n"
             << "format     " << s.format_version << ", chunk size " << format_bytes(s.chunk_size) << "\n"
             << "sessions   " << s.sessions << ", snapshots " << s.snapshots << "\n"
@@ -400,7 +402,7 @@ int cmd_diff(const DiffArgs& a) {
                        : d.bytes_differ == 0  ? "identical"
                                               : "";
     std::printf("%-24s %14llu %12llu  %s\n", printable(d.name).c_str(), static_cast<unsigned long long>(d.bytes_differ),
-                static_cast<unsigned long long>(d.pages_differ), note.c_str());
+                static_cast<unsigned long long>(d.pages_differ), printable(note).c_str());
   }
   return 0;
 }
@@ -952,7 +954,7 @@ int periodic_dumps(pid_t pid, const PeriodicArgs& a) {
       std::vector<proc::ProcInfo> series;
       for (auto& q : proc::list(store))
         if (in_series(q.name, a.name)) series.push_back(q);
-      std::sort(series.begin(), series.end(), [](auto& x, auto& y) { return x.time_ns < y.time_ns; });
+      std::sort(series.begin(), series.end(), [](auto& x, auto& y) { return x.seq < y.seq; });  // commit order, not the clock
       for (std::size_t k = 0; k + a.keep < series.size(); ++k) {
         proc::remove(store, series[k].name);
         ++removed;
@@ -982,6 +984,7 @@ struct ProcArgs {
   std::string target;  // PID or NAME
   std::vector<std::string> names;
   std::string name, pidfile, net, ip, host_ip, every;
+  std::vector<std::string> heap_dirs;  // proc restore/clone --heap-dir
   unsigned keep = 0;
   bool leave_running = false, tcp_established = false, detach = false, json = false;
 };
@@ -1070,6 +1073,7 @@ int cmd_proc_restore(const ProcArgs& a, bool clone) {
   o.ip = a.ip;
   o.host_ip = a.host_ip;
   o.tcp_established = a.tcp_established;
+  o.heap_dirs = a.heap_dirs;
   Store store = open_store(false);
   // A dump with established connections restores them by itself (a clone
   // closes them, the original still holding them): say so.
@@ -1087,7 +1091,7 @@ int cmd_proc_restore(const ProcArgs& a, bool clone) {
   proc::RestoreResult r = proc::restore(store, a.target, o);
   progress.finish();
   for (auto& n : r.notes)
-    std::cerr << "dvr: note: " << n << "\n";
+    std::cerr << "dvr: note: " << printable_lines(n) << "\n";
   if (!o.detach) return r.exit_status;
   if (a.json) {
     print_json(restore_document(a.target, r));
@@ -1110,7 +1114,7 @@ int cmd_proc_ls(bool as_json) {
     return 0;
   }
   if (all.empty()) {
-    std::cout << "no process snapshots in " << store.path() << " (`dvr proc dump PID --name NAME` takes one)\n";
+    std::cout << "no process snapshots in " << printable(store.path()) << " (`dvr proc dump PID --name NAME` takes one)\n";
     return 0;
   }
   std::printf("%-28s %-19s %8s %10s %10s %5s  %s\n", "NAME", "TIME", "PID", "IMAGES", "STORED", "HEAPS", "COMMAND");
@@ -1441,6 +1445,9 @@ int run(int argc, char** argv) {
   p_restore->add_flag("--detach", pa.detach, "return once it runs; print its PID");
   p_restore->add_option("--pidfile", pa.pidfile, "write its PID to FILE")->type_name("FILE");
   p_restore->add_flag("--tcp-established", pa.tcp_established, "restore its TCP connections (automatic for a dump that has them)");
+  p_restore->add_option("--heap-dir", pa.heap_dirs,
+                        "also allow DVR heap files in DIR/SESSION/REGION (default: only this store's heaps/; e.g. another store's heaps/ directory)")
+      ->type_name("DIR");
   p_restore->add_option("--net", pa.net, "(clones only)")->group("");
   p_restore->add_option("--ip", pa.ip, "(clones only)")->group("");
   p_restore->add_option("--host-ip", pa.host_ip, "(clones only)")->group("");
@@ -1455,6 +1462,7 @@ int run(int argc, char** argv) {
   p_clone->add_option("--host-ip", pa.host_ip, "with --ip: the host end's address")->type_name("ADDR");
   p_clone->add_option("--pidfile", pa.pidfile, "write its PID to FILE")->type_name("FILE");
   p_clone->add_flag("--tcp-established", pa.tcp_established, "keep TCP connections (default: closed, the original holds them)");
+  p_clone->add_option("--heap-dir", pa.heap_dirs, "also allow DVR heap files in DIR/SESSION/REGION (default: only this store's heaps/)")->type_name("DIR");
   add_json(p_clone, pa.json);
   p_clone->footer("Examples:\n  dvr proc clone job --net new\n  dvr proc clone job --net new --ip 10.213.0.2/30 --json");
   p_clone->callback([&] { action = [&] { return cmd_proc_restore(pa, true); }; });
@@ -1680,13 +1688,13 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const dvr::Error& e) {
-    std::cerr << "dvr: " << e.what() << "\n";
+    std::cerr << "dvr: " << printable_lines(e.what()) << "\n";
     return e.code() == dvr::Errc::invalid_argument ? 2 : 1;
   } catch (const std::invalid_argument& e) {
-    std::cerr << "dvr: " << e.what() << "\n";
+    std::cerr << "dvr: " << printable_lines(e.what()) << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "dvr: " << e.what() << "\n";
+    std::cerr << "dvr: " << printable_lines(e.what()) << "\n";
     return 1;
   }
 }

@@ -61,30 +61,16 @@ std::string utf8_safe(const std::string& s) {
   return out;
 }
 
-std::string printable(const std::string& s) {
+std::string printable_lines(const std::string& s) {
   std::string out;
-  out.reserve(s.size());
-  for (std::size_t k = 0; k < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[k]);
-    std::size_t n = utf8_sequence(s, k);
-    if (n == 0) {
-      hex_escape(out, c);
-      ++k;
-      continue;
-    }
-    if (n == 1 && (c < 0x20 || c == 0x7f)) {
-      out += c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r" : "";
-      if (c != '\n' && c != '\t' && c != '\r') hex_escape(out, c);
-    } else if (n == 2 && c == 0xc2 && static_cast<unsigned char>(s[k + 1]) < 0xa0) {
-      char b[8];  // C1 controls, U+0080 to U+009F (CSI among them)
-      std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned char>(s[k + 1]));
-      out += b;
-    } else {
-      out.append(s, k, n);
-    }
-    k += n;
+  std::size_t at = 0;
+  for (;;) {
+    const std::size_t nl = s.find('\n', at);
+    out += printable(s.substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+    if (nl == std::string::npos) return out;
+    out += '\n';
+    at = nl + 1;
   }
-  return out;
 }
 
 std::string rfc3339(std::int64_t time_ns) {
@@ -112,6 +98,8 @@ json to_json(const SnapshotInfo& i) {
               {"label", jstr(i.label)},
               {"time_ns", i.time_ns},
               {"time", rfc3339(i.time_ns)},
+              {"seq", i.seq},
+              {"origin_time_ns", i.origin_time_ns},
               {"logical_bytes", i.logical_bytes},
               {"stored_bytes", i.stored_bytes},
               {"chunks", i.chunks},
@@ -195,6 +183,8 @@ json to_json(const proc::ProcInfo& p) {
   return json{{"name", jstr(p.name)},
               {"time_ns", p.time_ns},
               {"time", rfc3339(p.time_ns)},
+              {"seq", p.seq},
+              {"origin_time_ns", p.origin_time_ns},
               {"pid", p.pid},
               {"own_pid_namespace", p.own_pid_namespace},
               {"command", jstr(p.command)},

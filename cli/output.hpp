@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dvr/log.hpp"
 #include "dvr/proc.hpp"
 #include "dvr/store.hpp"
 #include "dvr/transfer.hpp"
@@ -26,10 +27,14 @@ inline constexpr int kSchemaVersion = 1;
 /// writes it). Valid text is returned unchanged.
 std::string utf8_safe(const std::string& s);
 
-/// `s` for a terminal: utf8_safe, and control characters (C0, DEL, C1)
-/// written as \n, \t, \r or \xNN / \u0085, so that a label received from
+/// `s` for a terminal: dvr::escape_text (dvr/log.hpp), the one rule of every
+/// text output (docs/cli.md, "Text output"), so that a label received from
 /// another store cannot move the cursor or clear the screen.
-std::string printable(const std::string& s);
+inline std::string printable(const std::string& s) { return dvr::escape_text(s); }
+
+/// A message of several lines (an error with a list, CRIU's output) for a
+/// terminal: each line escaped with printable(), the line breaks kept.
+std::string printable_lines(const std::string& s);
 
 /// Nanoseconds since the Unix epoch as RFC 3339 UTC with nanoseconds:
 /// "2026-12-02T00:31:07.123456789Z".

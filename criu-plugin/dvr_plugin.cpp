@@ -103,7 +103,18 @@ int dvr_init(int stage) {
     // should CRIU fail); a clone's, in its own mount view, are made here.
     const char* done = std::getenv("DVR_CRIU_HEAPS_DONE");
     if (done && image.snapshot == done) return 0;
-    heaps::restore_heaps(image, store ? store : "", kLockTimeout);
+    // Confined like `dvr proc restore` (proc_heaps.hpp, HeapPolicy): the store
+    // restored from and the directories its operator named.
+    heaps::HeapPolicy policy{store ? store : "", {}};
+    if (const char* dirs = std::getenv(heaps::kHeapDirsEnv)) {
+      std::string all = dirs;
+      for (std::size_t at = 0, nl; at < all.size(); at = nl + 1) {
+        nl = all.find('\n', at);
+        if (nl == std::string::npos) nl = all.size();
+        if (nl > at) policy.dirs.push_back(all.substr(at, nl - at));
+      }
+    }
+    heaps::restore_heaps(image, policy, kLockTimeout);
     return 0;
   } catch (const std::exception& e) {
     report(std::string("cannot restore the DVR heaps: ") + e.what());

@@ -158,9 +158,20 @@ def _check_not_reserved(name: str) -> None:
             f"region name '{name}' uses the prefix '{_OBJ_PREFIX}' reserved for put()/get() objects")
 
 
-def _printable(text: str) -> str:
-    """``text`` with control characters escaped (\\n, \\x1b, ...), for messages."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+def _printable(text: Any) -> str:
+    """``text`` for one line of a terminal: dvr::escape_text, the one rule of
+    every text output of dvr and memdvr (docs/cli.md, "Text output"). Bytes
+    are taken as they are; a str's lone surrogates (surrogateescape) as the
+    bytes they stand for."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        data = bytes(text)
+    else:
+        text = str(text)
+        try:
+            data = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a surrogate that stands for no byte
+            data = text.encode("utf-8", "surrogatepass")
+    return _core.escape_text(data)
 
 
 def _hint(name: str, candidates: Iterable[str], how: str) -> str:
@@ -237,6 +248,10 @@ class SnapshotInfo(_Result):
     parent: str
     label: str
     time_ns: int
+    #: Commit order in the store: the highest is the newest, whatever the clock said (dvr::SnapshotInfo::seq).
+    seq: int
+    #: When the snapshot was first made (ns since the epoch): ``time_ns`` for one taken here, the sender's time for a received one.
+    origin_time_ns: int
     logical_bytes: int
     stored_bytes: int
     chunks: int

@@ -34,7 +34,7 @@ import re
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import DvrError, NotFound, Store, default_path
+from . import DvrError, NotFound, Store, _printable, default_path
 from ._core import split_ref
 
 #: The version of the JSON documents (the same as dvr's).
@@ -68,20 +68,6 @@ def _utf8(value: Any) -> str:
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _printable(value: Any) -> str:
-    """Text for a terminal: control characters escaped, as dvr does."""
-    out = []
-    for ch in _utf8(value):
-        o = ord(ch)
-        if ch in "\n\t\r":
-            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}[ch])
-        elif o < 0x20 or o == 0x7F:
-            out.append(f"\\x{o:02x}")
-        elif 0x80 <= o < 0xA0:
-            out.append(f"\\u{o:04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def _rfc3339(time_ns: int) -> str:
@@ -104,6 +90,8 @@ def _snapshot(s: Any) -> Dict[str, Any]:
         "label": _utf8(s.label),
         "time_ns": int(s.time_ns),
         "time": _rfc3339(s.time_ns),
+        "seq": int(s.seq),
+        "origin_time_ns": int(s.origin_time_ns),
         "logical_bytes": int(s.logical_bytes),
         "stored_bytes": int(s.stored_bytes),
         "chunks": int(s.chunks),

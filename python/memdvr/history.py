@@ -61,7 +61,7 @@ from typing import (Any, Callable, Dict, Iterator, List, MutableMapping, Optiona
 import numpy as np
 
 from . import (_OBJ_MAGIC, DvrError, NotFound, Session, SnapshotInfo,
-               Store, _is_object_region, _pickle_region)
+               Store, _is_object_region, _pickle_region, _printable)
 
 __all__ = ["NotebookHistory", "NotebookSnapshot", "SnapshotTable", "HistoryLog", "LogEntry",
            "VariableInfo", "SnapshotDetail", "VariableDiff", "DiffTable", "AutoStatus",
@@ -105,15 +105,11 @@ def _region_diff(store: Store, sa: str, a: str, sb: str, b: str) -> List[Dict[st
     return list(store._core.diff(sa, a, sb, b))
 
 def _oneline(text: str, limit: int = LABEL_MAX_CHARS) -> str:
-    """``text`` on one line, control characters escaped, cut to ``limit`` characters."""
-    flat = " ⏎ ".join(" ".join(line.split()) for line in text.strip().splitlines() if line.strip())
-    flat = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in flat)
+    """``text`` on one line (its lines joined by " ⏎ "), escaped as every text
+    output is (_printable), cut to ``limit`` characters."""
+    flat = " ⏎ ".join(" ".join(line.split()) for line in text.strip().split("\n") if line.strip())
+    flat = _printable(flat)
     return flat if len(flat) <= limit else flat[:limit - 1] + "…"
-
-
-def _printable(text: str) -> str:
-    """``text`` with control characters (except newline) escaped, for terminal output."""
-    return "".join(c if c.isprintable() or c == "\n" else f"\\x{ord(c):02x}" for c in text)
 
 
 def _size(n: int) -> str:
@@ -414,7 +410,7 @@ class SnapshotDetail:
                  f"  label    {_oneline(self.label, 100)}"]
         if self.cell is not None:
             lines.append(f"  cell     {self.cell}")
-            lines += ["    " + line for line in _printable(self.source).splitlines()]
+            lines += ["    " + _printable(line) for line in self.source.split("\n")]
         lines.append(f"  {'VARIABLE':<20} {'KIND':<8} {'SIZE':>10}  {'CHANGE':<9} {'BYTES CHANGED':>13}")
         for v in self.variables:
             note = f"  ({_oneline(v.note, 80)})" if v.note else ""

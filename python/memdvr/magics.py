@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 else:
     Magics = _ipython_magic.Magics
 
-from . import (DvrError, NotFound, Session, Store, _is_object_region, default_path)
+from . import (DvrError, NotFound, Session, Store, _is_object_region, _printable, default_path)
 from .history import (MANUAL_META_OBJECT, AutoStatus, DiffTable, HistoryLog, NotebookHistory,
                       SnapshotDetail, SnapshotTable, _read_object)
 
@@ -471,7 +471,7 @@ class DvrMagics(Magics):
         with Session(s.store, self._labels_session()) as ls:
             ls.put(_LABELS, labels)
             ls.snapshot(_LABELS, label="labels set with %dvr label", replace=True)
-        print(f"label of {name}: {text!r}" if text else f"label of {name}: the stored one again")
+        print(f"label of {_printable(name)}: '{_printable(text)}'" if text else f"label of {_printable(name)}: the stored one again")
 
     # ------------------------------------------------------------ %%dvr trial
 

@@ -436,6 +436,9 @@ PYBIND11_MODULE(_core, m) {
       "set_log_level", [](const std::string& level) { dvr::set_log_level(dvr::parse_log_level(level)); }, py::arg("level"),
       "Sets libdvr's log level for the process: \"error\", \"warn\", \"info\" or \"debug\" (overrides $DVR_LOG).");
   m.def(
+      "escape_text", [](const py::bytes& text) { return dvr::escape_text(std::string(text)); }, py::arg("text"),
+      "dvr::escape_text: the bytes of `text` for one line of a terminal (docs/cli.md, \"Text output\"); memdvr's text output uses it.");
+  m.def(
       "log_level", [] { return std::string(dvr::log_level_name(dvr::log_level())); }, "libdvr's log level: set_log_level(), else $DVR_LOG, else \"warn\".");
   m.def(
       "set_log_handler",

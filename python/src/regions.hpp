@@ -89,6 +89,8 @@ py::dict snapshot_info_dict(const dvr::SnapshotInfo& i) {
   d["parent"] = i.parent;
   d["label"] = i.label;
   d["time_ns"] = i.time_ns;
+  d["seq"] = i.seq;
+  d["origin_time_ns"] = i.origin_time_ns;
   d["logical_bytes"] = i.logical_bytes;
   d["stored_bytes"] = i.stored_bytes;
   d["chunks"] = i.chunks;

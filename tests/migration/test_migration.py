@@ -908,7 +908,11 @@ def test_a_heap_job_migrates_with_its_heap(work, store_a, store_b, dvr_bin, requ
     heap.unlink()
 
     work.store = store_b.path
-    pid = work.restore("h1")
+    # The heap's directory is A's, not B's: refused until the operator names it.
+    refused = work.dvr("proc", "restore", "h1", "--detach", expect=1)
+    assert str(heap) in refused.stderr and "--heap-dir" in refused.stderr, describe(refused)
+    assert not heap.exists(), f"a refused restore created {heap}"
+    pid = work.restore("h1", "--heap-dir", str(store_a.path / "heaps"))
     restored_continues(job, at_dump, pid, gen=1)
     assert heap.is_file() and heap.stat().st_size == 16 * MIB, f"the heap file is not back at {heap}"
     job.pid = pid

@@ -285,7 +285,8 @@ def test_results_round_trip_through_json(store):
 
 
 def test_rfc3339_of_exact_times():
-    info = memdvr.SnapshotInfo(session="s", name="n", parent="", label="", time_ns=1_796_171_467_123_456_789,
+    info = memdvr.SnapshotInfo(session="s", name="n", parent="", label="", time_ns=1_796_171_467_123_456_789, seq=1,
+                               origin_time_ns=1_796_171_467_123_456_789,
                                logical_bytes=0, stored_bytes=0, chunks=0, zero_chunks=0, regions=(),
                                tracking="hash", chunks_read=0, damaged=False, damage="")
     assert info.to_dict()["time"] == "2026-12-02T00:31:07.123456789Z"

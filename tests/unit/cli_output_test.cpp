@@ -87,7 +87,7 @@ TEST_CASE("cli output: a snapshot's JSON object has every documented field", "[c
   std::vector<std::string> keys;
   for (auto& [k, v] : j.items())
     keys.push_back(k);
-  CHECK(keys == std::vector<std::string>{"session", "name", "parent", "label", "time_ns", "time", "logical_bytes", "stored_bytes", "chunks",
+  CHECK(keys == std::vector<std::string>{"session", "name", "parent", "label", "time_ns", "time", "seq", "origin_time_ns", "logical_bytes", "stored_bytes", "chunks",
                                          "zero_chunks", "regions", "tracking", "chunks_read", "damaged", "damage", "pending"});
   CHECK(j["time"] == "1970-01-01T00:00:01.000000001Z");
   CHECK(j["regions"][0]["name"] == "r");

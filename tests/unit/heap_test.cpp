@@ -146,7 +146,7 @@ TEST_CASE("heap: restoring heaps checks sizes and data before changing a file", 
     Region& r = s.alloc("heap", n, {.persistent = true});
     std::memset(r.data(), 0x5a, n);
   }
-  heaps::restore_heaps(img);
+  heaps::restore_heaps(img, {store.path(), {}});
   {
     Session s(store, "job");
     Region& r = s.alloc("heap", n, {.persistent = true});
@@ -154,14 +154,14 @@ TEST_CASE("heap: restoring heaps checks sizes and data before changing a file", 
   }
   // A missing file is created again.
   ::unlink(path.c_str());
-  heaps::restore_heaps(img);
+  heaps::restore_heaps(img, {store.path(), {}});
   {
     Session s(store, "job");
     CHECK(dvrtest::diff(s.alloc("heap", n, {.persistent = true}).data(), want.data(), n) == "");
   }
   // Resized behind dvr's back: refused, file untouched.
   REQUIRE(::truncate(path.c_str(), 2 * n) == 0);
-  auto c = catch_error([&] { heaps::restore_heaps(img); });
+  auto c = catch_error([&] { heaps::restore_heaps(img, {store.path(), {}}); });
   CHECK(c.code == Errc::invalid_argument);
   CHECK(c.what.find("behind") != std::string::npos);
   struct stat st {};
@@ -170,7 +170,7 @@ TEST_CASE("heap: restoring heaps checks sizes and data before changing a file", 
   // An unknown snapshot is not_found.
   heaps::HeapImage gone = img;
   gone.snapshot = "proc.p2";
-  CHECK(catch_error([&] { heaps::restore_heaps(gone); }).code == Errc::not_found);
+  CHECK(catch_error([&] { heaps::restore_heaps(gone, {store.path(), {}}); }).code == Errc::not_found);
 }
 
 TEST_CASE("heap: a tracking note lets a heap snapshot read only the pages written since", "[heap]") {
@@ -474,7 +474,7 @@ TEST_CASE("heap: a sparse heap file is snapshotted and restored without filling 
   // Damage behind the snapshot's back: a page changed, one filled in a hole.
   put(0, 7);
   put(20ull << 20, 9);
-  heaps::restore_heaps(img);
+  heaps::restore_heaps(img, {store.path(), {}});
   CHECK(blocks() <= two_chunks);  // the filled hole is a hole again; the rest untouched
   std::vector<char> got(page);
   int fd = ::open(path.c_str(), O_RDONLY);

@@ -172,3 +172,24 @@ TEST_CASE("log: every program run for CRIU is logged with its command line and e
   CHECK(dvr::proc::impl::run_capture({sh, "-c", "sleep 1"}, {}, &out, {}, [&] { ++ticks; }) == 0);
   CHECK(ticks >= 1);
 }
+
+TEST_CASE("escape: one rule for every text output (C0, DEL, C1, separators, bidi controls, invalid UTF-8)", "[log][escape]") {
+  // docs/cli.md, "Text output": the same function escapes log lines, the
+  // CLI's text and memdvr's (through its binding).
+  CHECK(dvr::escape_text("\x1b]0;title\x07") == "\\x1b]0;title\\x07");
+  CHECK(dvr::escape_text("\xc2\x9b" "31m \xc2\x85") == "\\u009b31m \\u0085");  // C1: CSI, NEL
+  CHECK(dvr::escape_text("\xc2\xa0nbsp caf\xc3\xa9 \xe2\x9c\x93") == "\xc2\xa0nbsp caf\xc3\xa9 \xe2\x9c\x93");
+  CHECK(dvr::escape_text("a\xe2\x80\xa8" "b\xe2\x80\xa9") == "a\\u2028b\\u2029");  // line, paragraph separators
+  CHECK(dvr::escape_text("\xe2\x80\xae" "evil\xe2\x81\xa6\xe2\x81\xa9\xe2\x80\x8e") == "\\u202eevil\\u2066\\u2069\\u200e");
+  CHECK(dvr::escape_text("\xe2\x80\x8d") == "\xe2\x80\x8d");  // a joiner is not a control
+  // Not UTF-8: a stray continuation byte, an overlong '/', a surrogate, a
+  // truncated sequence, a byte above F4: each byte as \xNN.
+  CHECK(dvr::escape_text("\x80") == "\\x80");
+  CHECK(dvr::escape_text("\xc0\xaf") == "\\xc0\\xaf");
+  CHECK(dvr::escape_text("\xed\xa0\x80") == "\\xed\\xa0\\x80");
+  CHECK(dvr::escape_text("ok\xe2\x9c") == "ok\\xe2\\x9c");
+  CHECK(dvr::escape_text("\xf5\x80\x80\x80") == "\\xf5\\x80\\x80\\x80");
+  CHECK(dvr::escape_text(std::string_view("nul\0end", 7)) == "nul\\x00end");
+  // An escape can be told from text that looks like one.
+  CHECK(dvr::escape_text("\\x1b") == "\\\\x1b");
+}

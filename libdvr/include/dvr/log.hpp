@@ -18,6 +18,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <string_view>
 
 #include "dvr/export.h"
@@ -44,9 +45,25 @@ DVR_EXPORT void set_log_level(LogLevel level) noexcept;
 /// ones, and leaves the level at warn.
 DVR_EXPORT LogLevel log_level() noexcept;
 
-/// Where messages go: called with the level and one line of text, with
-/// control characters escaped (\n, \t, \r, \\xNN; and backslash as \\\\), no
-/// trailing newline. nullptr restores the default sink, which writes
+/// `text` made safe to print on one line of a terminal: the one rule of
+/// every text output of dvr (the CLI's listings and messages, log lines,
+/// `python -m memdvr`, the IPython magics), so that a label or name that
+/// arrived from elsewhere cannot move the cursor, retitle the terminal or
+/// forge a line. Valid UTF-8 stays as it is, except:
+///  - backslash becomes \\ (so an escape can be told from text that looks
+///    like one); newline, tab, carriage return become \n, \t, \r;
+///  - the other C0 controls (U+0000 to U+001F) and DEL become \xNN;
+///  - C1 controls (U+0080 to U+009F: CSI is U+009B) become \u00NN, and so do
+///    the line and paragraph separators U+2028, U+2029 and the bidirectional
+///    controls U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069 (\uNNNN);
+///  - each byte that is not part of well-formed UTF-8 (RFC 3629: no overlong
+///    forms, no surrogates, nothing above U+10FFFF) becomes \xNN.
+/// docs/cli.md, "Text output". JSON output is not escaped this way: it
+/// carries the exact text. Thread-safe.
+DVR_EXPORT std::string escape_text(std::string_view text);
+
+/// Where messages go: called with the level and one line of text, escaped
+/// with escape_text(), no trailing newline. nullptr restores the default sink, which writes
 /// "dvr[PID] LEVEL: message\n" to stderr in one write. The sink may be
 /// called from any thread of the library, several at once (it must be
 /// thread-safe), and must not call back into a Store. Exceptions it throws

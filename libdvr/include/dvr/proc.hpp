@@ -45,7 +45,9 @@ struct HeapRef {
 
 struct ProcInfo {
   std::string name;
-  std::int64_t time_ns = 0;        // when the dump was committed
+  std::int64_t time_ns = 0;        // when the dump was committed in this store (arrival, for a received one)
+  std::uint64_t seq = 0;           // its snapshot's commit order in the store (SnapshotInfo::seq): decides "newest"
+  std::int64_t origin_time_ns = 0; // when it was dumped (the sender's time for a received one)
   pid_t pid = 0;                   // the dumped root process, as its dumper saw it
   bool own_pid_namespace = false;  // it was PID 1 of its own PID namespace (`dvr run`)
   std::string command;             // its command line
@@ -113,6 +115,15 @@ struct RestoreOptions {
   std::string host_ip;
   std::string pidfile;     // write the restored root's PID there
   std::string plugin_dir;  // "" = plugin_dir()
+  /// Directories, besides the heap area of the store restored from
+  /// (STORE/heaps), in which the restore may write the snapshot's DVR heap
+  /// files (each as DIR/SESSION/REGION; absolute paths). A process snapshot
+  /// names its heap files by absolute path; one that names a path anywhere
+  /// else (another store's heaps, "..", a symbolic link on the way, /etc/...)
+  /// is refused with Errc::permission before anything is written, naming the
+  /// path. Give the heap directory of another store here (`--heap-dir DIR`)
+  /// to restore a snapshot whose heaps lived there (two stores on one host).
+  std::vector<std::string> heap_dirs;
   /// Restore established TCP connections (CRIU's --tcp-established). A
   /// restore does so by itself for a snapshot dumped with them
   /// (ProcInfo::tcp_established); a clone restores them closed (--tcp-close:

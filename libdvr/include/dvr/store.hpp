@@ -75,8 +75,23 @@ struct SnapshotInfo {
   std::string name;
   std::string parent;               // snapshot this one was taken after ("" = none)
   std::string label;                // free text given at snapshot time
-  std::int64_t time_ns = 0;         // wall-clock time of the commit (Unix epoch, ns);
+  std::int64_t time_ns = 0;         // wall-clock time of the commit in this store (Unix epoch, ns;
+                                    // for a received snapshot: when it arrived);
                                     // for a damaged snapshot, its file's modification time
+  /// Commit order in this store: 1, 2, 3, ... every snapshot committed
+  /// (taken, received, imported, replaced) gets one above every snapshot the
+  /// store holds, whatever the clock says. "Newest" always means the highest
+  /// seq (list order, latest(), `dvr recover`, prune, autosave and
+  /// `proc dump --keep` retention). A received snapshot is numbered when it
+  /// arrives. Snapshots written by a dvr older than manifest v4 record none:
+  /// they are numbered 1, 2, ... within their session by (time_ns, name),
+  /// below every snapshot committed since (docs/format.md, "Snapshot order").
+  std::uint64_t seq = 0;
+  /// When the snapshot was first made (Unix epoch, ns): time_ns for one taken
+  /// in this store; for a received or imported one, the sender's origin time
+  /// (kept through any number of hops). Reported, and used by the time
+  /// buckets of prune; never to decide which snapshot is newest.
+  std::int64_t origin_time_ns = 0;
   std::uint64_t logical_bytes = 0;  // sum of region sizes
   std::uint64_t stored_bytes = 0;   // bytes this snapshot added to the store when taken
   std::uint64_t chunks = 0;         // chunk references (including all-zero chunks)
@@ -234,8 +249,8 @@ class DVR_EXPORT Store {
   /// Sessions that have at least one snapshot, sorted by name.
   std::vector<std::string> sessions() const;
 
-  /// Snapshots of one session (oldest first). Damaged ones are included and
-  /// marked. An unknown session gives an empty list.
+  /// Snapshots of one session, oldest first in commit order (SnapshotInfo::seq,
+  /// not the clock). Damaged ones are included and marked. An unknown session gives an empty list.
   std::vector<SnapshotInfo> list(const std::string& session) const;
 
   /// Snapshots of every session.
@@ -291,8 +306,9 @@ class DVR_EXPORT Store {
   std::vector<RegionDiff> diff(const std::string& session_a, const std::string& snapshot_a, const std::string& session_b,
                                const std::string& snapshot_b) const;
 
-  /// The newest snapshot of `session` whose manifest and data are intact (every
-  /// chunk re-hashed), or no value when there is none. Newer damaged snapshots
+  /// The newest snapshot of `session` (the highest SnapshotInfo::seq: committed
+  /// last in this store, whatever the clock said) whose manifest and data are
+  /// intact (every chunk re-hashed), or no value when there is none. Newer damaged snapshots
   /// are skipped and listed in *skipped ("session/name: why") if given. After a
   /// crash this names the snapshot to restore.
   std::optional<SnapshotInfo> latest(const std::string& session, std::vector<std::string>* skipped = nullptr) const;

@@ -136,36 +136,91 @@ void log_write(LogLevel level, std::string_view message) noexcept {
   }
 }
 
+}  // namespace detail
+
+namespace {
+
+// The length of the well-formed UTF-8 sequence at s[k] (RFC 3629: no
+// overlong forms, no surrogates, nothing above U+10FFFF), or 0; its code
+// point in *cp.
+std::size_t utf8_sequence(std::string_view s, std::size_t k, char32_t* cp) {
+  auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char c = byte(k);
+  if (c < 0x80) {
+    *cp = c;
+    return 1;
+  }
+  std::size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xbf;
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
+  }
+  if (k + n > s.size()) return 0;
+  if (byte(k + 1) < lo || byte(k + 1) > hi) return 0;
+  for (std::size_t i = 2; i < n; ++i)
+    if (byte(k + i) < 0x80 || byte(k + i) > 0xbf) return 0;
+  char32_t v = c & (n == 2 ? 0x1f : n == 3 ? 0x0f : 0x07);
+  for (std::size_t i = 1; i < n; ++i)
+    v = v << 6 | (byte(k + i) & 0x3f);
+  *cp = v;
+  return n;
+}
+
+// Code points above U+009F that escape_text() escapes: they reorder or break
+// lines on a terminal.
+bool invisible_control(char32_t cp) {
+  return cp == 0x2028 || cp == 0x2029 || cp == 0x200e || cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069);
+}
+
+}  // namespace
+
 std::string escape_text(std::string_view text) {
+  static const char hex[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
-  for (unsigned char c : text) {
-    switch (c) {
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          static const char hex[] = "0123456789abcdef";
-          out += "\\x";
-          out += hex[c >> 4];
-          out += hex[c & 15];
-        } else {
-          out += static_cast<char>(c);
-        }
+  for (std::size_t k = 0; k < text.size();) {
+    char32_t cp = 0;
+    const std::size_t n = utf8_sequence(text, k, &cp);
+    if (n == 0) {  // not UTF-8: the byte itself
+      const unsigned char c = static_cast<unsigned char>(text[k]);
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+      ++k;
+      continue;
     }
+    if (cp == '\\') {
+      out += "\\\\";
+    } else if (cp == '\n') {
+      out += "\\n";
+    } else if (cp == '\t') {
+      out += "\\t";
+    } else if (cp == '\r') {
+      out += "\\r";
+    } else if (cp < 0x20 || cp == 0x7f) {
+      out += "\\x";
+      out += hex[cp >> 4];
+      out += hex[cp & 15];
+    } else if ((cp >= 0x80 && cp < 0xa0) || invisible_control(cp)) {
+      out += "\\u";
+      for (int shift = 12; shift >= 0; shift -= 4)
+        out += hex[(cp >> shift) & 15];
+    } else {
+      out.append(text, k, n);
+    }
+    k += n;
   }
   return out;
 }
 
-}  // namespace detail
 }  // namespace dvr

@@ -15,9 +15,8 @@ bool log_enabled(LogLevel level) noexcept;
 /// Logs `message` (escaped here) at `level` to the sink; never throws.
 void log_write(LogLevel level, std::string_view message) noexcept;
 
-/// `text` with control characters, DEL and backslash escaped (\n, \t, \r,
-/// \\, \xNN): safe to print on one line of a terminal.
-std::string escape_text(std::string_view text);
+/// (escape_text, the one escaper of text output, is public: dvr/log.hpp.)
+using dvr::escape_text;
 
 /// Forgets the level set and reads $DVR_LOG again, as on first use (for the
 /// tests of its parsing; the library reads it once).

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -256,6 +257,15 @@ std::string random_hex() {
   return s;
 }
 
-std::int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+namespace {
+std::atomic<ClockFn> g_test_clock{nullptr};
+}  // namespace
+
+std::int64_t now_ns() {
+  if (ClockFn clock = g_test_clock.load(std::memory_order_relaxed)) return clock();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void set_clock_for_testing(ClockFn clock) { g_test_clock.store(clock, std::memory_order_relaxed); }
 
 }  // namespace dvr::detail

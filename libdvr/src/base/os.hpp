@@ -87,5 +87,9 @@ class FileSizeSignalGuard {
 std::string random_hex();
 
 std::int64_t now_ns();
+/// Replaces the clock now_ns() reads (nullptr: the system clock again). For
+/// unit tests that step the clock back without touching the machine's.
+using ClockFn = std::int64_t (*)();
+void set_clock_for_testing(ClockFn clock);
 
 }  // namespace dvr::detail

@@ -67,6 +67,8 @@ void encode_manifest(const Manifest& m, std::string& into) {
   w.u64(m.logical_bytes());
   w.u64(m.stored_bytes);
   w.u64(m.chunks_read);
+  w.u64(m.seq);
+  w.i64(m.origin_time_ns);
   w.str(m.session);
   w.str(m.name);
   w.str(m.parent);
@@ -102,6 +104,14 @@ void encode_manifest(const Manifest& m, std::string& into) {
   into = std::move(w.out);
 }
 
+std::uint64_t manifest_seq_hint(std::string_view bytes) {
+  // Header 24, time 8, chunk size 4, region count 4, chunk count, logical,
+  // stored, chunks read 8 each: seq at 72.
+  constexpr std::size_t kSeqAt = 72;
+  if (bytes.size() < kSeqAt + 8 || std::memcmp(bytes.data(), kMagic, 8) != 0 || decode_fixed<std::uint32_t>(bytes.data() + 8) < 4) return 0;
+  return decode_fixed<std::uint64_t>(bytes.data() + kSeqAt);
+}
+
 Manifest decode_manifest(std::string_view bytes, const std::string& where) {
   const Reader r = manifest_reader(bytes, where);
   if (bytes.size() < kHeaderSize + kTrailerSize) r.fail("only " + std::to_string(bytes.size()) + " bytes (truncated)");
@@ -135,6 +145,12 @@ Manifest decode_manifest(std::string_view bytes, const std::string& where) {
   const auto logical = in.u64();
   m.stored_bytes = in.u64();
   m.chunks_read = version >= 2 ? in.u64() : chunk_count;
+  if (version >= 4) {
+    m.seq = in.u64();
+    m.origin_time_ns = in.i64();
+  } else {
+    m.origin_time_ns = m.time_ns;  // made here, as far as anyone can tell
+  }
   m.session = in.str();
   m.name = in.str();
   m.parent = in.str();

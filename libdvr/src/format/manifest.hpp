@@ -15,8 +15,9 @@
 
 namespace dvr::detail {
 
-// 2 added flags bit 0 and chunks_read; 3 added page hashes and overlays.
-inline constexpr std::uint32_t kManifestVersion = 3;
+// 2 added flags bit 0 and chunks_read; 3 added page hashes and overlays;
+// 4 added seq and origin_time_ns (older ones decode with seq 0, origin = time).
+inline constexpr std::uint32_t kManifestVersion = 4;
 inline constexpr std::uint32_t kManifestTrackedWrites = 1u << 0;  // flags: taken with write-protect tracking
 
 /// Where a chunk's bytes are. pack == 0 marks the all-zero chunk (not stored).
@@ -81,7 +82,9 @@ struct Manifest {
   std::string name;
   std::string parent;
   std::string label;
-  std::int64_t time_ns = 0;
+  std::int64_t time_ns = 0;         // wall-clock time of the commit in this store
+  std::uint64_t seq = 0;            // commit order in this store (v4; 0: not recorded)
+  std::int64_t origin_time_ns = 0;  // when the snapshot was first made (the sender's time for a received one)
   std::uint32_t chunk_size = 0;
   std::uint64_t stored_bytes = 0;
   std::uint32_t flags = 0;
@@ -128,6 +131,11 @@ std::string encode_manifest(const Manifest& m);
 void encode_manifest(const Manifest& m, std::string& into);
 /// The checksum in an encoded manifest's trailer.
 std::uint64_t manifest_checksum(std::string_view encoded);
+
+/// The seq a manifest's header shows (format v4 and later), unchecked: 0 when
+/// the bytes are too short, not a manifest or older. Only a hint to place a
+/// damaged manifest in its session's order; never trusted otherwise.
+std::uint64_t manifest_seq_hint(std::string_view bytes);
 
 /// Parses and checks a manifest. `where` names it in errors. Throws corrupt
 /// (bad magic, checksum, truncation, inconsistent tables) or unsupported (a

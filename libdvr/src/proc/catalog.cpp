@@ -75,6 +75,8 @@ ProcInfo read_info(const Store& store, const SnapshotInfo& si, bool verify) {
   if (verify) (void)store.open_snapshot(kImageSession, si.name, {.verify = true});  // every byte checked
   ProcInfo p = decode_meta(read_meta(store, si.name), si.name).info;
   p.time_ns = si.time_ns;
+  p.seq = si.seq;
+  p.origin_time_ns = si.origin_time_ns;
   p.parent = si.parent;
   p.stored_bytes = si.stored_bytes + heap_bytes(store, p);
   return p;
@@ -93,6 +95,8 @@ std::vector<ProcInfo> list(const Store& store) {
       ProcInfo p;
       p.name = si.name;
       p.time_ns = si.time_ns;
+      p.seq = si.seq;
+      p.origin_time_ns = si.origin_time_ns;
       p.command = std::string("(damaged: ") + e.what() + ")";
       out.push_back(p);
     }

@@ -204,10 +204,8 @@ void track_image_files(Images& img, const WorkDir& work, Meta& meta) {
 // stored again.
 std::string newest_dump_of(const Store& store, const std::string& name, const std::string& command) {
   std::string base;
-  std::int64_t newest = -1;
-  for (auto& si : store.list(kImageSession)) {
-    if (si.damaged || si.name == name || si.time_ns <= newest || command_of_label(si.label) != command) continue;
-    newest = si.time_ns;
+  for (auto& si : store.list(kImageSession)) {  // oldest first (commit order): the last one found is the newest
+    if (si.damaged || si.name == name || command_of_label(si.label) != command) continue;
     base = si.name;
   }
   return base;
@@ -228,6 +226,8 @@ void store_images(Store& store, const std::string& name, const WorkDir& work, Me
   if (!info.parent.empty()) session.base_on(info.parent);
   SnapshotInfo si = session.snapshot(name, {.label = label_for(info.pid, info.command), .progress = progress});
   info.time_ns = si.time_ns;
+  info.seq = si.seq;
+  info.origin_time_ns = si.origin_time_ns;
   info.stored_bytes = si.stored_bytes + heap_bytes(store, info);
 }
 
@@ -246,6 +246,8 @@ void store_streamed_images(Store& store, PageStream& stream, const WorkDir& work
   files.push_back({kMetaRegion, text.data(), text.size(), false, std::nullopt});
   SnapshotInfo si = stream.finish(files);
   info.time_ns = si.time_ns;
+  info.seq = si.seq;
+  info.origin_time_ns = si.origin_time_ns;
   info.stored_bytes = si.stored_bytes + heap_bytes(store, info);
 }
 

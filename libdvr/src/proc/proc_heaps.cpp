@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <optional>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -246,13 +248,9 @@ SnapshotInfo snapshot_group(Store& store, const std::string& session, const std:
       }
     }
   } else {
-    std::int64_t newest = -1;
     std::string name;
-    for (auto& info : store.list(session))
-      if (!info.damaged && info.name != snapshot && info.time_ns > newest) {
-        newest = info.time_ns;
-        name = info.name;
-      }
+    for (auto& info : store.list(session))  // oldest first (commit order): the last one found is the newest
+      if (!info.damaged && info.name != snapshot) name = info.name;
     if (!name.empty()) {
       try {
         base = si.load_manifest(session, name);
@@ -612,10 +610,94 @@ void HeapUndo::revert() noexcept {
   }
 }
 
-void restore_heaps(const HeapImage& original, const std::string& preferred, std::chrono::milliseconds lock_timeout, HeapUndo* undo) {
+namespace {
+
+// `p` split at '/', or nullopt unless it is a plain absolute path (no empty,
+// "." or ".." component).
+std::optional<std::vector<std::string>> plain_components(const std::string& p) {
+  if (p.empty() || p[0] != '/') return std::nullopt;
+  std::vector<std::string> out;
+  std::size_t at = 1;
+  while (at <= p.size()) {
+    std::size_t slash = p.find('/', at);
+    if (slash == std::string::npos) slash = p.size();
+    std::string c = p.substr(at, slash - at);
+    if (c.empty() || c == "." || c == "..") return std::nullopt;
+    out.push_back(std::move(c));
+    at = slash + 1;
+  }
+  return out;
+}
+
+// A root directory as given and, when it exists, as the kernel resolves it.
+std::vector<std::string> root_spellings(const std::string& dir) {
+  std::vector<std::string> out;
+  std::string d = dir;
+  while (d.size() > 1 && d.back() == '/')
+    d.pop_back();
+  out.push_back(d);
+  char real[PATH_MAX];
+  if (::realpath(d.c_str(), real) && out[0] != real) out.push_back(real);
+  return out;
+}
+
+}  // namespace
+
+void check_heap_path(const std::string& path, const std::string& session, const std::string& region, const std::string& source_store,
+                     const HeapPolicy& policy, const std::string& what) {
+  const std::string own = policy.store.empty() ? std::string() : policy.store + "/heaps";
+  std::string allowed = own.empty() ? std::string() : own;
+  for (auto& d : policy.dirs)
+    allowed += (allowed.empty() ? "" : ", ") + d;
+  auto refuse = [&](const std::string& why) {
+    throw Error(Errc::permission, what + " would write heap file " + path + ", which " + why + "; heap files are written only as DIR/SESSION/REGION in " +
+                                      (allowed.empty() ? std::string("the heap area of the store restored from") : allowed) +
+                                      ". Nothing was changed. If you trust this snapshot and want its heap there, name that heap directory: "
+                                      "`dvr proc restore|clone NAME --heap-dir DIR` (RestoreOptions::heap_dirs)");
+  };
+  const auto parts = plain_components(path);
+  if (!parts || parts->size() < 3) refuse("is not a plain absolute path (a '.' or '..' component, '//', or too short)");
+  if (!valid_name(session) || (*parts)[parts->size() - 2] != session) refuse("is not in a directory named after its heap session '" + session + "'");
+  if (!valid_name(parts->back()) || (!region.empty() && parts->back() != region)) refuse("is not named after its heap region");
+  const std::string dir = parent_dir(parent_dir(path));  // ROOT of ROOT/SESSION/REGION
+  bool operator_named = false, in_own = false;
+  for (auto& d : policy.dirs)
+    for (auto& spelling : root_spellings(d))
+      operator_named = operator_named || spelling == dir;
+  if (!own.empty())
+    for (auto& spelling : root_spellings(own))
+      in_own = in_own || spelling == dir;
+  if (!operator_named && !in_own) refuse("lies outside the allowed heap directories");
+  // Nothing on the way may lead elsewhere: the root a real directory (for
+  // the store's own area; one the operator named is taken as it resolves),
+  // SESSION a real directory and no store, REGION a regular file.
+  struct stat st {};
+  if (!operator_named && ::lstat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) refuse("lies below " + dir + ", which is not a real directory (a symbolic link?)");
+  const std::string session_dir = parent_dir(path);
+  if (::lstat(session_dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) refuse("lies below " + session_dir + ", which is not a real directory (a symbolic link?)");
+    if (::lstat((session_dir + "/" + kSuperblockName).c_str(), &st) == 0) refuse("lies inside another store (" + session_dir + ")");
+  }
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) refuse("exists and is not a regular file (a symbolic link, a device, a directory?)");
+  if (!operator_named && !source_store.empty() && !policy.store.empty()) {
+    bool same = false;
+    for (auto& a : root_spellings(source_store))
+      for (auto& b : root_spellings(policy.store))
+        same = same || a == b;
+    if (!same) refuse("would be filled from store " + source_store + ", not from the store restored from");
+  }
+}
+
+void restore_heaps(const HeapImage& original, const HeapPolicy& policy, std::chrono::milliseconds lock_timeout, HeapUndo* undo) {
   HeapImage image = original;
-  for (auto& h : image.heaps)
-    h.store = heap_store(h, image.snapshot, preferred, lock_timeout);
+  const std::string what = "heap snapshot '" + image.snapshot + "'";
+  // Where each file would go and where its data would come from: checked
+  // before any store but the one restored from is opened.
+  for (auto& h : image.heaps) {
+    check_heap_path(h.path, h.session, h.region, "", policy, what);
+    h.store = heap_store(h, image.snapshot, policy.store, lock_timeout);
+    check_heap_path(h.path, h.session, h.region, h.store, policy, what);
+  }
   // Check everything before any file changes.
   for (auto& h : image.heaps) {
     Store store = Store::open(h.store, {.create = false, .lock_timeout = lock_timeout});

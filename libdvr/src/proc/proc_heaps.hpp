@@ -94,17 +94,45 @@ HeapImage parse_image(const std::string& text);
 std::string heap_store(const HeapFile& h, const std::string& snapshot, const std::string& preferred,
                        std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1));
 
+/// Where a restore may write heap files (docs/migration.md, "Security
+/// model"): the heap area of the store restored from (STORE/heaps) and the
+/// directories the operator named (`--heap-dir DIR`, RestoreOptions::heap_dirs),
+/// each as DIR/SESSION/REGION. A process snapshot's paths come from wherever
+/// it was made: nothing else is written.
+struct HeapPolicy {
+  std::string store;              // the store restored from ("" = none: only `dirs`)
+  std::vector<std::string> dirs;  // absolute directories the operator allows
+};
+
+/// Throws permission, naming the heap file and the option that allows
+/// another directory, unless heap file `path` of heap session `session`
+/// (region `region`, "" = not known) may be written under `policy`: a plain
+/// absolute path (no "." or ".." component, no "//") exactly
+/// ROOT/SESSION/REGION for a ROOT of the policy, with no symbolic link, no
+/// non-directory and no other store on the way and no link or non-regular
+/// file at the end; and, unless ROOT is one the operator named, its heap
+/// snapshot in the store restored from (`source_store`: where it would be
+/// read from). `what` begins the message ("process snapshot 'NAME'"). Reads
+/// only (lstat).
+void check_heap_path(const std::string& path, const std::string& session, const std::string& region, const std::string& source_store,
+                     const HeapPolicy& policy, const std::string& what);
+
 /// Puts every heap file of `image` back to its content at dump time (files
-/// missing are created), taking each heap snapshot from heap_store(). Every
-/// byte is checked before a file is changed. Throws invalid_argument when a
+/// missing are created), taking each heap snapshot from heap_store() with
+/// `policy.store` preferred. Every heap path is checked against `policy`
+/// (check_heap_path) and every byte is checked before a file is changed. Throws invalid_argument when a
 /// heap file exists with another size (changed behind dvr's back), corrupt /
 /// not_found for a damaged or missing snapshot.
 /// `lock_timeout` as for snapshot_heaps().
 /// With `undo`, what the restore overwrites is saved there first, so the
 /// caller can put the files back if what follows (CRIU) fails.
 class HeapUndo;
-void restore_heaps(const HeapImage& image, const std::string& preferred = "", std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1),
+void restore_heaps(const HeapImage& image, const HeapPolicy& policy, std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(-1),
                    HeapUndo* undo = nullptr);
+
+/// The environment variable that hands HeapPolicy::dirs to the CRIU plugin
+/// (one directory a line), beside DVR_CRIU_STORE (HeapPolicy::store).
+inline constexpr const char* kHeapDirsEnv = "DVR_CRIU_HEAP_DIRS";
 
 /// The bytes restore_heaps() overwrote, kept in one file (`file`, removed
 /// with this object): revert() puts every heap file back as it was.

@@ -103,6 +103,30 @@ void check_conflicts(const ProcInfo& p, const std::string& name, const RestoreOp
     }
 }
 
+// Where heap files may be written: the store's heap area and the
+// directories the operator named (docs/migration.md, "Security model").
+heaps::HeapPolicy heap_policy(const Store& store, const RestoreOptions& options) {
+  heaps::HeapPolicy policy{store.path(), {}};
+  for (auto& d : options.heap_dirs) {
+    if (d.empty() || d[0] != '/' || d.find('\n') != std::string::npos)
+      throw Error(Errc::invalid_argument, "heap directory '" + d + "' is not an absolute path; give --heap-dir an absolute directory");
+    policy.dirs.push_back(d);
+  }
+  return policy;
+}
+
+// Every heap file the snapshot's metadata names, checked against the policy
+// before anything is set up: the files, and the stores their data would come
+// from. (restore_heaps checks the heap image itself again before writing.)
+void check_heap_paths(const ProcInfo& p, const std::string& name, const heaps::HeapPolicy& policy) {
+  const std::string what = "process snapshot '" + name + "'";
+  for (auto& h : p.heaps) {
+    heaps::check_heap_path(h.path, h.session, "", "", policy, what);
+    heaps::HeapFile f{h.store, h.session, "", h.path, h.bytes};
+    heaps::check_heap_path(h.path, h.session, "", heaps::heap_store(f, kHeapPrefix + name, policy.store), policy, what);
+  }
+}
+
 // The PID file is opened before anything runs: failing to write it later
 // would leave a job running that nobody can find.
 Fd open_pidfile(const std::string& path) {
@@ -120,14 +144,14 @@ Fd open_pidfile(const std::string& path) {
 // the plugin makes in the clone's mount view: the originals are not touched.
 class HeapRestore {
  public:
-  HeapRestore(const Store& store, const WorkDir& work, bool clone) {
+  HeapRestore(const WorkDir& work, bool clone, const heaps::HeapPolicy& policy) {
     if (clone) return;
     const std::string img = work.path + "/" + heaps::kImageName;
     if (!detail::path_exists(img)) return;  // the process mapped no DVR heap
     image_ = heaps::parse_image(detail::read_file(img));
     undo_.emplace(work.path + "/heaps-undo");
     try {
-      heaps::restore_heaps(image_, store.path(), std::chrono::milliseconds(-1), &*undo_);
+      heaps::restore_heaps(image_, policy, std::chrono::milliseconds(-1), &*undo_);
     } catch (...) {
       undo_->revert();
       throw;
@@ -197,6 +221,10 @@ void run_criu_restore(const Store& store, const std::string& name, [[maybe_unuse
   std::string out;
   std::vector<std::string> criu_env = env;
   criu_env.push_back("DVR_CRIU_STORE=" + store.path());
+  std::string heap_dirs;
+  for (auto& d : options.heap_dirs)
+    heap_dirs += d + "\n";
+  if (!heap_dirs.empty()) criu_env.push_back(std::string(heaps::kHeapDirsEnv) + "=" + heap_dirs);
   // Progress while CRIU runs: page image bytes handed to it, reported on
   // this thread; an exception of the callback waits until CRIU is done.
   detail::ProgressMeter meter(options.progress, images.page_image_bytes());
@@ -277,6 +305,10 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   const char* verb = options.clone ? "clone a process" : "restore a process";
   detail::check_name("process snapshot", name);
   ProcInfo p = info(store, name);
+  // Where its heaps would go, first: a snapshot from elsewhere names paths of
+  // its own choosing, refused here whatever else this host has or lacks.
+  const heaps::HeapPolicy policy = heap_policy(store, options);
+  check_heap_paths(p, name, policy);
   require_root(verb);
   const auto [criu, version] = criu_or_throw(verb);
   const std::string plugin = plugin_or_throw(options.plugin_dir, verb);
@@ -292,7 +324,7 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   const bool stream = streams_pages(version);
   std::optional<ImageServer> images(std::in_place, store, name, work->path);
   if (!stream) images->write_page_images();
-  HeapRestore heaps_back(store, *work, options.clone);
+  HeapRestore heaps_back(*work, options.clone, policy);
   const bool wait = !options.detach && !options.clone;
   Subreaper subreaper(wait);
   const std::string pidfile = work->path + "/restored.pid";

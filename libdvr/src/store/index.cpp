@@ -141,7 +141,7 @@ void StoreImpl::refresh_index() {
     if (indexed_.count(file)) continue;
     try {
       Manifest m = decode_manifest(read_file(file), file);
-      indexed_[file] = {key, add_refs(m)};
+      indexed_[file] = {key, add_refs(m), m.seq};
     } catch (const Error&) {
       // Contributes nothing to dedup; verify reports it. While it exists, its
       // data cannot be told apart from free space, so allocate() reuses none.
@@ -171,7 +171,18 @@ void StoreImpl::index_published(const std::string& file, const Manifest& m) {
     drop_refs(it->second.refs);
     indexed_.erase(it);
   }
-  indexed_[file] = {key, add_refs(m)};
+  indexed_[file] = {key, add_refs(m), m.seq};
+}
+
+std::uint64_t StoreImpl::next_seq() const {
+  std::uint64_t highest = 0, unnumbered = 0;
+  for (auto& [file, e] : indexed_) {
+    highest = std::max(highest, e.seq);
+    unnumbered += e.seq == 0 ? 1 : 0;
+  }
+  // Unreadable manifests may be numbered too: they count as unnumbered ones,
+  // so that the numbers Store::list gives them stay below every new one.
+  return std::max(highest, unnumbered + unreadable_.size()) + 1;
 }
 
 }  // namespace dvr::detail

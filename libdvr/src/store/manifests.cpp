@@ -133,6 +133,8 @@ SnapshotInfo info_from_manifest(const Manifest& m) {
   i.parent = m.parent;
   i.label = m.label;
   i.time_ns = m.time_ns;
+  i.seq = m.seq;
+  i.origin_time_ns = m.origin_time_ns;
   i.logical_bytes = m.logical_bytes();
   i.stored_bytes = m.stored_bytes;
   i.chunks = m.chunks.size();
@@ -143,6 +145,20 @@ SnapshotInfo info_from_manifest(const Manifest& m) {
   i.tracking = (m.flags & kManifestTrackedWrites) ? "write_protect" : "hash";
   i.chunks_read = m.chunks_read;
   return i;
+}
+
+bool committed_before(const SnapshotInfo& a, const SnapshotInfo& b) {
+  if (a.seq != b.seq) return a.seq < b.seq;
+  if (a.time_ns != b.time_ns) return a.time_ns < b.time_ns;
+  return a.name < b.name;
+}
+
+void order_snapshots(std::vector<SnapshotInfo>& snaps) {
+  // Those that record no seq first, by time and name; they are numbered 1, 2, ...
+  std::sort(snaps.begin(), snaps.end(), committed_before);
+  std::uint64_t n = 0;
+  for (auto& s : snaps)
+    if (s.seq == 0) s.seq = ++n;
 }
 
 }  // namespace dvr::detail

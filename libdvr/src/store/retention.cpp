@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "dvr/proc.hpp"
+#include "store/store_impl.hpp"
 
 namespace dvr::detail {
 
@@ -22,6 +24,10 @@ std::string bucket(std::int64_t time_ns, const char* format) {
 }
 
 bool is_heap_snapshot(const SnapshotInfo& s) { return s.name.rfind(proc::kHeapPrefix, 0) == 0; }
+
+// When a snapshot was made: its origin time (the sender's, for a received
+// one); its commit time where none is known.
+std::int64_t made_ns(const SnapshotInfo& s) { return s.origin_time_ns != 0 ? s.origin_time_ns : s.time_ns; }
 
 }  // namespace
 
@@ -50,8 +56,9 @@ std::string format_duration(std::chrono::seconds s) {
 
 std::vector<PruneDecision> decide_prune(std::vector<SnapshotInfo> snapshots, const PrunePolicy& policy, const PruneContext& context) {
   check_policy(policy);
-  std::sort(snapshots.begin(), snapshots.end(),
-            [](const SnapshotInfo& a, const SnapshotInfo& b) { return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.name < b.name; });
+  // Newest is the store's commit order (seq), never the clock; the time
+  // rules read when each snapshot was made (origin_time_ns).
+  std::sort(snapshots.begin(), snapshots.end(), committed_before);
   std::vector<PruneDecision> out(snapshots.size());
   std::vector<std::vector<std::string>> why(snapshots.size());
   std::vector<bool> counted(snapshots.size(), false);
@@ -74,7 +81,7 @@ std::vector<PruneDecision> decide_prune(std::vector<SnapshotInfo> snapshots, con
       out[i].reason = "kept: " + pinned->second;
     } else {
       counted[i] = true;
-      newest = any ? std::max(newest, s.time_ns) : s.time_ns;
+      newest = any ? std::max(newest, made_ns(s)) : made_ns(s);
       any = true;
     }
   }
@@ -85,12 +92,12 @@ std::vector<PruneDecision> decide_prune(std::vector<SnapshotInfo> snapshots, con
     unsigned left;
     const char* name;
     const char* format;
-    std::string previous;
+    std::set<std::string> seen;  // buckets kept already (a set: after a clock step, one may recur)
   };
-  std::vector<BucketRule> rules = {{policy.keep_hourly, "hourly", "%Y-%m-%dT%H", ""},
-                                   {policy.keep_daily, "daily", "%Y-%m-%d", ""},
-                                   {policy.keep_weekly, "weekly", "%G-W%V", ""},
-                                   {policy.keep_monthly, "monthly", "%Y-%m", ""}};
+  std::vector<BucketRule> rules = {{policy.keep_hourly, "hourly", "%Y-%m-%dT%H", {}},
+                                   {policy.keep_daily, "daily", "%Y-%m-%d", {}},
+                                   {policy.keep_weekly, "weekly", "%G-W%V", {}},
+                                   {policy.keep_monthly, "monthly", "%Y-%m", {}}};
   const std::int64_t within_ns = policy.keep_within.count() * 1000000000;
   for (std::size_t k = snapshots.size(); k-- > 0;) {
     if (!counted[k]) continue;
@@ -99,12 +106,11 @@ std::vector<PruneDecision> decide_prune(std::vector<SnapshotInfo> snapshots, con
       --last_left;
       why[k].push_back("last " + std::to_string(policy.keep_last));
     }
-    if (within_ns > 0 && newest - s.time_ns <= within_ns) why[k].push_back("within " + format_duration(policy.keep_within));
+    if (within_ns > 0 && newest - made_ns(s) <= within_ns) why[k].push_back("within " + format_duration(policy.keep_within));
     for (auto& r : rules) {
       if (r.left == 0) continue;
-      std::string b = bucket(s.time_ns, r.format);
-      if (b == r.previous) continue;  // a newer snapshot of this bucket is kept already
-      r.previous = b;
+      std::string b = bucket(made_ns(s), r.format);
+      if (!r.seen.insert(b).second) continue;  // a newer snapshot of this bucket is kept already
       --r.left;
       why[k].push_back(std::string(r.name) + " " + b);
     }

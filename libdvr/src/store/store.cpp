@@ -129,11 +129,15 @@ std::vector<SnapshotInfo> Store::list(const std::string& session) const {
       struct stat st {};
       if (::lstat(impl_->manifest_path(session, name).c_str(), &st) == 0)
         bad.time_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+      bad.origin_time_ns = bad.time_ns;
+      try {  // its place in the order, if its header still shows it
+        bad.seq = detail::manifest_seq_hint(detail::read_file(impl_->manifest_path(session, name)));
+      } catch (const Error&) {
+      }
       out.push_back(std::move(bad));
     }
   }
-  std::sort(out.begin(), out.end(),
-            [](const SnapshotInfo& a, const SnapshotInfo& b) { return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.name < b.name; });
+  detail::order_snapshots(out);
   return out;
 }
 
@@ -147,7 +151,12 @@ std::vector<SnapshotInfo> Store::list() const {
 }
 
 SnapshotInfo Store::info(const std::string& session, const std::string& snapshot) const {
-  return detail::info_from_manifest(impl_->load_manifest(session, snapshot, nullptr, false));
+  SnapshotInfo i = detail::info_from_manifest(impl_->load_manifest(session, snapshot, nullptr, false));
+  if (i.seq != 0) return i;
+  // Written before manifest v4: its number comes from its place in the session.
+  for (auto& s : list(session))
+    if (s.name == snapshot && !s.damaged) i.seq = s.seq;
+  return i;
 }
 
 void Store::remove(const std::string& session, const std::string& snapshot) {

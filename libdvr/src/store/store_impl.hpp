@@ -119,6 +119,13 @@ class StoreImpl {
   const ChunkRef* find_chunk(const Hash128& h, const char* data, std::uint32_t length) const;
   /// Registers a manifest just published as `file` (saves re-reading it).
   void index_published(const std::string& file, const Manifest& m);
+  /// The sequence number of the next snapshot committed (docs/format.md,
+  /// "Snapshot order"): one above the highest seq of any manifest present
+  /// (pins included) and above the count of manifests that record none
+  /// (written before manifest v4; Store::list numbers those 1, 2, ... within
+  /// their session). Recovered from the manifests themselves, so nothing can
+  /// go stale. Call after refresh_index() with the writers' lock held.
+  std::uint64_t next_seq() const;
 
   struct Placement {
     std::uint32_t pack = 0;
@@ -202,6 +209,7 @@ class StoreImpl {
   struct Indexed {
     FileKey key;
     std::vector<Ref> refs;  // stored chunks and overlay pages
+    std::uint64_t seq = 0;  // the manifest's seq (0: a manifest older than v4)
   };
   struct Live {
     std::uint64_t length = 0;
@@ -239,6 +247,15 @@ class StoreImpl {
 };
 
 SnapshotInfo info_from_manifest(const Manifest& m);
+
+/// "Older first" in a store's commit order: by seq, then (for manifests that
+/// record none, and damaged ones) time_ns, then name (docs/format.md,
+/// "Snapshot order"). Every newest/oldest decision uses it.
+bool committed_before(const SnapshotInfo& a, const SnapshotInfo& b);
+/// Sorts `snaps` (one session's) with committed_before and gives the ones
+/// that record no seq (legacy manifests; damaged ones whose header shows
+/// none) theirs: 1, 2, ... in (time_ns, name) order, below every recorded one.
+void order_snapshots(std::vector<SnapshotInfo>& snaps);
 
 /// Unlinks the manifest of session/snapshot (Store::remove without its
 /// locks: call with the mutex and the exclusive data lock held). Throws

@@ -90,9 +90,13 @@ std::vector<SnapshotInfo> WriteBatch::publish(const std::vector<SnapshotWriter*>
   store_.packs->persist();
   std::vector<const Manifest*> done;
   std::exception_ptr after_commit;
+  // The commit order: under the writers' lock, after every manifest published
+  // so far (refresh_index() read them when the batch began).
+  std::uint64_t seq = store_.next_seq();
   for (SnapshotWriter* w : writers) {
     Manifest& m = w->m_;
     const std::string ref = StoreImpl::ref(m.session, m.name);
+    m.seq = seq++;
     try {
       store_.publish_manifest(m);  // the commit point
       done.push_back(&m);
@@ -157,6 +161,8 @@ SnapshotWriter::SnapshotWriter(WriteBatch& batch, const std::string& session, co
   m_.name = name;
   m_.parent = options.parent;
   m_.label = options.label;
+  m_.origin_time_ns = options.origin_time_ns;
+  m_.seq = 0;
   m_.chunk_size = store.chunk_size;
   m_.flags = 0;
   m_.chunks_read = 0;
@@ -274,6 +280,7 @@ void SnapshotWriter::assemble() {
   m_.index();
   m_.stored_bytes = stored_.load();
   m_.time_ns = now_ns();
+  if (m_.origin_time_ns == 0) m_.origin_time_ns = m_.time_ns;
 }
 
 // ---- Lane ---------------------------------------------------------------------

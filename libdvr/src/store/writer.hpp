@@ -113,6 +113,9 @@ struct WriterOptions {
   std::string parent;
   /// Replace an existing snapshot of that name instead of failing.
   bool replace = false;
+  /// When the snapshot was first made, for one that arrives from elsewhere
+  /// (a receive: the sender's origin time); 0 (made here): its commit time.
+  std::int64_t origin_time_ns = 0;
 };
 
 /// One snapshot being written in a batch. Declare the regions, seal(), then

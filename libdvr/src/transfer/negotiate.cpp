@@ -61,7 +61,7 @@ Stats send_negotiated(const Store& store, const std::string& ref, int in, int ou
   for (auto& it : items) {
     hello += "item " + it.session + " " + it.name + "\n";
     auto snaps = it.store.list(it.session);
-    std::sort(snaps.begin(), snaps.end(), [](const SnapshotInfo& a, const SnapshotInfo& b) { return a.time_ns > b.time_ns; });
+    std::reverse(snaps.begin(), snaps.end());  // newest (highest seq) first
     int n = 0;
     for (auto& s : snaps) {
       if (s.damaged || s.name == it.name || n >= 32) continue;

@@ -51,6 +51,7 @@ std::uint64_t free_bytes(const std::string& dir) {
 
 struct Incoming {
   std::string session, name, label, base;
+  std::int64_t origin_time_ns = 0;  // the sender's origin time (0: unknown; then its arrival)
   std::uint32_t chunk_size = 0;  // the stream's (the store's may differ)
   bool paged = true;
   struct Region {
@@ -417,7 +418,7 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
   in.name = p.str();
   in.label = p.str();
   (void)p.str();  // the parent there; here the base becomes the parent
-  (void)p.u64();  // time there
+  in.origin_time_ns = static_cast<std::int64_t>(p.u64());  // when it was made there (its origin time); ordered here by arrival
   in.chunk_size = p.u32();
   in.paged = p.u8() != 0;
   std::uint32_t n = p.u32();
@@ -489,7 +490,7 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
     throw Error(Errc::no_space, "the stream's snapshot '" + in.session + "/" + in.name + "' declares " + std::to_string(in.logical >> 20) +
                                     " MiB, whose tables alone would need " + std::to_string(tables >> 20) + " MiB of this machine's " +
                                     std::to_string(ram >> 20) + " MiB of memory; nothing was stored");
-  in.writer = std::make_unique<detail::SnapshotWriter>(batch, in.session, in.name, detail::WriterOptions{.label = in.label, .parent = in.base});
+  in.writer = std::make_unique<detail::SnapshotWriter>(batch, in.session, in.name, detail::WriterOptions{.label = in.label, .parent = in.base, .origin_time_ns = in.origin_time_ns});
   for (auto& r : in.regions) {
     r.first = in.writer->manifest().chunks.size();
     in.writer->add_region(r.name, r.size, r.sdk_owned);

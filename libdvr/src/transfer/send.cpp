@@ -45,7 +45,7 @@ void send_item(const Item& it, const std::string& base, RecordWriter& w, const O
   h.str(it.name);
   h.str(m.label);
   h.str(m.parent);
-  h.u64(static_cast<std::uint64_t>(m.time_ns));
+  h.u64(static_cast<std::uint64_t>(m.origin_time_ns));  // when it was first made: the receiver keeps it
   h.u32(m.chunk_size);
   h.u8(m.paged ? 1 : 0);
   h.u32(static_cast<std::uint32_t>(m.regions.size()));
