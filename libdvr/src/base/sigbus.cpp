@@ -40,7 +40,8 @@ struct Owner {
 };
 thread_local Owner t_owner;
 
-Slot* my_slot() {
+// Not inlined: its loop would live in guarded_call's frame, across sigsetjmp.
+[[gnu::noinline]] Slot* my_slot() {
   if (t_owner.slot) return t_owner.slot;
   const pid_t me = static_cast<pid_t>(::syscall(SYS_gettid));
   for (Slot& s : g_slots) {
