@@ -240,7 +240,7 @@ def test_diff_reports_objects_by_their_names(store):
 
 
 CONTRACT = {
-    memdvr.SnapshotInfo: ["session", "name", "parent", "label", "time_ns", "logical_bytes",
+    memdvr.SnapshotInfo: ["session", "name", "parent", "label", "time_ns", "seq", "origin_time_ns", "logical_bytes",
                           "stored_bytes", "chunks", "zero_chunks", "regions", "tracking",
                           "chunks_read", "damaged", "damage", "pending"],
     memdvr.RegionInfo: ["name", "size", "sdk_owned"],

@@ -13,9 +13,9 @@ from dvrtest import DVR_ERROR, PACK_METADATA_SLACK, WORKER_REGION_SIZES, WORKER_
 
 CHUNK = 64 * 1024  # the worker creates stores with its 64 KiB content unit
 SNAPSHOT_FIELDS = {"session", "name", "parent", "label", "time_ns", "time", "logical_bytes", "stored_bytes", "chunks",
-                   "zero_chunks", "chunks_read", "tracking", "damaged", "damage", "pending", "regions"}
+                   "zero_chunks", "chunks_read", "tracking", "damaged", "damage", "pending", "regions", "seq", "origin_time_ns"}
 STAT_FIELDS = {"schema_version", "path", "medium", "format_version", "chunk_size", "sessions", "snapshots", "logical_bytes",
-               "pack_bytes", "pack_files"}
+               "pack_bytes", "pack_files", "warnings"}
 
 
 def page_round(n):
