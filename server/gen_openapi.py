@@ -161,7 +161,7 @@ schemas.update({
 # The store document: stat's properties plus the extras, flat.
 extra = schemas["store"].pop("x-dvr-extra")
 stat = schemas["cli_stat"]
-schemas["store"] = {"type": "object", "description": "The `stat` document plus id, free_bytes, total_bytes, dedup_ratio and warnings.",
+schemas["store"] = {"type": "object", "description": "The `stat` document plus id, free_bytes, total_bytes, dedup_ratio; warnings: the stat document's own (loosened permissions), then the server's (tmpfs, low space).",
                     "properties": {**stat["properties"], **extra}, "required": stat["required"] + list(extra), "additionalProperties": False}
 
 ERR = {"description": "error", "content": {"application/json": {"schema": ref("error")}}}

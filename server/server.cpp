@@ -526,13 +526,15 @@ void Server::register_routes() {
     doc["free_bytes"] = sum["free_bytes"];
     doc["total_bytes"] = sum["total_bytes"];
     doc["dedup_ratio"] = sum["dedup_ratio"];
-    json warnings = json::array();
+    // The stat document's own warnings (loosened permissions) first, then the server's.
+    json warnings = doc.contains("warnings") ? doc["warnings"] : json::array();
     if (e.medium == Medium::dram) warnings.push_back("the store is on tmpfs (DRAM): it survives process crashes, not reboots");
     std::uint64_t fr = sum["free_bytes"], tot = sum["total_bytes"];
     if (tot && (fr * 10 < tot || fr < (1ull << 30))) warnings.push_back("low space: " + cli::format_bytes(static_cast<double>(fr)) + " free");
     {
       std::lock_guard lk(mu_);
-      if (!e.permission_problem.empty()) warnings.push_back(jstr(e.permission_problem));
+      if (!e.permission_problem.empty() && std::find(warnings.begin(), warnings.end(), jstr(e.permission_problem)) == warnings.end())
+        warnings.push_back(jstr(e.permission_problem));
     }
     doc["warnings"] = std::move(warnings);
     send_json(res, 200, doc);
