@@ -30,7 +30,6 @@
 #include "cli_util.hpp"
 #include "completion.hpp"
 #include "demo.hpp"
-#include "jobs.hpp"
 #include "serve.hpp"
 #include "dvr/dvr.hpp"
 #include "dvr/proc.hpp"
@@ -808,17 +807,17 @@ struct PeriodicArgs {
   bool json = false;
   // What a stop signal does to the process (dvr run --dump-every: passed on).
   bool forward_signal = false;
-  // The job's record in STORE/run/PID.json (server/jobs.hpp): dvr run's, or a
+  // The job's record in STORE/run/PID.json (dvr/jobs.hpp): dvr run's, or a
   // new one (kind dump_every).
-  std::optional<server::JobRecord> record;
+  std::optional<JobRecord> record;
 };
 
 // The job registry that `dvr serve` reads: best effort (a store that cannot
 // take the record still gets its dumps), said once on stderr.
-void write_record(const std::string& store_path, const server::JobRecord& r) {
+void write_record(const std::string& store_path, const JobRecord& r) {
   static bool warned = false;
   try {
-    server::write_job(store_path, r);
+    dvr::write_job(store_path, r);
   } catch (const Error& e) {
     if (!warned) std::cerr << "dvr: note: " << e.what() << " (dvr serve will not list this job)\n";
     warned = true;
@@ -832,19 +831,6 @@ std::string joined(const std::vector<std::string>& argv) {
   return out;
 }
 
-std::string command_of(pid_t pid) {
-  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/cmdline").c_str(), "r");
-  if (!f) return "";
-  std::string out;
-  char buf[4096];
-  std::size_t n = std::fread(buf, 1, sizeof buf, f);
-  std::fclose(f);
-  for (std::size_t k = 0; k < n; ++k)
-    out += buf[k] ? buf[k] : ' ';
-  while (!out.empty() && out.back() == ' ')
-    out.pop_back();
-  return out;
-}
 
 // Dumps `pid` as NAME-<UTC time> every `every_s` seconds (each compared with
 // the previous one, so it stores what changed) until the process exits or a
@@ -853,19 +839,19 @@ int periodic_dumps(pid_t pid, const PeriodicArgs& a) {
   dvr::split_ref("proc/" + a.name);  // the name's check, before the first dump
   Store store = open_store(true);
   StopSignals signals;
-  server::JobRecord record;
+  JobRecord record;
   // A `dvr run` job's own record comes back when the series ends.
-  std::optional<server::JobRecord> before;
+  std::optional<JobRecord> before;
   if (!a.record)
-    for (auto& r : server::read_jobs(store.path()))
-      if (r.pid == pid && server::job_alive(r)) before = r;
+    for (auto& r : dvr::read_jobs(store.path()))
+      if (r.pid == pid && dvr::job_alive(r)) before = r;
   if (a.record) {
     record = *a.record;
   } else {
     record.pid = pid;
-    record.start_ticks = server::process_start_ticks(pid);
+    record.start_ticks = dvr::process_start_ticks(pid);
     record.kind = "dump_every";
-    record.command = command_of(pid);
+    record.command = dvr::process_command(pid);
   }
   record.interval_s = a.every_s;
   write_record(store.path(), record);
@@ -873,14 +859,14 @@ int periodic_dumps(pid_t pid, const PeriodicArgs& a) {
   // shows a dump_failed alert until the record goes).
   struct RecordGuard {
     const std::string& store;
-    server::JobRecord& r;
-    std::optional<server::JobRecord>& before;
+    JobRecord& r;
+    std::optional<JobRecord>& before;
     ~RecordGuard() {
       if (!r.last_error.empty()) return;
-      if (before && server::job_alive(*before))
+      if (before && dvr::job_alive(*before))
         write_record(store, *before);
       else
-        server::remove_job(store, r.pid);
+        dvr::remove_job(store, r);
     }
   } record_guard{store.path(), record, before};
   proc::DumpOptions o;
@@ -1221,9 +1207,9 @@ int cmd_run(const RunArgs& a) {
   pid_t pid = proc::run(a.argv, o);
   // The job's record for dvr serve: in the store of its heap, else in the
   // store if there is one (dvr run without --heap makes none).
-  server::JobRecord record;
+  JobRecord record;
   record.pid = pid;
-  record.start_ticks = server::process_start_ticks(pid);
+  record.start_ticks = dvr::process_start_ticks(pid);
   record.kind = "run";
   record.command = joined(a.argv);
   record.heap = o.heap_bytes ? proc::heap_path(o.heap_store, session) : "";

@@ -7,59 +7,7 @@
 
 namespace dvr::cli {
 
-namespace {
-
-// The length of the well-formed UTF-8 sequence at s[k] (RFC 3629: no
-// overlong forms, no surrogates, nothing above U+10FFFF), or 0.
-std::size_t utf8_sequence(const std::string& s, std::size_t k) {
-  auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
-  const unsigned char c = byte(k);
-  if (c < 0x80) return 1;
-  std::size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xbf;
-  if (c >= 0xc2 && c <= 0xdf) {
-    n = 2;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    n = 3;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    n = 4;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;
-  } else {
-    return 0;
-  }
-  if (k + n > s.size()) return 0;
-  if (byte(k + 1) < lo || byte(k + 1) > hi) return 0;
-  for (std::size_t i = 2; i < n; ++i)
-    if (byte(k + i) < 0x80 || byte(k + i) > 0xbf) return 0;
-  return n;
-}
-
-void hex_escape(std::string& out, unsigned char c) {
-  char b[8];
-  std::snprintf(b, sizeof b, "\\x%02x", c);
-  out += b;
-}
-
-}  // namespace
-
-std::string utf8_safe(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t k = 0; k < s.size();) {
-    std::size_t n = utf8_sequence(s, k);
-    if (n == 0) {
-      hex_escape(out, static_cast<unsigned char>(s[k]));
-      ++k;
-    } else {
-      out.append(s, k, n);
-      k += n;
-    }
-  }
-  return out;
-}
+std::string utf8_safe(const std::string& s) { return dvr::utf8_safe(s); }  // the library's one UTF-8 rule (dvr/log.hpp)
 
 std::string printable_lines(const std::string& s) {
   std::string out;

@@ -115,11 +115,16 @@ schemas.update({
     "session_summary": obj({"name": S, "snapshots": I, "latest": nullable(ref("cli_snapshot")), "logical_bytes": I, "stored_bytes": I},
                            description="`latest`: the newest snapshot; `logical_bytes`: of all its snapshots; `stored_bytes`: what they added."),
     "sessions": doc({"store": S, "sessions": arr(ref("session_summary"))}),
-    "job": obj({"pid": I, "store": S, "kind": {"type": "string", "enum": ["run", "dump_every"]}, "command": S, "started_ns": I,
+    "job": obj({"pid": I, "store": S, "kind": {"type": "string", "enum": ["run", "dump_every", "autosave"]}, "session": nullable(S),
+                "command": S, "started_ns": I,
                 "rss_bytes": I, "heap": nullable(S), "heap_bytes": I, "interval_s": nullable(N), "last_dump": nullable(ref("cli_process")),
+                "last_snapshot": nullable(ref("cli_snapshot")),
                 "last_dump_name": nullable(S), "next_dump_ns": nullable(I), "last_error": nullable(S), "alive": B},
-               description="A `dvr run` job or a `dvr proc dump --every` series (from STORE/run/PID.json)."),
+               description="A `dvr run` job, a `dvr proc dump --every` series, or a session's autosave (kind autosave: `session`, and the "
+                           "last autosave in `last_snapshot`, its SESSION/NAME in `last_dump_name`), from STORE/run/ (dvr/jobs.hpp)."),
     "jobs": doc({"jobs": arr(ref("job"))}),
+    "dismiss": obj({"session": S}, optional=("session",), description="kind autosave: the job's session (an autosave record is per session)"),
+    "dismissed": doc({"dismissed": B}),
     "memory": doc({"interval_s": N, "capacity": I, "samples": arr(ref("memory_sample"))}),
     "alert": obj({"id": S, "severity": {"type": "string", "enum": ["error", "warning"]},
                   "kind": {"type": "string", "enum": ["damaged_snapshot", "low_space", "autosave_failed", "autosave_late", "dump_failed",
@@ -180,6 +185,9 @@ STORE_ID = param("id", description="the store's id (GET /api/v1/stores)")
 SESSION = param("session", description="a session name (1-128 of [A-Za-z0-9._-], not starting with '.')")
 NAME = param("name", description="a snapshot name (the same rules)")
 
+SECURITY_NOTE_BASE = ("Needs Authorization: Bearer TOKEN when the server has --token-file, else the X-DVR-CSRF header; an Origin or "
+                      "Sec-Fetch-Site header that is not this server's own origin is refused (403).")
+
 paths = {
     "/api/v1/health": {"get": {"summary": "the server: version, host, time, how many stores and peers, what mutating requests need",
                                "responses": ok("health")}},
@@ -200,7 +208,16 @@ paths = {
                                                             "responses": ok("cli_diff")}},
     "/api/v1/stores/{id}/processes": {"get": {"summary": "the proc_ls document: the store's process snapshots", "parameters": [STORE_ID],
                                               "responses": ok("cli_proc_ls")}},
-    "/api/v1/jobs": {"get": {"summary": "running `dvr run` jobs and `dvr proc dump --every` series of every store", "responses": ok("jobs")}},
+    "/api/v1/jobs": {"get": {"summary": "running `dvr run` jobs, `dvr proc dump --every` series and session autosaves of every store, and ended "
+                                        "ones whose last dump or autosave failed", "responses": ok("jobs")}},
+    "/api/v1/stores/{id}/jobs/{pid}/dismiss": {"post": {
+        "summary": "remove the record of an ended job that stays for its error (and its dump_failed or autosave_failed alert); "
+                   "409 while the job runs, 404 when there is no such record",
+        "description": SECURITY_NOTE_BASE,
+        "parameters": [STORE_ID, param("pid", description="the job's PID", schema=I)],
+        "security": [{"bearer": []}, {"csrf": []}],
+        "requestBody": {"required": False, "content": {"application/json": {"schema": ref("dismiss")}}},
+        "responses": ok("dismissed")}},
     "/api/v1/memory": {"get": {"summary": "host memory samples, oldest first (a ring of at least 24 h)",
                                "parameters": [param("since", "query", "only samples taken after this time (ns since the epoch)", I)],
                                "responses": ok("memory")}},
@@ -214,8 +231,7 @@ paths = {
 }
 ACTIONS = {"verify": "action_verify", "gc": "action_gc", "prune": "action_prune", "rm": "action_rm", "proc-dump": "action_proc_dump",
            "proc-restore": "action_proc_restore", "proc-clone": "action_proc_clone", "push": "action_push"}
-SECURITY_NOTE = ("Needs Authorization: Bearer TOKEN when the server has --token-file, else the X-DVR-CSRF header; an Origin or "
-                 "Sec-Fetch-Site header that is not this server's own origin is refused (403). Rate limited per action (429 with Retry-After); "
+SECURITY_NOTE = (SECURITY_NOTE_BASE + " Rate limited per action (429 with Retry-After); "
                  "verify, gc, push and proc-* run one at a time per store (429 busy while one runs).")
 for action, schema in ACTIONS.items():
     paths[f"/api/v1/stores/{{id}}/actions/{action}"] = {"post": {

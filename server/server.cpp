@@ -38,7 +38,7 @@
 #include "dvr/dvr.hpp"
 #include "dvr/proc.hpp"
 #include "dvr/transfer.hpp"
-#include "jobs.hpp"
+#include "dvr/jobs.hpp"
 #include "cli_util.hpp"
 #include "output.hpp"
 #include "serve.hpp"
@@ -334,6 +334,8 @@ class Server {
   static void check_name(const std::string& what, const std::string& name);
   static void require_session(const Store& store, const StoreEntry& e, const std::string& session);
 
+  // id, free and total bytes, dedup ratio: what the server adds to a store's stat document.
+  json store_extras(const StoreEntry& e, const StoreStats& st);
   json store_summary(const StoreEntry& e);
   json self_host();
   json hosts(bool local_only);
@@ -474,21 +476,21 @@ void Server::require_session(const Store& store, const StoreEntry& e, const std:
                    "GET /api/v1/stores/" + e.id + "/sessions lists its sessions");
 }
 
-json Server::store_summary(const StoreEntry& e) {
-  Store s = open(e);
-  StoreStats st = s.stats();
+json Server::store_extras(const StoreEntry& e, const StoreStats& st) {
   Space sp = space_of(e.path);
   return json{{"id", e.id},
-              {"path", jstr(st.path)},
-              {"medium", medium_name(st.medium)},
-              {"format_version", st.format_version},
-              {"sessions", st.sessions},
-              {"snapshots", st.snapshots},
-              {"logical_bytes", st.logical_bytes},
-              {"pack_bytes", st.pack_bytes},
               {"free_bytes", sp.free},
               {"total_bytes", sp.total},
               {"dedup_ratio", st.pack_bytes ? static_cast<double>(st.logical_bytes) / static_cast<double>(st.pack_bytes) : 1.0}};
+}
+
+json Server::store_summary(const StoreEntry& e) {
+  StoreStats st = open(e).stats();
+  json stat = cli::to_json(st);  // the one serializer of StoreStats; the summary takes its main fields
+  json out = store_extras(e, st);
+  for (const char* k : {"path", "medium", "format_version", "sessions", "snapshots", "logical_bytes", "pack_bytes"})
+    out[k] = stat.at(k);
+  return out;
 }
 
 void Server::register_routes() {
@@ -519,13 +521,10 @@ void Server::register_routes() {
   });
   add("GET", "/api/v1/stores/{id}", [this](const httplib::Request& req, httplib::Response& res) {
     StoreEntry& e = store_entry(req.matches[1]);
-    Store s = open(e);
-    json doc = cli::to_json(s.stats());
-    json sum = store_summary(e);
-    doc["id"] = e.id;
-    doc["free_bytes"] = sum["free_bytes"];
-    doc["total_bytes"] = sum["total_bytes"];
-    doc["dedup_ratio"] = sum["dedup_ratio"];
+    StoreStats st = open(e).stats();
+    json doc = cli::to_json(st);
+    json sum = store_extras(e, st);
+    doc.update(sum);
     // The stat document's own warnings (loosened permissions) first, then the server's.
     json warnings = doc.contains("warnings") ? doc["warnings"] : json::array();
     if (e.medium == Medium::dram) warnings.push_back("the store is on tmpfs (DRAM): it survives process crashes, not reboots");
@@ -602,6 +601,29 @@ void Server::register_routes() {
     send_json(res, 200, cli::proc_ls_document(proc::list(s)));
   });
   add("GET", "/api/v1/jobs", [this](const httplib::Request&, httplib::Response& res) { send_json(res, 200, jobs_doc()); });
+  // A record of an ended job that stays for its error (dump_failed,
+  // autosave_failed): dismissing it removes the record and its alert.
+  add("POST", "/api/v1/stores/{id}/jobs/{pid}/dismiss", [this](const httplib::Request& req, httplib::Response& res) {
+    StoreEntry& e = store_entry(req.matches[1]);
+    const std::string pid_text = req.matches[2];
+    json body = req.body.empty() ? json::object() : json::parse(req.body);
+    if (!body.is_object()) throw ApiError(400, "invalid_argument", "the body must be a JSON object", "{} or {\"session\": NAME} for an autosave");
+    const std::string session = body.value("session", std::string());
+    if (!session.empty()) check_name("session", session);
+    for (auto& r : read_jobs(e.path)) {
+      if (std::to_string(r.pid) != pid_text || r.session != session) continue;
+      if (job_alive(r))
+        throw ApiError(409, "busy", "job " + pid_text + " of store " + e.id + " still runs", "only the record of an ended job can be dismissed");
+      remove_job(e.path, r);
+      log_line("dismissed the job record of pid " + pid_text + (session.empty() ? "" : " session " + session) + " in store " + e.id);
+      json doc = cli::document();
+      doc["dismissed"] = true;
+      send_json(res, 200, doc);
+      return;
+    }
+    throw ApiError(404, "not_found", "no job record of pid " + pid_text + (session.empty() ? "" : " session " + session) + " in store " + e.id,
+                   "GET /api/v1/jobs lists the jobs (an autosave's needs {\"session\": NAME})");
+  });
   add("GET", "/api/v1/memory", [this](const httplib::Request& req, httplib::Response& res) {
     std::int64_t since = 0;
     if (req.has_param("since")) {
@@ -848,16 +870,22 @@ json Server::jobs_doc() {
     for (auto& r : read_jobs(e->path)) {
       bool alive = job_alive(r);
       if (!alive && r.last_error.empty()) {
-        remove_job(e->path, r.pid);  // gone without an error to report: stale
+        remove_job(e->path, r);  // gone without an error to report: stale
         continue;
       }
-      json last = nullptr;
+      const bool autosave = r.kind == "autosave";
+      json last = nullptr, last_snapshot = nullptr;
       if (!r.last_dump.empty()) {
         try {
           if (!s) s = open(*e);
-          last = cli::to_json(proc::info(*s, r.last_dump));
+          if (autosave) {
+            auto [session, name] = dvr::split_ref(r.last_dump);
+            last_snapshot = cli::to_json(s->info(session, name));
+          } else {
+            last = cli::to_json(proc::info(*s, r.last_dump));
+          }
         } catch (const Error&) {
-          last = nullptr;  // removed since (--keep), or not readable
+          // removed since (--keep, autosave retention), or not readable
         }
       }
       std::uint64_t heap_bytes = 0;
@@ -867,7 +895,8 @@ json Server::jobs_doc() {
       if (alive && r.interval_s > 0) next = (r.last_dump_ns ? r.last_dump_ns : r.started_ns) + static_cast<std::int64_t>(r.interval_s * 1e9);
       list.push_back(json{{"pid", r.pid},
                           {"store", e->id},
-                          {"kind", r.kind == "dump_every" ? "dump_every" : "run"},
+                          {"kind", r.kind == "dump_every" || r.kind == "autosave" ? r.kind : "run"},
+                          {"session", r.session.empty() ? json(nullptr) : jstr(r.session)},
                           {"command", jstr(r.command)},
                           {"started_ns", r.started_ns},
                           {"rss_bytes", alive ? rss_of(r.pid) : 0},
@@ -875,6 +904,7 @@ json Server::jobs_doc() {
                           {"heap_bytes", heap_bytes},
                           {"interval_s", r.interval_s > 0 ? json(r.interval_s) : json(nullptr)},
                           {"last_dump", last},
+                          {"last_snapshot", last_snapshot},
                           {"last_dump_name", r.last_dump.empty() ? json(nullptr) : jstr(r.last_dump)},
                           {"next_dump_ns", next},
                           {"last_error", r.last_error.empty() ? json(nullptr) : jstr(r.last_error)},
@@ -912,16 +942,26 @@ json Server::alerts_doc() {
   for (auto& j : jobs) {
     std::string store = j["store"], subject = "pid " + std::to_string(j["pid"].get<long long>());
     bool series = j["interval_s"].is_number();
-    const std::string kindword = "dump";  // autosave_*: in-process autosave writes no record (docs/dashboard.md)
+    const bool autosave = j["kind"] == "autosave";
+    const std::string kindword = autosave ? "autosave" : "dump";
+    std::string what = "the periodic dump of " + j["command"].get<std::string>() + " (" + subject + ")";
+    if (autosave) {
+      what = "the autosave of session " + j["session"].get<std::string>() + " in " + j["command"].get<std::string>() + " (" + subject + ")";
+      subject += " session " + j["session"].get<std::string>();
+    }
     if (j["last_error"].is_string()) {
       found.push_back({"error", kindword + "_failed", store, subject,
-                       "the periodic dump of " + j["command"].get<std::string>() + " (" + subject + ") failed: " + j["last_error"].get<std::string>()});
+                       what + " failed: " + j["last_error"].get<std::string>() +
+                           (j["alive"].get<bool>() ? "" : " (the process has ended; dismiss the alert on the jobs view, or POST /api/v1/stores/" + store + "/jobs/" +
+                                                              std::to_string(j["pid"].get<long long>()) + "/dismiss" +
+                                                              (autosave ? " with {\"session\": \"" + j["session"].get<std::string>() + "\"}" : "") + ")")});
     } else if (series && j["alive"].get<bool>() && j["next_dump_ns"].is_number()) {
       std::int64_t due = j["next_dump_ns"].get<std::int64_t>();
       std::int64_t grace = static_cast<std::int64_t>(j["interval_s"].get<double>() * 1e9) + 60'000'000'000LL;
       if (now_ns() > due + grace)
         found.push_back({"warning", kindword + "_late", store, subject,
-                         "the periodic dump of " + j["command"].get<std::string>() + " (" + subject + ") is late: due " + cli::rfc3339(due)});
+                         what + " is late: due " + cli::rfc3339(due) +
+                             (autosave ? " (the program has not reached Session::checkpoint_point() since)" : "")});
     }
   }
   for (auto& h : peers())

@@ -1369,7 +1369,9 @@ class Session:
         counting up) is taken, labelled "autosave", and only the newest
         ``keep`` autosaves are kept; named snapshots are never removed.
         ``every=0`` turns it off. Raises InvalidArgument for ``keep=0`` or a
-        negative ``every``.
+        negative ``every``. While it is on, the store's job registry
+        (STORE/run/PID.autosave.SESSION.json) announces it to ``dvr serve``,
+        which lists it and alerts when an autosave fails or is late.
         """
         seconds = every.total_seconds() if isinstance(every, _dt.timedelta) else float(every)
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:

@@ -699,3 +699,105 @@ def test_a_periodic_dump_series_is_a_job_until_it_stops(scratch, proc_ready):
             series.wait()
         kill_pids(lambda: {pid} if alive(pid) else set())
         s.stop()
+
+
+AUTOSAVE_WORKER = r"""
+import sys, time
+from pathlib import Path
+import numpy as np
+import memdvr
+store, flags = sys.argv[1], Path(sys.argv[2])
+s = memdvr.Session(memdvr.Store(store), "worker")
+a = s.array("a", (256, 1024), np.uint8)
+a[:] = 7
+s.autosave(0.05, 2)
+time.sleep(0.1)
+assert s.checkpoint_point().name == "autosave-1"
+(flags / "saved").touch()
+while not (flags / "go").exists():
+    time.sleep(0.02)
+a[0] = 9
+time.sleep(0.1)
+try:
+    s.checkpoint_point()
+    (flags / "failed").write_text("no error")
+except memdvr.AlreadyExists as e:
+    (flags / "failed").write_text(str(e))
+while not (flags / "end").exists():
+    time.sleep(0.02)
+del a
+s.close()
+"""
+
+
+def test_a_session_autosave_is_a_job_its_failure_and_lateness_are_alerts_and_an_ended_one_is_dismissed(scratch):
+    path = scratch / "autosave"
+    memdvr.Store(path)
+    flags = scratch / "autosave-flags"
+    flags.mkdir()
+    worker = subprocess.Popen([sys.executable, "-c", AUTOSAVE_WORKER, str(path), str(flags)], stderr=subprocess.PIPE, text=True)
+    s = Server("--store", path)
+    try:
+        assert wait_until(lambda: (flags / "saved").exists() or worker.poll() is not None, timeout=60)
+        assert worker.poll() is None, worker.stderr.read()
+        record = path / "run" / f"{worker.pid}.autosave.worker.json"
+        assert record.exists(), sorted(os.listdir(path / "run"))
+        [j] = s.get("/api/v1/jobs")["jobs"]
+        assert (j["pid"], j["kind"], j["session"], j["alive"], j["interval_s"]) == (worker.pid, "autosave", "worker", True, 0.05), j
+        assert j["last_dump_name"] == "worker/autosave-1" and j["last_snapshot"]["name"] == "autosave-1", j
+        assert j["last_snapshot"]["label"] == "autosave" and j["last_dump"] is None and j["last_error"] is None, j
+        assert j["next_dump_ns"] > j["last_snapshot"]["time_ns"], j
+        assert not [a for a in s.get("/api/v1/alerts")["alerts"] if a["kind"].startswith("autosave")]
+        # A running job's record cannot be dismissed.
+        doc, _ = s.post(f"/api/v1/stores/autosave/jobs/{worker.pid}/dismiss", {"session": "worker"}, expect=409)
+        assert doc["error"]["code"] == "busy", doc
+
+        # The program has not reached a checkpoint_point() for a long while
+        # (its record aged by two minutes): autosave_late.
+        aged = json.loads(record.read_text())
+        aged["last_dump_ns"] -= 120 * 10**9
+        record.write_text(json.dumps(aged))
+        late = [a for a in s.get("/api/v1/alerts")["alerts"] if a["kind"] == "autosave_late"]
+        assert len(late) == 1 and late[0]["severity"] == "warning" and "session worker" in late[0]["message"], late
+        assert "checkpoint_point" in late[0]["message"], late
+
+        # The next autosave fails (its name was taken by another writer of the
+        # session): autosave_failed, with the library's error.
+        other = memdvr.Session(memdvr.Store(path), "worker")
+        b = other.array("b", (4096,), np.uint8)
+        other.snapshot("autosave-2")
+        del b
+        other.close()
+        (flags / "go").touch()
+        assert wait_until(lambda: (flags / "failed").exists(), timeout=60)
+        assert "autosave-2" in (flags / "failed").read_text()
+        def failed():
+            found = [a for a in s.get("/api/v1/alerts")["alerts"] if a["kind"] == "autosave_failed"]
+            return found or None
+        found = wait_until(failed, timeout=10, interval=0.1)
+        assert found and len(found) == 1 and found[0]["severity"] == "error", s.get("/api/v1/alerts")
+        assert "autosave-2" in found[0]["message"] and "session worker" in found[0]["message"], found
+        assert not [a for a in s.get("/api/v1/alerts")["alerts"] if a["kind"] == "autosave_late"]
+
+        # The program ends: its record stays for the error, and the alert
+        # says how to dismiss it.
+        (flags / "end").touch()
+        worker.wait(timeout=60)
+        assert worker.returncode == 0, worker.stderr.read()
+        [j] = s.get("/api/v1/jobs")["jobs"]
+        assert not j["alive"] and "autosave-2" in j["last_error"], j
+        [a] = [a for a in s.get("/api/v1/alerts")["alerts"] if a["kind"] == "autosave_failed"]
+        assert "dismiss" in a["message"], a
+        s.post(f"/api/v1/stores/autosave/jobs/{worker.pid}/dismiss", {"session": "worker"}, csrf=False, expect=403)
+        doc, _ = s.post(f"/api/v1/stores/autosave/jobs/{worker.pid}/dismiss", {}, expect=404)  # an autosave's needs its session
+        assert "session" in doc["error"]["hint"], doc
+        s.post(f"/api/v1/stores/autosave/jobs/{worker.pid}/dismiss", {"session": "../x"}, expect=400)
+        doc, _ = s.post(f"/api/v1/stores/autosave/jobs/{worker.pid}/dismiss", {"session": "worker"}, expect=200)
+        assert doc["dismissed"] is True
+        assert s.get("/api/v1/jobs")["jobs"] == [] and not record.exists()
+        assert not [a for a in s.get("/api/v1/alerts")["alerts"] if a["kind"].startswith("autosave")]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        s.stop()

@@ -523,11 +523,11 @@ class Store:
     def state(self):
         """Everything a refused operation must leave as it was: the listing, every
         file under sessions/, heaps/ and tmp/ and at the top level (size and
-        content; the lock and gc's epoch token aside), and what `verify` counts
+        content; the lock, gc's epoch token and the change counter aside), and what `verify` counts
         (and that it finds nothing damaged)."""
         files = {}
         for entry in os.scandir(self.path):  # the top level: its regular files (no stray manifest)
-            if entry.is_file(follow_symlinks=False) and entry.name not in ("lock", "epoch"):
+            if entry.is_file(follow_symlinks=False) and entry.name not in ("lock", "epoch", "changes"):
                 with open(entry.path, "rb") as f:
                     files[entry.name] = (entry.stat().st_size, hashlib.sha256(f.read()).hexdigest())
         for sub in ("sessions", "heaps", "tmp"):

@@ -185,6 +185,9 @@ TEST_CASE("escape: one rule for every text output (C0, DEL, C1, separators, bidi
   // Not UTF-8: a stray continuation byte, an overlong '/', a surrogate, a
   // truncated sequence, a byte above F4: each byte as \xNN.
   CHECK(dvr::escape_text("\x80") == "\\x80");
+  // utf8_safe (JSON strings): the same UTF-8 rule, controls kept.
+  CHECK(dvr::utf8_safe("caf\xc3\xa9 \x1b[0m\n\xe2\x80\xae") == "caf\xc3\xa9 \x1b[0m\n\xe2\x80\xae");
+  CHECK(dvr::utf8_safe("\xff\xc0\xaf|\xed\xa0\x80|\xf4\x90\x80\x80|\xe2\x82") == "\\xff\\xc0\\xaf|\\xed\\xa0\\x80|\\xf4\\x90\\x80\\x80|\\xe2\\x82");
   CHECK(dvr::escape_text("\xc0\xaf") == "\\xc0\\xaf");
   CHECK(dvr::escape_text("\xed\xa0\x80") == "\\xed\\xa0\\x80");
   CHECK(dvr::escape_text("ok\xe2\x9c") == "ok\\xe2\\x9c");

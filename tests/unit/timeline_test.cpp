@@ -1,6 +1,9 @@
 // Time travel: parent links forming a tree, diff between snapshots, and the
 // newest intact snapshot after damage.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <thread>
 
 #include "format/chunks.hpp"
@@ -8,6 +11,7 @@
 #include "test_support.hpp"
 
 using namespace dvr;
+namespace fs = std::filesystem;
 using dvrtest::TempDir;
 
 TEST_CASE("timeline: restoring an older snapshot and snapshotting again starts a branch", "[timeline]") {
@@ -136,4 +140,130 @@ TEST_CASE("autosave: due only after the period, keeps the newest N, never remove
   again.autosave(1ms, 2);
   std::this_thread::sleep_for(5ms);
   CHECK(again.checkpoint_point()->name == "autosave-5");
+}
+
+TEST_CASE("autosave: announced in the store's job registry, failures and all, for dvr serve", "[timeline][autosave][jobs]") {
+  using namespace std::chrono_literals;
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  auto d = dvrtest::random_bytes(100000, 19);
+  auto records = [&] { return dvr::read_jobs(store.path()); };
+  {
+    Session s(store, "auto");
+    s.track("d", d.data(), d.size());
+    CHECK(records().empty());  // nothing before autosave is on
+    s.autosave(20ms, 3);
+    auto r = records();
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].pid == ::getpid());
+    CHECK(r[0].kind == "autosave");
+    CHECK(r[0].session == "auto");
+    CHECK(r[0].interval_s == Approx(0.02));
+    CHECK(r[0].last_dump.empty());
+    CHECK(r[0].started_ns > 0);
+    CHECK(r[0].command.find("dvr-unit-tests") != std::string::npos);
+    CHECK(dvr::job_alive(r[0]));
+    CHECK(fs::exists(store.path() + "/run/" + std::to_string(::getpid()) + ".autosave.auto.json"));
+
+    std::this_thread::sleep_for(25ms);
+    REQUIRE(s.checkpoint_point()->name == "autosave-1");
+    r = records();
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].last_dump == "auto/autosave-1");
+    CHECK(r[0].last_dump_ns >= r[0].started_ns);
+    CHECK(r[0].last_error.empty());
+
+    // A failed autosave (its name taken meanwhile by another writer of the
+    // session) is the record's last error, and the exception still reaches
+    // the program; the next point takes the next number and clears it.
+    {
+      auto other = dvrtest::random_bytes(4096, 20);
+      Session aside(store, "auto");
+      aside.track("d", other.data(), other.size());
+      aside.snapshot("autosave-2");
+    }
+    std::this_thread::sleep_for(25ms);
+    CHECK(dvrtest::catch_error([&] { s.checkpoint_point(); }).code == Errc::already_exists);
+    r = records();
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].last_error.find("autosave-2") != std::string::npos);
+    CHECK(r[0].last_dump == "auto/autosave-1");
+    std::this_thread::sleep_for(25ms);
+    REQUIRE(s.checkpoint_point()->name == "autosave-3");
+    r = records();
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].last_error.empty());
+    CHECK(r[0].last_dump == "auto/autosave-3");
+
+    // Turned off: the record goes.
+    s.autosave(0ms, 0);
+    CHECK(records().empty());
+    // On again, and the session ends cleanly: it goes with the session.
+    s.autosave(1h, 1);
+    CHECK(records().size() == 1);
+  }
+  CHECK(records().empty());
+  {
+    // Ends after a failed autosave: the record stays (autosave_failed) until
+    // it is removed (dvr serve's dismiss).
+    Session s(store, "auto");
+    s.track("d", d.data(), d.size());
+    // autosave() continues after the highest autosave-N of the session: take
+    // that next number from aside once it is on.
+    std::uint64_t highest = 0;
+    for (auto& i : s.list())
+      if (i.name.rfind("autosave-", 0) == 0) highest = std::max<std::uint64_t>(highest, std::stoull(i.name.substr(9)));
+    s.autosave(1ms, 2);
+    {
+      Session aside(store, "auto");
+      aside.track("d", d.data(), d.size());
+      aside.snapshot("autosave-" + std::to_string(highest + 1));
+    }
+    std::this_thread::sleep_for(3ms);
+    CHECK(dvrtest::catch_error([&] { s.checkpoint_point(); }).code == Errc::already_exists);
+  }
+  auto left = records();
+  REQUIRE(left.size() == 1);
+  CHECK_FALSE(left[0].last_error.empty());
+  dvr::remove_job(store.path(), left[0]);
+  CHECK(records().empty());
+}
+
+TEST_CASE("jobs: records are read only from files named for them, bad session names are refused", "[jobs]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  dvr::JobRecord r;
+  r.pid = ::getpid();
+  r.start_ticks = dvr::process_start_ticks(r.pid);
+  r.kind = "run";
+  r.command = "job";
+  dvr::write_job(store.path(), r);
+  dvr::JobRecord a = r;
+  a.kind = "autosave";
+  a.session = "s.1";
+  dvr::write_job(store.path(), a);
+  a.session = "../escape";
+  CHECK(dvrtest::catch_error([&] { dvr::write_job(store.path(), a); }).code == Errc::invalid_argument);
+  CHECK_FALSE(fs::exists(store.path() + "/escape.json"));
+  auto all = dvr::read_jobs(store.path());
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].kind == "run");
+  CHECK(all[1].session == "s.1");
+  CHECK(dvr::process_command(r.pid).find("dvr-unit-tests") != std::string::npos);
+  // A record that speaks for another process or session than its file name
+  // says, damaged JSON, and a link are skipped.
+  const std::string run = store.path() + "/run/";
+  fs::copy_file(run + std::to_string(r.pid) + ".json", run + "1.json");
+  fs::copy_file(run + std::to_string(r.pid) + ".autosave.s.1.json", run + std::to_string(r.pid) + ".autosave.other.json");
+  std::ofstream(run + "2.json") << "{not json";
+  fs::create_symlink(run + std::to_string(r.pid) + ".json", run + "3.json");
+  CHECK(dvr::read_jobs(store.path()).size() == 2);
+  // An ended process's record is not alive.
+  dvr::JobRecord gone = r;
+  gone.start_ticks += 1;
+  CHECK_FALSE(dvr::job_alive(gone));
+  CHECK(dvr::job_alive(r));
+  dvr::remove_job(store.path(), r);
+  dvr::remove_job(store.path(), all[1]);
+  CHECK(dvr::read_jobs(store.path()).empty());
 }

@@ -8,7 +8,9 @@
 //      --leave-running` is cloned from the jobs view: the operation finishes,
 //      the clone's pid is alive (then it is killed);
 //   4. a byte flipped in a pack file: Verify from the overview, and the alerts
-//      view shows a damaged_snapshot alert naming the snapshot;
+//      view shows a damaged_snapshot alert naming the snapshot; an ended
+//      program whose autosave failed shows in the jobs view and the alerts,
+//      and its Dismiss button removes both;
 //   5. against a server with --token-file, the page asks for the token (again
 //      after a wrong one) and then reads and changes things with it.
 // A screenshot of each step goes to DVR_E2E_SCREENSHOTS (CTest: build/e2e-screenshots).
@@ -253,6 +255,28 @@ async function main() {
     await until('the navigation bar to count the alerts', async () =>
       (await page.locator('#alert-badge').isVisible()) && (await page.locator('#alert-badge').innerText()) === String(alertCount));
     await shot(page, 'alerts');
+
+    // 4b. an ended program whose last autosave failed: a job kept for its
+    // error and an autosave_failed alert, both gone after Dismiss
+    const ended = spawnSync('true').pid;
+    const runDir = path.join(store, 'run');
+    fs.mkdirSync(runDir, { recursive: true, mode: 0o700 });
+    fs.writeFileSync(path.join(runDir, `${ended}.autosave.e2e.json`), JSON.stringify({
+      schema_version: 1, pid: ended, start_ticks: 1, started_ns: (Date.now() - 3_600_000) * 1e6, kind: 'autosave', session: 'e2e', command: 'python3 sweep.py',
+      heap: '', interval_s: 60, last_dump: '', last_dump_ns: 0, last_error: 'snapshot e2e/autosave-7: no space left <b>', updated_ns: 1,
+    }), { mode: 0o600 });
+    await page.goto(`${base}/#/alerts`);
+    await page.locator('tr.alert[data-kind="autosave_failed"]').waitFor({ timeout: WAIT });
+    await page.goto(`${base}/#/jobs`);
+    const endedRow = page.locator(`.jobs tr[data-pid="${ended}"]`);
+    await endedRow.waitFor({ timeout: WAIT });
+    assert.match(await endedRow.innerText(), /autosave of e2e[\s\S]*no space left <b>/, 'the ended autosave shows with its error, as text');
+    await shot(page, 'jobs-autosave-failed');
+    await endedRow.locator('button[data-action="dismiss"]').click();
+    await endedRow.waitFor({ state: 'detached', timeout: WAIT });
+    assert.equal(fs.existsSync(path.join(runDir, `${ended}.autosave.e2e.json`)), false, 'Dismiss removed the record');
+    await page.goto(`${base}/#/alerts`);
+    await until('the autosave_failed alert to go', async () => (await page.locator('tr.alert[data-kind="autosave_failed"]').count()) === 0);
 
     assert.deepEqual(errors, [], 'no errors in the page and no request left the server');
 

@@ -54,8 +54,9 @@ export interface RegionDiff {
   name: string; size_a: number; size_b: number; only_in_a: boolean; only_in_b: boolean; bytes_differ: number; pages_differ: number;
 }
 export interface Job {
-  pid: number; store: string; kind: 'run' | 'dump_every'; command: string; started_ns: number; rss_bytes: number;
-  heap: string | null; heap_bytes: number; interval_s: number | null; last_dump: Process | null; last_dump_name: string | null;
+  pid: number; store: string; kind: 'run' | 'dump_every' | 'autosave'; session: string | null; command: string; started_ns: number; rss_bytes: number;
+  heap: string | null; heap_bytes: number; interval_s: number | null; last_dump: Process | null; last_snapshot: Snapshot | null;
+  last_dump_name: string | null;
   next_dump_ns: number | null; last_error: string | null; alive: boolean;
 }
 export interface Alert {

@@ -13,12 +13,14 @@
 // clone.hpp: thin copy-on-write clones of snapshots.
 // error.hpp: dvr::Error and its codes.
 // log.hpp: the log level and sink (DVR_LOG).
+// jobs.hpp: the registry of running jobs and autosaves (STORE/run/) that dvr serve reads.
 #pragma once
 
 #include "dvr/arena.hpp"
 #include "dvr/clone.hpp"
 #include "dvr/error.hpp"
 #include "dvr/export.h"
+#include "dvr/jobs.hpp"
 #include "dvr/log.hpp"
 #include "dvr/session.hpp"
 #include "dvr/store.hpp"

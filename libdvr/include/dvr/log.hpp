@@ -62,6 +62,12 @@ DVR_EXPORT LogLevel log_level() noexcept;
 /// carries the exact text. Thread-safe.
 DVR_EXPORT std::string escape_text(std::string_view text);
 
+/// `text` as valid UTF-8 and otherwise unchanged: each byte that is not part
+/// of well-formed UTF-8 (the same rule as above) becomes the four characters
+/// \xNN; controls stay. For JSON strings (`dvr --json`, `dvr serve`), which
+/// must be UTF-8 and carry the exact text. Thread-safe.
+DVR_EXPORT std::string utf8_safe(std::string_view text);
+
 /// Where messages go: called with the level and one line of text, escaped
 /// with escape_text(), no trailing newline. nullptr restores the default sink, which writes
 /// "dvr[PID] LEVEL: message\n" to stderr in one write. The sink may be

@@ -284,11 +284,18 @@ class DVR_EXPORT Session {
   /// "autosave-N" (N counting up) is taken, labelled "autosave", and only the
   /// newest `keep` autosaves are kept. Named snapshots are never removed.
   /// every = 0 turns autosave off. Throws invalid_argument for keep = 0.
+  /// While it is on, the process announces it in the store's job registry
+  /// (dvr/jobs.hpp: STORE/run/PID.autosave.SESSION.json, kind "autosave",
+  /// updated after each autosave), so `dvr serve` lists it and raises
+  /// autosave_failed and autosave_late alerts; the record goes when autosave
+  /// is turned off or the session ends, except after a failed autosave.
   void autosave(std::chrono::milliseconds every, std::size_t keep);
 
   /// A safe point for autosave: call it where the regions are consistent (say,
   /// between time steps). Costs a clock read when nothing is due. Returns the
-  /// autosave taken, if one was.
+  /// autosave taken, if one was; an autosave that fails throws its error (and
+  /// is recorded as the job record's last error; the next one is tried at the
+  /// next point).
   std::optional<SnapshotInfo> checkpoint_point();
 
   /// The change-tracking mechanism in use for region `name`. Throws not_found.

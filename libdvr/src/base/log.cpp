@@ -184,6 +184,27 @@ bool invisible_control(char32_t cp) {
 
 }  // namespace
 
+std::string utf8_safe(std::string_view text) {
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t k = 0; k < text.size();) {
+    char32_t cp = 0;
+    const std::size_t n = utf8_sequence(text, k, &cp);
+    if (n == 0) {
+      const unsigned char c = static_cast<unsigned char>(text[k]);
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+      ++k;
+    } else {
+      out.append(text.substr(k, n));
+      k += n;
+    }
+  }
+  return out;
+}
+
 std::string escape_text(std::string_view text) {
   static const char hex[] = "0123456789abcdef";
   std::string out;

@@ -29,12 +29,15 @@ struct Clone::State {
   std::vector<detail::Mapping> maps;  // one reservation per region
   detail::Fd pin_lock;                // flock()ed while the clone lives
   std::string pin_path, lock_path;
+  std::string store_path;  // set once the pin is counted (StoreImpl::count_change)
 
   ~State() {
     regions.clear();
     maps.clear();
     if (!pin_path.empty()) detail::env().unlink(pin_path.c_str());
     if (!lock_path.empty()) detail::env().unlink(lock_path.c_str());
+    // The pinned space may be reused: tell the other processes' indexes.
+    if (!pin_path.empty() && !store_path.empty()) detail::change_counter(store_path, true);
   }
 };
 
@@ -122,6 +125,11 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
       throw_errno(err, "cannot pin the data of '" + ref + "' in " + pin);
     }
     state->pin_path = pin;
+    // Counted after the rename, so every writer's next refresh reads the pin
+    // (not own: this handle's index does not hold it). A pin that cannot be
+    // counted is not kept (~State removes it): writers might not see it.
+    impl_->count_change(false);
+    state->store_path = impl_->path;
   }
 
   std::map<std::uint32_t, Fd> pack_fds;

@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 
+#include "dvr/jobs.hpp"
 #include "dvr/session.hpp"
 #include "format/chunks.hpp"
 #include "track/dirty.hpp"
@@ -118,6 +119,15 @@ struct Session::State {
   std::size_t autosave_keep = 0;
   std::uint64_t autosave_next = 1;
   std::chrono::steady_clock::time_point last_snapshot = std::chrono::steady_clock::now();
+  // While autosave is on: this process's record in STORE/run/ (dvr/jobs.hpp),
+  // so dvr serve lists the autosave and alerts when one fails or is late.
+  std::optional<JobRecord> autosave_record;
+  bool autosave_record_warned = false;
+  // Writes it again (best effort: a store that cannot take it still gets its
+  // autosaves; said once at warn).
+  void publish_autosave_record();
+  // Removes it, unless this is a forked child (the record is the parent's).
+  void drop_autosave_record();
 
   void start_tracking(Region& r);
   void stop_tracking(const Region& r);
@@ -350,6 +360,9 @@ std::string Session::tracking_note() const {
 
 Session::~Session() {
   if (state_) state_->settle(true);
+  // A record whose last autosave failed stays (dvr serve's autosave_failed
+  // alert) until it is dismissed; the others go with the session.
+  if (state_ && state_->autosave_record && state_->autosave_record->last_error.empty()) state_->drop_autosave_record();
   if (state_)
     for (auto& [region, file] : state_->heap_files)
       state_->drop_note(*region);
@@ -378,6 +391,21 @@ std::uint64_t autosave_number(const std::string& name) {
 }
 }  // namespace
 
+void Session::State::publish_autosave_record() {
+  if (!autosave_record) return;
+  try {
+    write_job(store.path(), *autosave_record);
+  } catch (const Error& e) {
+    if (!autosave_record_warned) DVR_LOG(warn, "session '" + name + "': " + e.what() + " (dvr serve will not list its autosave)");
+    autosave_record_warned = true;
+  }
+}
+
+void Session::State::drop_autosave_record() {
+  if (autosave_record && autosave_record->pid == ::getpid()) remove_job(store.path(), *autosave_record);
+  autosave_record.reset();
+}
+
 void Session::autosave(std::chrono::milliseconds every, std::size_t keep) {
   if (every.count() > 0 && keep == 0)
     throw Error(Errc::invalid_argument, "autosave for session '" + state_->name + "' must keep at least one snapshot");
@@ -387,6 +415,21 @@ void Session::autosave(std::chrono::milliseconds every, std::size_t keep) {
   for (auto& info : list())
     state_->autosave_next = std::max(state_->autosave_next, autosave_number(info.name) + 1);
   state_->last_snapshot = std::chrono::steady_clock::now();
+  if (state_->autosave_every.count() == 0) {
+    state_->drop_autosave_record();
+    return;
+  }
+  JobRecord r;
+  if (state_->autosave_record && state_->autosave_record->pid == ::getpid()) r = *state_->autosave_record;  // keeps its last autosave
+  r.pid = ::getpid();
+  r.start_ticks = process_start_ticks(r.pid);
+  r.kind = "autosave";
+  r.session = state_->name;
+  r.command = process_command(r.pid);
+  r.interval_s = static_cast<double>(every.count()) / 1000.0;
+  if (!r.started_ns) r.started_ns = detail::now_ns();  // the interval counts from now
+  state_->autosave_record = std::move(r);
+  state_->publish_autosave_record();
 }
 
 std::optional<SnapshotInfo> Session::checkpoint_point() {
@@ -396,7 +439,23 @@ std::optional<SnapshotInfo> Session::checkpoint_point() {
     state_->settle(false);
   }
   if (state_->autosave_every.count() == 0 || std::chrono::steady_clock::now() - state_->last_snapshot < state_->autosave_every) return std::nullopt;
-  SnapshotInfo taken = snapshot(kAutosavePrefix + std::to_string(state_->autosave_next++), {.label = "autosave"});
+  if (state_->autosave_record && state_->autosave_record->pid != ::getpid()) state_->autosave_record.reset();  // a forked child's copy
+  SnapshotInfo taken;
+  try {
+    taken = snapshot(kAutosavePrefix + std::to_string(state_->autosave_next++), {.label = "autosave"});
+  } catch (const Error& e) {
+    if (state_->autosave_record) {
+      state_->autosave_record->last_error = e.what();
+      state_->publish_autosave_record();
+    }
+    throw;
+  }
+  if (state_->autosave_record) {
+    state_->autosave_record->last_dump = state_->name + "/" + taken.name;
+    state_->autosave_record->last_dump_ns = detail::now_ns();
+    state_->autosave_record->last_error.clear();
+    state_->publish_autosave_record();
+  }
   DVR_LOG(info, "session '" + state_->name + "': autosave " + taken.name + " taken (" + std::to_string(taken.stored_bytes) + " bytes stored)");
   // Retention: the newest `keep` autosaves stay (by number; named ones are not
   // autosaves and are never touched).

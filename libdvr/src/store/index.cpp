@@ -91,7 +91,7 @@ void StoreImpl::drop_refs(const std::vector<Ref>& refs) {
   }
 }
 
-void StoreImpl::refresh_index() {
+void StoreImpl::refresh_index(bool full) {
   std::string epoch = read_epoch();
   if (epoch != index_epoch_ || forked_) {
     forked_ = false;
@@ -102,9 +102,16 @@ void StoreImpl::refresh_index() {
     unreadable_.clear();
     index_epoch_ = epoch;
     quarantine_pack_ = 0;
+    seen_changes_.reset();
     packs->forget_populated();
   }
   packs->refresh_mappings();
+  // Nothing changed since the index was last brought up to date: no need to
+  // look at every manifest again (the counter is read before the manifests,
+  // so a change made while they are read shows as a new count next time).
+  const std::optional<std::uint64_t> changes_now = changes(false);
+  if (!full && changes_now && seen_changes_ && *changes_now == *seen_changes_) return;
+  seen_changes_.reset();  // until this read is complete
   // First forget every manifest that is gone or was replaced, then add the new
   // ones: a location freed by one manifest and reused by another must never be
   // credited to the old chunk.
@@ -150,6 +157,15 @@ void StoreImpl::refresh_index() {
   }
   for (auto& f : unreadable_)
     if (!unreadable_before.count(f)) quarantine_pack_ = 0;  // newly unreadable: it may reference that pack too
+  seen_changes_ = changes_now;
+}
+
+void StoreImpl::forget_indexed(const std::string& file) {
+  auto it = indexed_.find(file);
+  if (it != indexed_.end()) {
+    drop_refs(it->second.refs);
+    indexed_.erase(it);
+  }
 }
 
 const ChunkRef* StoreImpl::find_chunk(const Hash128& h, const char* data, std::uint32_t length) const {
@@ -165,12 +181,11 @@ const ChunkRef* StoreImpl::find_chunk(const Hash128& h, const char* data, std::u
 
 void StoreImpl::index_published(const std::string& file, const Manifest& m) {
   FileKey key;
-  if (!key_of(file, key)) return;  // refresh_index() will find it
-  auto it = indexed_.find(file);
-  if (it != indexed_.end()) {
-    drop_refs(it->second.refs);
-    indexed_.erase(it);
+  if (!key_of(file, key)) {
+    seen_changes_.reset();  // refresh_index() must read it
+    return;
   }
+  forget_indexed(file);
   indexed_[file] = {key, add_refs(m), m.seq};
 }
 

@@ -346,4 +346,52 @@ std::string StoreImpl::read_epoch() const {
 
 void StoreImpl::bump_epoch() { write_file_atomic(tmp_dir(), path + "/epoch", random_hex()); }
 
+namespace {
+
+// Reads STORE/changes through `fd` (0 when it is still empty), adding one
+// when `bump`; the value before. nullopt when it cannot.
+std::optional<std::uint64_t> counter_at(int fd, bool bump) {
+  if (::flock(fd, bump ? LOCK_EX : LOCK_SH) != 0) return std::nullopt;
+  std::uint64_t v = 0;
+  ssize_t n = ::pread(fd, &v, sizeof v, 0);
+  bool ok = n == 0 || n == static_cast<ssize_t>(sizeof v);
+  if (n == 0) v = 0;
+  if (ok && bump) {
+    std::uint64_t next = v + 1;
+    ok = ::pwrite(fd, &next, sizeof next, 0) == static_cast<ssize_t>(sizeof next);
+  }
+  ::flock(fd, LOCK_UN);
+  return ok ? std::optional<std::uint64_t>(v) : std::nullopt;
+}
+
+int open_counter(const std::string& store_path) {
+  // Not through env(): the counter is not data; after a crash every process
+  // starts with a full read of the manifests anyway.
+  return ::open((store_path + "/changes").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> StoreImpl::changes(bool bump) const { return change_counter(path, bump); }
+
+std::optional<std::uint64_t> change_counter(const std::string& store_path, bool bump) {
+  // Opened by path every time (about a microsecond): a counter file replaced
+  // or removed is never read through a stale descriptor.
+  int fd = open_counter(store_path);
+  if (fd < 0) return std::nullopt;
+  auto v = counter_at(fd, bump);
+  ::close(fd);
+  return v;
+}
+
+void StoreImpl::count_change(bool own) {
+  auto before = changes(true);
+  if (!before)
+    throw Error(Errc::io, "cannot count a change in " + path + "/changes: " + std::strerror(errno) +
+                              " (other processes would not see it; check the store's permissions and free space)");
+  // Still current when it was current before and the change is in the index;
+  // otherwise the next refresh sees the count differ and re-reads.
+  if (own && seen_changes_ && *seen_changes_ == *before) seen_changes_ = *before + 1;
+}
+
 }  // namespace dvr::detail

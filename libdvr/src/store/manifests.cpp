@@ -113,6 +113,9 @@ void StoreImpl::publish_manifest(Manifest& m) {
   require_real_dir(session_dir(m.session));
   encode_manifest(m, encoded_);
   m.checksum = manifest_checksum(encoded_);
+  // Counted before the rename (StoreImpl::count_change); own: the batch
+  // indexes what it published (index_published) before any refresh.
+  count_change(true);
   write_file_atomic(tmp_dir(), manifest_path(m.session, m.name), encoded_);
 }
 

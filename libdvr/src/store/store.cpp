@@ -178,6 +178,14 @@ void remove_manifest(StoreImpl& store, const std::string& session, const std::st
                   "no snapshot '" + StoreImpl::ref(session, snapshot) + "' in store " + store.path + "; `dvr ls` lists what exists");
     throw_errno(errno, "cannot remove " + file);
   }
+  // Counted after the unlink (a process that misses it frees its space late,
+  // never early); this handle drops it from its own index at once.
+  store.forget_indexed(file);
+  try {
+    store.count_change(true);
+  } catch (const Error&) {
+    // Seen late by other processes (at their next change): the snapshot is gone all the same.
+  }
   fsync_dir(store.session_dir(session));
   env().rmdir(store.session_dir(session).c_str());  // only succeeds when empty
 }

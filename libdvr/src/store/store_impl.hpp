@@ -111,7 +111,7 @@ class StoreImpl {
   /// Brings the chunk index and the map of live pack space up to date with
   /// every published manifest (new, replaced and removed ones). Call with the
   /// exclusive lock held.
-  void refresh_index();
+  void refresh_index(bool full = false);
   /// Location of a chunk stored whole with this hash that holds exactly the
   /// `length` bytes at `data`, or nullptr. The bytes are compared: a hash match
   /// alone could be a collision, and a damaged copy must not make a snapshot
@@ -175,6 +175,25 @@ class StoreImpl {
 
   /// Marks that stored data was freed (gc): every process rebuilds its index.
   void bump_epoch();
+
+  /// The store's change counter, STORE/changes (docs/format.md, "Change
+  /// counter"): every change to what sessions/ and pins/ hold adds one, so
+  /// that refresh_index() re-reads the manifests only when something
+  /// changed. A publish counts before its rename (under writers.lock, which
+  /// every refresh holds, so no refresh sees the count without the file, and
+  /// a crash between the two costs one needless re-read); a removal and a
+  /// new pin count after their unlink or rename (a refresh that misses one
+  /// sees the count go up next time). Incremented under an flock of the
+  /// file, so no increment is lost. `own`: this handle's index already
+  /// reflects the change (it indexes its publish itself, or drops a removed
+  /// manifest itself), so when nobody else changed the store since its last
+  /// refresh, the index stays current without a re-read. Throws io when the
+  /// counter cannot be kept (then a publish or pin must not happen; a
+  /// removal that happened is only seen late, which frees its space late).
+  void count_change(bool own);
+  /// Forgets manifest `file` in the index (its uses and dedup entries), as a
+  /// re-read would after it was removed.
+  void forget_indexed(const std::string& file);
 
   /// flock on one of the store's lock files (docs/format.md, "Locks").
   /// Kind::data (`lock`): shared while stored data is read, exclusive while
@@ -244,6 +263,11 @@ class StoreImpl {
   std::vector<InFlight> in_flight_;
   std::string encoded_;  // publish_manifest()'s buffer, kept for the next one
   std::string index_epoch_;
+  // The change counter as of the index (none: unknown, re-read at the next
+  // refresh), and the counter file, opened on first use.
+  std::optional<std::uint64_t> seen_changes_;
+  // change_counter() of this store.
+  std::optional<std::uint64_t> changes(bool bump) const;
 };
 
 SnapshotInfo info_from_manifest(const Manifest& m);
@@ -261,6 +285,11 @@ void order_snapshots(std::vector<SnapshotInfo>& snaps);
 /// locks: call with the mutex and the exclusive data lock held). Throws
 /// not_found naming the store.
 void remove_manifest(StoreImpl& store, const std::string& session, const std::string& snapshot);
+
+/// The change counter of the store at `store_path` (StoreImpl::count_change):
+/// its value, adding one when `bump` (then the value before); nullopt when
+/// the file cannot be opened, locked, read or written (errno says why).
+std::optional<std::uint64_t> change_counter(const std::string& store_path, bool bump);
 
 /// Checks chunks[i] of `m` for every i in `which` (mapping them first, then
 /// hashing on every core). Returns the lowest position in `which` that fails

@@ -116,6 +116,7 @@ std::vector<SnapshotInfo> WriteBatch::publish(const std::vector<SnapshotWriter*>
       for (auto it = done.rbegin(); it != done.rend(); ++it) {
         env().unlink(store_.manifest_path((*it)->session, (*it)->name).c_str());
         try {
+          store_.count_change(true);  // never indexed here: own
           fsync_dir(store_.session_dir((*it)->session));
         } catch (const Error&) {
         }

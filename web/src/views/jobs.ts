@@ -1,8 +1,9 @@
-// Jobs: running `dvr run` jobs and `dvr proc dump --every` series, and each
-// store's process snapshots, with dump / restore / clone buttons. A button
-// starts an action and the operations panel follows it with a progress bar.
+// Jobs: running `dvr run` jobs, `dvr proc dump --every` series and session
+// autosaves, and each store's process snapshots, with dump / restore / clone
+// buttons. A button starts an action and the operations panel follows it
+// with a progress bar. An ended job that failed can be dismissed.
 
-import { get, seg, type Job, type Process, type Store } from '../api';
+import { ApiError, get, post, seg, type Job, type Process, type Store } from '../api';
 import { h, num, table } from '../dom';
 import { ago, bytes, printable, time } from '../format';
 import { startAction } from '../operations';
@@ -39,6 +40,30 @@ function dumpForm(store: string, refresh: () => void): HTMLElement {
   return form;
 }
 
+function kindOf(j: Job): string {
+  if (j.kind === 'dump_every') return `dump every ${j.interval_s ?? '?'} s`;
+  if (j.kind === 'autosave') return `autosave of ${j.session ?? '?'} every ${j.interval_s ?? '?'} s`;
+  return 'dvr run';
+}
+
+function lastOf(j: Job, now: number): string {
+  if (j.last_dump) return `${printable(j.last_dump.name)} (${ago(j.last_dump.time_ns, now)})`;
+  if (j.last_snapshot) return `${printable(j.last_dump_name ?? j.last_snapshot.name)} (${ago(j.last_snapshot.time_ns, now)})`;
+  return printable(j.last_dump_name) || '–';
+}
+
+/** An ended job kept for its error: a button that removes its record (and its alert). */
+function dismissButton(j: Job, refresh: () => void): HTMLElement {
+  const b = h('button', { class: 'small', 'data-action': 'dismiss', title: 'remove the record of this ended job and its alert', onclick: () => {
+    b.disabled = true;
+    post(`/stores/${seg(j.store)}/jobs/${j.pid}/dismiss`, j.session ? { session: j.session } : {}).then(refresh, (e: unknown) => {
+      b.disabled = false;
+      b.title = e instanceof ApiError ? e.message : String(e);
+    });
+  } }, 'Dismiss');
+  return b;
+}
+
 export const jobs: View<JobsData> = {
   name: 'jobs',
   async load() {
@@ -54,16 +79,17 @@ export const jobs: View<JobsData> = {
     const now = Date.now() * 1e6;
     const running = d.jobs.length
       ? table('jobs', ['pid', 'kind', 'store', 'command', 'started', 'RSS', 'heap', 'last dump', 'next dump', ''], d.jobs.map((j) => [
-        num(j.pid), j.kind === 'dump_every' ? `dump every ${j.interval_s ?? '?'} s` : 'dvr run', printable(j.store), h('code', undefined, printable(j.command)), time(j.started_ns), num(bytes(j.rss_bytes)),
+        num(j.pid), kindOf(j), printable(j.store), h('code', undefined, printable(j.command)), time(j.started_ns), num(bytes(j.rss_bytes)),
         j.heap ? h('span', { title: printable(j.heap) }, bytes(j.heap_bytes)) : '–',
-        h('td', undefined, j.last_dump ? `${printable(j.last_dump.name)} (${ago(j.last_dump.time_ns, now)})` : printable(j.last_dump_name) || '–',
+        h('td', undefined, lastOf(j, now),
           j.last_error ? h('div', { class: 'error small' }, printable(j.last_error)) : null),
         j.next_dump_ns ? ago(j.next_dump_ns, now) : '–',
-        h('td', { class: 'actions' }, j.alive ? dumpButton(j.store, j.pid, j.command, refresh) : h('span', { class: 'sev error' }, 'gone')),
+        h('td', { class: 'actions' }, j.alive ? dumpButton(j.store, j.pid, j.command, refresh)
+          : h('span', undefined, h('span', { class: 'sev error' }, 'gone'), ' ', dismissButton(j, refresh))),
       ]), (i) => ({ 'data-pid': d.jobs[i].pid }))
-      : h('p', { class: 'muted' }, 'No running jobs (dvr run, dvr proc dump --every).');
+      : h('p', { class: 'muted' }, 'No running jobs (dvr run, dvr proc dump --every, Session autosave).');
     return h('div', { class: 'jobs-view' },
-      h('section', undefined, h('h2', undefined, 'Running jobs'), running),
+      h('section', undefined, h('h2', undefined, 'Jobs'), running),
       ...d.stores.map((st) => h('section', { 'data-store': st.id },
         h('h2', undefined, 'Process snapshots in ', printable(st.id)),
         (d.processes[st.id] ?? []).length

@@ -1,5 +1,5 @@
-// The job registry (jobs.hpp).
-#include "jobs.hpp"
+// The job registry (dvr/jobs.hpp).
+#include "dvr/jobs.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -8,25 +8,32 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
+#include "base/os.hpp"
 #include "dvr/error.hpp"
+#include "store/store_impl.hpp"
 
-namespace dvr::server {
+namespace dvr {
 
 namespace {
 
 using json = nlohmann::ordered_json;
 
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+constexpr const char* kAutosaveKind = "autosave";
 
 std::string run_dir(const std::string& store) { return store + "/run"; }
+
+// PID.json, or PID.autosave.SESSION.json for a session's autosave.
+std::string file_name(const JobRecord& r) {
+  std::string name = std::to_string(r.pid);
+  if (r.kind == kAutosaveKind) name += std::string(".") + kAutosaveKind + "." + r.session;
+  return name + ".json";
+}
 
 }  // namespace
 
@@ -47,24 +54,37 @@ std::uint64_t process_start_ticks(pid_t pid) {
   return 0;
 }
 
+std::string process_command(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string out(4096, '\0');
+  f.read(out.data(), static_cast<std::streamsize>(out.size()));
+  out.resize(static_cast<std::size_t>(std::max<std::streamsize>(0, f.gcount())));
+  std::replace(out.begin(), out.end(), '\0', ' ');
+  while (!out.empty() && out.back() == ' ')
+    out.pop_back();
+  return out;
+}
+
 bool job_alive(const JobRecord& r) {
   std::uint64_t t = process_start_ticks(r.pid);
   return t != 0 && t == r.start_ticks;
 }
 
 void write_job(const std::string& store_path, const JobRecord& r) {
+  if (r.kind == kAutosaveKind) detail::check_name("session", r.session);
   const std::string dir = run_dir(store_path);
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    throw Error(Errc::io, "cannot create " + dir + ": " + std::strerror(errno));
-  json doc{{"schema_version", 1},       {"pid", r.pid},
-           {"start_ticks", r.start_ticks}, {"started_ns", r.started_ns ? r.started_ns : now_ns()},
-           {"kind", r.kind},            {"command", r.command},
-           {"heap", r.heap},            {"interval_s", r.interval_s},
-           {"last_dump", r.last_dump},  {"last_dump_ns", r.last_dump_ns},
-           {"last_error", r.last_error}, {"updated_ns", now_ns()}};
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) throw Error(Errc::io, "cannot create " + dir + ": " + std::strerror(errno));
+  const std::int64_t now = detail::now_ns();
+  json doc{{"schema_version", 1},          {"pid", r.pid},
+           {"start_ticks", r.start_ticks}, {"started_ns", r.started_ns ? r.started_ns : now},
+           {"kind", r.kind},               {"session", r.session},
+           {"command", r.command},         {"heap", r.heap},
+           {"interval_s", r.interval_s},   {"last_dump", r.last_dump},
+           {"last_dump_ns", r.last_dump_ns}, {"last_error", r.last_error},
+           {"updated_ns", now}};
   const std::string text = doc.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-  const std::string file = dir + "/" + std::to_string(r.pid) + ".json";
-  const std::string tmp = dir + "/." + std::to_string(r.pid) + ".json.tmp-" + std::to_string(::getpid());
+  const std::string file = dir + "/" + file_name(r);
+  const std::string tmp = dir + "/." + file_name(r) + ".tmp-" + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw Error(Errc::io, "cannot create " + tmp + ": " + std::strerror(errno));
   bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
@@ -76,7 +96,7 @@ void write_job(const std::string& store_path, const JobRecord& r) {
   }
 }
 
-void remove_job(const std::string& store_path, pid_t pid) { ::unlink((run_dir(store_path) + "/" + std::to_string(pid) + ".json").c_str()); }
+void remove_job(const std::string& store_path, const JobRecord& r) { ::unlink((run_dir(store_path) + "/" + file_name(r)).c_str()); }
 
 std::vector<JobRecord> read_jobs(const std::string& store_path) {
   std::vector<JobRecord> out;
@@ -85,8 +105,8 @@ std::vector<JobRecord> read_jobs(const std::string& store_path) {
   if (!d) return out;
   while (dirent* e = ::readdir(d)) {
     std::string name = e->d_name;
-    if (name.size() < 6 || name.compare(name.size() - 5, 5, ".json") != 0) continue;
-    std::string digits = name.substr(0, name.size() - 5);
+    if (name.size() < 6 || name[0] == '.' || name.compare(name.size() - 5, 5, ".json") != 0) continue;
+    std::string digits = name.substr(0, std::min(name.find('.'), name.size() - 5));
     if (digits.empty() || digits.size() > 10 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
     int fd = ::open((dir + "/" + name).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) continue;
@@ -103,10 +123,10 @@ std::vector<JobRecord> read_jobs(const std::string& store_path) {
     try {
       JobRecord r;
       r.pid = doc.at("pid").get<pid_t>();
-      if (std::to_string(r.pid) != digits) continue;
       r.start_ticks = doc.at("start_ticks").get<std::uint64_t>();
       r.started_ns = doc.at("started_ns").get<std::int64_t>();
       r.kind = doc.at("kind").get<std::string>();
+      r.session = doc.value("session", std::string());  // records of dvr 0.x before autosave had none
       r.command = doc.at("command").get<std::string>();
       r.heap = doc.at("heap").get<std::string>();
       r.interval_s = doc.at("interval_s").get<double>();
@@ -114,14 +134,24 @@ std::vector<JobRecord> read_jobs(const std::string& store_path) {
       r.last_dump_ns = doc.at("last_dump_ns").get<std::int64_t>();
       r.last_error = doc.at("last_error").get<std::string>();
       r.updated_ns = doc.at("updated_ns").get<std::int64_t>();
+      // The file must be the one this record would be written to: a record
+      // cannot speak for another process or session than its name says.
+      if (r.kind == kAutosaveKind) {
+        try {
+          detail::check_name("session", r.session);
+        } catch (const Error&) {
+          continue;
+        }
+      }
+      if (file_name(r) != name) continue;
       out.push_back(std::move(r));
     } catch (const json::exception&) {
       continue;  // a record of another version, or damaged: not ours to read
     }
   }
   ::closedir(d);
-  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.pid < b.pid; });
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return std::tie(a.pid, a.session) < std::tie(b.pid, b.session); });
   return out;
 }
 
-}  // namespace dvr::server
+}  // namespace dvr
