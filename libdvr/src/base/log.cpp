@@ -184,28 +184,12 @@ bool invisible_control(char32_t cp) {
 
 }  // namespace
 
-std::string utf8_safe(std::string_view text) {
-  static const char hex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(text.size());
-  for (std::size_t k = 0; k < text.size();) {
-    char32_t cp = 0;
-    const std::size_t n = utf8_sequence(text, k, &cp);
-    if (n == 0) {
-      const unsigned char c = static_cast<unsigned char>(text[k]);
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-      ++k;
-    } else {
-      out.append(text.substr(k, n));
-      k += n;
-    }
-  }
-  return out;
-}
-
-std::string escape_text(std::string_view text) {
+// Walks `text` as UTF-8 (utf8_sequence): each byte that is not part of a
+// well-formed sequence becomes \xNN; each sequence goes to
+// keep(out, code point, its bytes). The one loop of utf8_safe and escape_text.
+namespace {
+template <class Keep>
+std::string walk_utf8(std::string_view text, Keep keep) {
   static const char hex[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
@@ -220,6 +204,20 @@ std::string escape_text(std::string_view text) {
       ++k;
       continue;
     }
+    keep(out, cp, text.substr(k, n));
+    k += n;
+  }
+  return out;
+}
+}  // namespace
+
+std::string utf8_safe(std::string_view text) {
+  return walk_utf8(text, [](std::string& out, char32_t, std::string_view seq) { out.append(seq); });
+}
+
+std::string escape_text(std::string_view text) {
+  return walk_utf8(text, [](std::string& out, char32_t cp, std::string_view seq) {
+    static const char hex[] = "0123456789abcdef";
     if (cp == '\\') {
       out += "\\\\";
     } else if (cp == '\n') {
@@ -237,11 +235,9 @@ std::string escape_text(std::string_view text) {
       for (int shift = 12; shift >= 0; shift -= 4)
         out += hex[(cp >> shift) & 15];
     } else {
-      out.append(text, k, n);
+      out.append(seq);
     }
-    k += n;
-  }
-  return out;
+  });
 }
 
 }  // namespace dvr
