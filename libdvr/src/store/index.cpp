@@ -62,7 +62,7 @@ std::vector<StoreImpl::Ref> StoreImpl::add_refs(const Manifest& m) {
     // shorter tail chunk that deduplicated onto its start): the largest counts.
     if (l.refs++ == 0 || r.length > l.length) {
       l.length = std::max<std::uint64_t>(l.length, r.length);
-      live_[{r.pack, r.offset}] = l.length;
+      live_.set(r.pack, r.offset, round_up_page(l.length));
     }
     // The first refs are the stored chunks, in order. A chunk with overlays is
     // not stored whole at its location: its hash must not lead dedup there.
@@ -87,7 +87,7 @@ void StoreImpl::drop_refs(const std::vector<Ref>& refs) {
     auto ix = l->indexed ? index_.find(l->hash) : index_.end();
     if (ix != index_.end() && ix->second.pack == r.pack && ix->second.offset == r.offset) index_.erase(ix);
     uses_.erase(key);
-    live_.erase({r.pack, r.offset});
+    live_.erase(r.pack, r.offset);
   }
 }
 

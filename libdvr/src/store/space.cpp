@@ -1,4 +1,4 @@
-// Allocating free pack space for new data (next fit, then first fit), and the space in flight while a snapshot is written.
+// Allocating free pack space for new data (next fit, then best fit among the gaps, then a pack's end), and the space in flight while a snapshot is written.
 #include <fcntl.h>
 #include <pwd.h>
 #include <sys/file.h>
@@ -25,13 +25,7 @@
 namespace dvr::detail {
 
 bool StoreImpl::range_free(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const {
-  if (offset < kPackHeaderSize) return false;
-  auto next = live_.lower_bound({pack, offset});
-  if (next != live_.end() && next->first.first == pack && next->first.second < offset + length) return false;
-  if (next != live_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first.first == pack && prev->first.second + round_up_page(prev->second) > offset) return false;
-  }
+  if (offset < kPackHeaderSize || live_.overlaps(pack, offset, length)) return false;
   for (auto& f : in_flight_)
     if (f.pack == pack && f.offset < offset + length && offset < f.offset + f.length) return false;
   return true;
@@ -42,10 +36,10 @@ StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Pla
   const std::uint64_t first = std::max(kPackHeaderSize, round_up_page(test_first_offset));
   const std::uint64_t max_size = kMaxPackSize + (first - kPackHeaderSize);
   auto usable = [&](std::uint32_t id) { return unreadable_.empty() || id == quarantine_pack_; };
+  auto exists = [&](std::uint32_t id) { return std::binary_search(ids.begin(), ids.end(), id); };
   // Next fit: right after the previous block of the same snapshot, so that a
   // snapshot's data stays contiguous and no search is needed.
-  if (hint && usable(hint->pack) && std::find(ids.begin(), ids.end(), hint->pack) != ids.end() && hint->offset >= first &&
-      range_free(hint->pack, hint->offset, length)) {
+  if (hint && usable(hint->pack) && exists(hint->pack) && hint->offset >= first && range_free(hint->pack, hint->offset, length)) {
     std::uint64_t size = packs->size_of(hint->pack);
     if (hint->offset + length <= size) return *hint;
     if (hint->pack == ids.back() && hint->offset + length <= max_size) {
@@ -53,41 +47,45 @@ StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Pla
       return *hint;
     }
   }
-  // First fit, walking the live ranges (and the blocks in flight) in order.
+  // The lowest offset in [lo, hi) of `pack` where `length` bytes fit clear of
+  // the blocks in flight (few: one per block taken since the last publish).
   std::vector<InFlight> flying = in_flight_;
   std::sort(flying.begin(), flying.end(),
             [](const InFlight& x, const InFlight& y) { return std::tie(x.pack, x.offset) < std::tie(y.pack, y.offset); });
-  auto fit = [&](std::uint32_t id, bool may_grow) -> std::optional<Placement> {
-    std::uint64_t size = packs->size_of(id), cursor = first;
-    auto it = live_.lower_bound({id, 0});
-    auto fl = std::lower_bound(flying.begin(), flying.end(), id, [](const InFlight& f, std::uint32_t p) { return f.pack < p; });
-    for (;;) {
-      bool have_live = it != live_.end() && it->first.first == id;
-      bool have_fly = fl != flying.end() && fl->pack == id;
-      if (!have_live && !have_fly) break;
-      std::uint64_t b, e;
-      if (have_live && (!have_fly || it->first.second <= fl->offset)) {
-        b = it->first.second;
-        e = b + round_up_page(it->second);
-        ++it;
-      } else {
-        b = fl->offset;
-        e = b + fl->length;
-        ++fl;
-      }
-      if (b >= cursor + length) return Placement{id, cursor};
-      cursor = std::max(cursor, e);
+  auto fit_in = [&](std::uint32_t pack, std::uint64_t lo, std::uint64_t hi) -> std::optional<std::uint64_t> {
+    std::uint64_t cursor = lo;
+    auto fl = std::lower_bound(flying.begin(), flying.end(), pack, [](const InFlight& f, std::uint32_t p) { return f.pack < p; });
+    for (; fl != flying.end() && fl->pack == pack; ++fl) {
+      if (fl->offset + fl->length <= cursor) continue;
+      if (fl->offset >= cursor + length) break;
+      cursor = fl->offset + fl->length;
     }
-    if (size >= cursor + length) return Placement{id, cursor};
-    if (may_grow && cursor + length <= max_size) {
-      packs->grow(id, std::min(max_size, std::max(cursor + length, 2 * size)));
-      return Placement{id, cursor};
-    }
+    if (cursor + length <= hi) return cursor;
     return std::nullopt;
   };
-  for (auto id : ids)
-    if (usable(id))
-      if (auto p = fit(id, id == ids.back())) return *p;
+  // Best fit among the free gaps between data in use (space of removed
+  // snapshots, the unused ends of earlier blocks): the smallest gap that
+  // holds `length`, found through the gaps' size index however much the
+  // store holds.
+  std::optional<Placement> found;
+  live_.for_gaps_from(length, [&](const LiveSpace::Gap& g) {
+    if (!usable(g.pack) || !exists(g.pack)) return false;
+    std::uint64_t lo = std::max(g.begin, first);
+    if (lo + length > g.end || g.end > packs->size_of(g.pack)) return false;
+    if (auto at = fit_in(g.pack, lo, g.end)) found = Placement{g.pack, *at};
+    return found.has_value();
+  });
+  if (found) return *found;
+  // Then the space after each pack's last data, growing the newest pack.
+  for (auto id : ids) {
+    if (!usable(id)) continue;
+    const std::uint64_t size = packs->size_of(id);
+    const bool newest = id == ids.back();
+    if (auto at = fit_in(id, live_.end_of(id, first), newest ? max_size : size)) {
+      if (*at + length > size) packs->grow(id, std::min(max_size, std::max(*at + length, 2 * size)));
+      return {id, *at};
+    }
+  }
   std::uint32_t id = ids.empty() ? 1 : ids.back() + 1;
   packs->create(id, std::max(kInitialPackSize, first + length), first + length);
   if (!unreadable_.empty()) quarantine_pack_ = id;

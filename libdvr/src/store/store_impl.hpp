@@ -17,6 +17,7 @@
 #include "format/manifest.hpp"
 #include "base/os.hpp"
 #include "format/pack.hpp"
+#include "store/live_space.hpp"
 
 namespace dvr::detail {
 
@@ -250,7 +251,7 @@ class StoreImpl {
   mutable bool forked_ = false;                                            // used from a forked child: re-read everything
   std::unordered_map<Hash128, ChunkRef, Hash128Hasher> index_;             // hash -> a live location
   FlatMap<Live> uses_;                                                     // location_key(pack, offset) -> use
-  std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint64_t> live_;  // (pack, offset) -> length in use, in order
+  LiveSpace live_{kPackHeaderSize};                                        // pack space in use (page-rounded), gaps by size
   std::map<std::string, Indexed> indexed_;                                 // manifest path -> its chunks
   std::set<std::string> unreadable_;                                       // manifests that failed to decode
   // While a manifest is unreadable its data cannot be told from free space;
