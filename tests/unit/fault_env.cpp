@@ -232,6 +232,7 @@ int PowerCutEnv::open(const char* path, int flags, mode_t mode) {
 
 ssize_t PowerCutEnv::write(int fd, const void* data, std::size_t len) { DVR_COUNTED_FD_CALL(::write(fd, data, len)); }
 ssize_t PowerCutEnv::pwrite(int fd, const void* data, std::size_t len, off_t offset) { DVR_COUNTED_FD_CALL(::pwrite(fd, data, len, offset)); }
+ssize_t PowerCutEnv::pwritev(int fd, const struct iovec* iov, int count, off_t offset) { DVR_COUNTED_FD_CALL(::pwritev(fd, iov, count, offset)); }
 int PowerCutEnv::ftruncate(int fd, off_t length) { DVR_COUNTED_FD_CALL(::ftruncate(fd, length)); }
 int PowerCutEnv::fallocate(int fd, int mode, off_t offset, off_t len) { DVR_COUNTED_FD_CALL(::fallocate(fd, mode, offset, len)); }
 int PowerCutEnv::posix_fallocate(int fd, off_t offset, off_t len) { DVR_COUNTED_FD_CALL(::posix_fallocate(fd, offset, len)); }

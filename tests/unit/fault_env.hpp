@@ -8,7 +8,7 @@
 //    covering it (fsync, fdatasync, msync of a shared mapping, for its range)
 //    saw is, independently per page, lost (the durable content), kept (the
 //    current content) or torn (each 512-byte sector of it old or new). This
-//    covers pwrite, write, punched holes and stores into MAP_SHARED mappings
+//    covers pwrite, pwritev, write, punched holes and stores into MAP_SHARED mappings
 //    alike, since it compares contents rather than logging writes.
 //  - a file's size not yet synced is either the durable or the current one.
 //  - namespace operations (create, mkdir, rename, link, unlink, rmdir) are
@@ -64,6 +64,7 @@ class PowerCutEnv : public dvr::detail::Env {
   int open(const char* path, int flags, mode_t mode) override;
   ssize_t write(int fd, const void* data, std::size_t len) override;
   ssize_t pwrite(int fd, const void* data, std::size_t len, off_t offset) override;
+  ssize_t pwritev(int fd, const struct iovec* iov, int count, off_t offset) override;
   int ftruncate(int fd, off_t length) override;
   int fallocate(int fd, int mode, off_t offset, off_t len) override;
   int posix_fallocate(int fd, off_t offset, off_t len) override;

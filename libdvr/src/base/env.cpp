@@ -13,6 +13,7 @@ Env::~Env() = default;
 int Env::open(const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); }
 ssize_t Env::write(int fd, const void* data, std::size_t len) { return ::write(fd, data, len); }
 ssize_t Env::pwrite(int fd, const void* data, std::size_t len, off_t offset) { return ::pwrite(fd, data, len, offset); }
+ssize_t Env::pwritev(int fd, const struct iovec* iov, int count, off_t offset) { return ::pwritev(fd, iov, count, offset); }
 int Env::ftruncate(int fd, off_t length) { return ::ftruncate(fd, length); }
 int Env::fallocate(int fd, int mode, off_t offset, off_t len) { return ::fallocate(fd, mode, offset, len); }
 int Env::posix_fallocate(int fd, off_t offset, off_t len) { return ::posix_fallocate(fd, offset, len); }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <cstddef>
 
@@ -26,6 +27,8 @@ class Env {
   virtual int open(const char* path, int flags, mode_t mode);
   virtual ssize_t write(int fd, const void* data, std::size_t len);
   virtual ssize_t pwrite(int fd, const void* data, std::size_t len, off_t offset);
+  /// pwritev(2): several buffers into one contiguous range of the file.
+  virtual ssize_t pwritev(int fd, const struct iovec* iov, int count, off_t offset);
   virtual int ftruncate(int fd, off_t length);
   /// fallocate(2) (punching holes, KEEP_SIZE).
   virtual int fallocate(int fd, int mode, off_t offset, off_t len);

@@ -8,7 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -103,6 +105,31 @@ void write_all_at(int fd, const void* data, std::size_t len, std::uint64_t offse
     p += n;
     offset += static_cast<std::uint64_t>(n);
     len -= static_cast<std::size_t>(n);
+  }
+}
+
+void write_all_at(int fd, std::vector<struct iovec>& pieces, std::uint64_t offset, const std::string& what) {
+  FileSizeSignalGuard guard;
+  std::size_t first = 0;
+  while (first < pieces.size()) {
+    if (pieces[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    int count = static_cast<int>(std::min<std::size_t>(pieces.size() - first, IOV_MAX));
+    ssize_t n = env().pwritev(fd, pieces.data() + first, count, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(errno, "cannot write " + what);
+    }
+    offset += static_cast<std::uint64_t>(n);
+    for (auto left = static_cast<std::size_t>(n); left > 0;) {
+      std::size_t take = std::min(left, pieces[first].iov_len);
+      pieces[first].iov_base = static_cast<char*>(pieces[first].iov_base) + take;
+      pieces[first].iov_len -= take;
+      left -= take;
+      if (pieces[first].iov_len == 0) ++first;
+    }
   }
 }
 

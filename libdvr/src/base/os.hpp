@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <cstdint>
 #include <string>
@@ -52,6 +53,9 @@ void write_all(int fd, const void* data, std::size_t len, const std::string& pat
 /// pwrite / pread of exactly `len` bytes at `offset` (a short read is corrupt: the file ends early).
 void write_all_at(int fd, const void* data, std::size_t len, std::uint64_t offset, const std::string& what);
 void read_exact_at(int fd, void* data, std::size_t len, std::uint64_t offset, const std::string& what);
+/// pwritev of every byte of `pieces` (consumed: short writes advance them) to
+/// the range starting at `offset`, in calls of at most IOV_MAX buffers.
+void write_all_at(int fd, std::vector<struct iovec>& pieces, std::uint64_t offset, const std::string& what);
 void fsync_or_throw(int fd, const std::string& path);
 void fsync_dir(const std::string& dir);
 std::string read_file(const std::string& path);

@@ -391,6 +391,19 @@ void PackWriter::copy(std::uint64_t rel, const void* src, std::size_t len) {
   reinterpret_cast<pmem2_memcpy_fn>(memcpy_)(base_ + rel, src, len, PMEM2_F_MEM_NONTEMPORAL | PMEM2_F_MEM_NODRAIN);
 }
 
+void PackWriter::copy(std::uint64_t rel, std::vector<struct iovec>& pieces, std::uint64_t len) {
+  if (pieces.size() == 1 || !by_fd(rel, len)) {
+    for (auto& p : pieces) {
+      copy(rel, p.iov_base, p.iov_len);
+      rel += p.iov_len;
+    }
+    return;
+  }
+  write_all_at(map_->fd.get(), pieces, offset_ + rel, std::to_string(len) + " bytes at offset " + std::to_string(offset_ + rel) + " of " + map_->path);
+  unsynced_ = true;
+  if (map_->write_all_by_fd) start_writeback(offset_ + rel, len);
+}
+
 void PackWriter::start_writeback(std::uint64_t offset, std::uint64_t len) {
   // The device writes while this thread hashes and copies the next chunks,
   // instead of all at once in the final fdatasync (a page cache that holds

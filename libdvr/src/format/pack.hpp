@@ -182,6 +182,11 @@ class PackWriter {
   /// when it returns (the source may change after); finish() completes
   /// persistence.
   void copy(std::uint64_t rel, const void* src, std::size_t len);
+  /// The same for several sources that land one after the other from rel
+  /// (`pieces` is consumed): into new space one pwritev, not one pwrite per
+  /// source (scattered pages of an incremental snapshot: fewer calls, and
+  /// fewer turns at the file's lock for the other lanes).
+  void copy(std::uint64_t rel, std::vector<struct iovec>& pieces, std::uint64_t len);
   /// Records the page hashes of the pages copied at rel (page-aligned); they
   /// reach the page hash file at Packs::persist().
   void set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count);

@@ -304,8 +304,9 @@ SnapshotWriter::Lane::~Lane() {
 }
 
 void SnapshotWriter::Lane::flush() {
-  if (run_.len) block_.writer->copy(run_.dst, run_.src, run_.len);
+  if (run_.len) block_.writer->copy(run_.dst, run_.pieces, run_.len);
   run_.len = 0;
+  run_.pieces.clear();
 }
 
 void SnapshotWriter::Lane::close_block() {
@@ -341,11 +342,20 @@ PageLoc SnapshotWriter::Lane::place(const char* from, std::uint64_t len, const s
   }
   if (!stable_) {
     block_.writer->copy(block_.used, from, len);
-  } else if (run_.len && run_.src + run_.len == from && run_.dst + run_.len == block_.used && run_.len < kMaxRun) {
+  } else if (run_.len && run_.dst + run_.len == block_.used && run_.len < kMaxRun) {
+    // Right after the run in the pack: part of the same copy, one more piece
+    // unless the source continues the last one too.
+    iovec& last = run_.pieces.back();
+    if (static_cast<const char*>(last.iov_base) + last.iov_len == from)
+      last.iov_len += len;
+    else
+      run_.pieces.push_back({const_cast<char*>(from), len});
     run_.len += len;
   } else {
     flush();
-    run_ = {block_.used, from, len};
+    run_.dst = block_.used;
+    run_.len = len;
+    run_.pieces.push_back({const_cast<char*>(from), len});
   }
   PageLoc at{block_.at.pack, block_.at.offset + block_.used};
   block_.writer->set_hashes(block_.used, hashes, pages_in(len));

@@ -223,10 +223,12 @@ class SnapshotWriter {
       std::uint64_t length = 0, used = 0, reserved = 0;
       std::optional<PackWriter> writer;
     } block_;
+    // Copies not made yet (stable sources only): `len` bytes at dst, from
+    // `pieces` (one per contiguous source; the destination is contiguous).
     struct Run {
       std::uint64_t dst = 0;
-      const char* src = nullptr;
       std::uint64_t len = 0;
+      std::vector<struct iovec> pieces;
     } run_;
     std::uint64_t stored_ = 0;
     // Whole chunks this lane stored: hash -> chunk (compared before reuse).
