@@ -188,9 +188,10 @@ bool invisible_control(char32_t cp) {
 // well-formed sequence becomes \xNN; each sequence goes to
 // keep(out, code point, its bytes). The one loop of utf8_safe and escape_text.
 namespace {
+constexpr char kHex[] = "0123456789abcdef";
+
 template <class Keep>
 std::string walk_utf8(std::string_view text, Keep keep) {
-  static const char hex[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
   for (std::size_t k = 0; k < text.size();) {
@@ -199,8 +200,8 @@ std::string walk_utf8(std::string_view text, Keep keep) {
     if (n == 0) {  // not UTF-8: the byte itself
       const unsigned char c = static_cast<unsigned char>(text[k]);
       out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
       ++k;
       continue;
     }
@@ -217,7 +218,6 @@ std::string utf8_safe(std::string_view text) {
 
 std::string escape_text(std::string_view text) {
   return walk_utf8(text, [](std::string& out, char32_t cp, std::string_view seq) {
-    static const char hex[] = "0123456789abcdef";
     if (cp == '\\') {
       out += "\\\\";
     } else if (cp == '\n') {
@@ -228,12 +228,12 @@ std::string escape_text(std::string_view text) {
       out += "\\r";
     } else if (cp < 0x20 || cp == 0x7f) {
       out += "\\x";
-      out += hex[cp >> 4];
-      out += hex[cp & 15];
+      out += kHex[cp >> 4];
+      out += kHex[cp & 15];
     } else if ((cp >= 0x80 && cp < 0xa0) || invisible_control(cp)) {
       out += "\\u";
       for (int shift = 12; shift >= 0; shift -= 4)
-        out += hex[(cp >> shift) & 15];
+        out += kHex[(cp >> shift) & 15];
     } else {
       out.append(seq);
     }

@@ -377,9 +377,8 @@ void PackWriter::copy(std::uint64_t rel, const void* src, std::size_t len) {
   if (by_fd(rel, len)) {
     // Into new space: one pwrite, complete when it returns (a reused source
     // buffer may change right after); persisted by finish().
-    write_all_at(map_->fd.get(), src, len, offset_ + rel, std::to_string(len) + " bytes at offset " + std::to_string(offset_ + rel) + " of " + map_->path);
-    unsynced_ = true;
-    if (map_->write_all_by_fd) start_writeback(offset_ + rel, len);
+    write_all_at(map_->fd.get(), src, len, offset_ + rel, range_name(rel, len));
+    wrote_by_fd(rel, len);
     return;
   }
   if (len < kSmallCopy) {
@@ -399,8 +398,16 @@ void PackWriter::copy(std::uint64_t rel, std::vector<struct iovec>& pieces, std:
     }
     return;
   }
-  write_all_at(map_->fd.get(), pieces, offset_ + rel, std::to_string(len) + " bytes at offset " + std::to_string(offset_ + rel) + " of " + map_->path);
-  unsynced_ = true;
+  write_all_at(map_->fd.get(), pieces, offset_ + rel, range_name(rel, len));
+  wrote_by_fd(rel, len);
+}
+
+std::string PackWriter::range_name(std::uint64_t rel, std::uint64_t len) const {
+  return std::to_string(len) + " bytes at offset " + std::to_string(offset_ + rel) + " of " + map_->path;
+}
+
+void PackWriter::wrote_by_fd(std::uint64_t rel, std::uint64_t len) {
+  unsynced_ = true;  // persisted by finish()
   if (map_->write_all_by_fd) start_writeback(offset_ + rel, len);
 }
 

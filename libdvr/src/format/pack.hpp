@@ -209,6 +209,10 @@ class PackWriter {
              std::uint32_t pack);
   void reserve_hashes(std::uint64_t rel, std::uint64_t len);
   void start_writeback(std::uint64_t offset, std::uint64_t len);  // absolute offset in the pack
+  // "N bytes at offset O of PACK", for errors about [rel, rel + len).
+  std::string range_name(std::uint64_t rel, std::uint64_t len) const;
+  // After a pwrite(v) of [rel, rel + len): unsynced until finish(), writeback started on disk.
+  void wrote_by_fd(std::uint64_t rel, std::uint64_t len);
   void flush_writeback();
   static constexpr std::uint64_t kWriteback = 8u << 20;  // bytes gathered per writeback request
   std::uint64_t writeback_lo_ = 0, writeback_hi_ = 0;     // written, writeback not started yet
