@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -38,6 +39,22 @@ int thread_count() {
   while (dirent* e = ::readdir(d))
     if (e->d_name[0] != '.') ++n;
   ::closedir(d);
+  return n;
+}
+
+// A thread that was just joined may still be listed in /proc/self/task for a
+// moment (the kernel wakes the joiner before the task is gone). The count
+// once it settles: until it equals `want` (0: until two reads 20 ms apart
+// agree), at most 5 s; a thread that really stays is still counted.
+int settled_thread_count(int want = 0) {
+  int n = thread_count();
+  for (int waited = 0; waited < 5000; waited += 20) {
+    if (want && n == want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    int again = thread_count();
+    if (!want && again == n) break;
+    n = again;
+  }
   return n;
 }
 
@@ -279,7 +296,7 @@ TEST_CASE("pipeline: a damaged chunk in the middle of the sender's store stops b
     flipped = true;
   }
   REQUIRE(flipped);
-  const int threads = thread_count();
+  const int threads = settled_thread_count();
   auto r = duplex([&](int in, int out) { transfer::send_negotiated(a, "big/v0", in, out); },
                   [&](int in, int out) { transfer::receive_negotiated(b, in, out); });
   CHECK(r.sent.code == Errc::corrupt);
@@ -287,7 +304,7 @@ TEST_CASE("pipeline: a damaged chunk in the middle of the sender's store stops b
   CHECK(r.received.code == Errc::corrupt);
   CHECK_THAT(r.received.what, Catch::Contains("truncated"));
   CHECK(b.list("big").empty());
-  CHECK(thread_count() == threads);
+  CHECK(settled_thread_count(threads) == threads);
 }
 
 TEST_CASE("pipeline: a stream cut anywhere and fed through a pipe is corrupt, and the reader thread ends", "[transfer][pipeline]") {
@@ -297,7 +314,7 @@ TEST_CASE("pipeline: a stream cut anywhere and fed through a pipe is corrupt, an
   big.snapshot(a, "v0");
   transfer::Stats st;
   std::string s = stream_of(a, "big/v0", {.compress = transfer::Compress::none}, st);
-  const int threads = thread_count();
+  const int threads = settled_thread_count();
   for (std::size_t cut : {std::size_t{16}, std::size_t{20}, std::size_t{1000}, s.size() / 2, s.size() - 40, s.size() - 1}) {
     INFO("cut at " << cut << " of " << s.size());
     Store b = Store::open(d / ("b" + std::to_string(cut)));
@@ -321,7 +338,7 @@ TEST_CASE("pipeline: a stream cut anywhere and fed through a pipe is corrupt, an
     CHECK(c.code == Errc::corrupt);
     CHECK_THAT(c.what, Catch::Contains("truncated") || Catch::Contains("damaged"));
     CHECK(b.list("big").empty());
-    CHECK(thread_count() == threads);
+    CHECK(settled_thread_count(threads) == threads);
   }
 }
 
@@ -330,7 +347,7 @@ TEST_CASE("pipeline: a receiver that refuses in the middle of a stream is report
   Store a = Store::open(d / "a");
   Big big(8192);  // 32 MiB: far more than the pipes and the writer's queue hold
   big.snapshot(a, "v0");
-  const int threads = thread_count();
+  const int threads = settled_thread_count();
   std::uint64_t read_before_refusing = 0;
   // A far side that speaks the negotiation (docs/format.md), reads 1 MiB of
   // the stream, then refuses with a message and closes, while the sender is
@@ -362,7 +379,7 @@ TEST_CASE("pipeline: a receiver that refuses in the middle of a stream is report
   CHECK(read_before_refusing >= (1u << 20));
   CHECK(r.sent.code == Errc::io);
   CHECK_THAT(r.sent.what, Catch::Contains("the receiver failed") && Catch::Contains("the receiving store is full (test)"));
-  CHECK(thread_count() == threads);
+  CHECK(settled_thread_count(threads) == threads);
 }
 
 TEST_CASE("pipeline: a real receiver whose store fills up in the middle tells the sender why", "[transfer][pipeline]") {
@@ -372,14 +389,14 @@ TEST_CASE("pipeline: a real receiver whose store fills up in the middle tells th
   Store a = Store::open(d / "a"), b = Store::open(d / "small/b");
   Big big(4096);  // 16 MiB of random pages into 6 MiB
   big.snapshot(a, "v0");
-  const int threads = thread_count();
+  const int threads = settled_thread_count();
   auto r = duplex([&](int in, int out) { transfer::send_negotiated(a, "big/v0", in, out, {.compress = transfer::Compress::none}); },
                   [&](int in, int out) { transfer::receive_negotiated(b, in, out); });
   CHECK(r.received.code == Errc::no_space);
   CHECK(r.sent.code == Errc::io);
   CHECK_THAT(r.sent.what, Catch::Contains("the receiver failed"));
   CHECK(b.list("big").empty());
-  CHECK(thread_count() == threads);
+  CHECK(settled_thread_count(threads) == threads);
 }
 
 TEST_CASE("pipeline: a receiver that closes its end at once makes the sender fail, not hang", "[transfer][pipeline]") {
@@ -387,7 +404,7 @@ TEST_CASE("pipeline: a receiver that closes its end at once makes the sender fai
   Store a = Store::open(d / "a");
   Big big(4096);
   big.snapshot(a, "v0");
-  const int threads = thread_count();
+  const int threads = settled_thread_count();
   int p[2];
   REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
   ::close(p[0]);
@@ -396,5 +413,5 @@ TEST_CASE("pipeline: a receiver that closes its end at once makes the sender fai
   ::close(p[1]);
   CHECK(c.code == Errc::io);
   CHECK_THAT(c.what, Catch::Contains("closed the connection"));
-  CHECK(thread_count() == threads);
+  CHECK(settled_thread_count(threads) == threads);
 }
