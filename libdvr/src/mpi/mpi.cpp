@@ -370,6 +370,17 @@ GlobalInfo Session::snapshot(const std::string& name) {
           st.comm, st.partner,
           [&](int fd) {
             if (open_error) std::rethrow_exception(open_error);
+            if (!base.empty()) {
+              // A later checkpoint: the part, once stored, against the base
+              // the partner holds. Its chunk tables and page hashes say what
+              // differs, so only the pages written since are read; streaming
+              // from memory would hash every page of every region again
+              // (docs/mpi.md, "Later checkpoints").
+              local_done.wait();
+              if (!took) throw Error(Errc::io, "rank " + std::to_string(st.rank) + "'s own part failed, so its partner copy was not completed");
+              transfer::send(*st.reader, st.name + "/" + name, fd, topt);
+              return;
+            }
             transfer::send_live(*st.reader, st.name, regions, name, fd, topt, [&](const std::string& sent) {
               // The stream ends only once the local part is stored and holds
               // exactly what was sent; else the partner stores nothing.
