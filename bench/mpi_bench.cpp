@@ -278,6 +278,17 @@ Figure with_peer(Figure f, const Peer& p, const char* collective_name, const cha
   return f;
 }
 
+// The directory this run made for itself (empty: given with --store-root, or
+// kept with --keep-files): removed by a rank that fails before MPI_Abort
+// kills the others, so a failed run leaves no gigabytes in /dev/shm.
+std::string g_own_root;
+
+void drop_own_root() {
+  if (g_own_root.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(g_own_root, ec);
+}
+
 int run(const Args& a, int rank, int size) {
   // The directory: given, or made by rank 0 under /dev/shm and broadcast.
   std::string root = a.store_root;
@@ -294,6 +305,7 @@ int run(const Args& a, int rank, int size) {
     MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
     root = buf;
     if (root.empty()) return 1;  // every rank got the same empty answer
+    if (!a.keep_files) g_own_root = root;
   } else if (rank == 0) {
     std::filesystem::create_directories(root);
   }
@@ -471,10 +483,12 @@ int main(int argc, char** argv) {
   } catch (const dvr::Error& e) {
     std::fprintf(stderr, "dvr-mpi-bench: rank %d: error (%s): %s\n", rank, dvr::errc_name(e.code()), e.what());
     std::fflush(nullptr);
+    drop_own_root();
     MPI_Abort(MPI_COMM_WORLD, 1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dvr-mpi-bench: rank %d: error: %s\n", rank, e.what());
     std::fflush(nullptr);
+    drop_own_root();
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   MPI_Finalize();
