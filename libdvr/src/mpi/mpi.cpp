@@ -365,6 +365,11 @@ GlobalInfo Session::snapshot(const std::string& name) {
     transfer::Options topt;
     topt.base = base;
     topt.level = st.options.level;
+    // Waits for this rank's own part; the copy is sent only if it was stored.
+    auto own_part_stored = [&] {
+      local_done.wait();
+      if (!took) throw Error(Errc::io, "rank " + std::to_string(st.rank) + "'s own part failed, so its partner copy was not completed");
+    };
     try {
       info.partner_bytes = exchange(
           st.comm, st.partner,
@@ -376,16 +381,14 @@ GlobalInfo Session::snapshot(const std::string& name) {
               // differs, so only the pages written since are read; streaming
               // from memory would hash every page of every region again
               // (docs/mpi.md, "Later checkpoints").
-              local_done.wait();
-              if (!took) throw Error(Errc::io, "rank " + std::to_string(st.rank) + "'s own part failed, so its partner copy was not completed");
+              own_part_stored();
               transfer::send(*st.reader, st.name + "/" + name, fd, topt);
               return;
             }
             transfer::send_live(*st.reader, st.name, regions, name, fd, topt, [&](const std::string& sent) {
               // The stream ends only once the local part is stored and holds
               // exactly what was sent; else the partner stores nothing.
-              local_done.wait();
-              if (!took) throw Error(Errc::io, "rank " + std::to_string(st.rank) + "'s own part failed, so its partner copy was not completed");
+              own_part_stored();
               if (transfer::fingerprint(*st.reader, st.name + "/" + name) != sent)
                 throw Error(Errc::io, "rank " + std::to_string(st.rank) +
                                           "'s regions changed while global snapshot '" + name +
