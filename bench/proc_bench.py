@@ -17,6 +17,8 @@ every page by hash). All in one run (best of --repeat):
   redump_heap_hash the same for the other heap job        vs redump_anon
   redump_bytes     bytes the second dump added to the store vs the first's (target: ratio >= 20)
   restore_anon     dvr proc restore --detach of the anonymous job vs criu restore of CRIU's images
+                   (dvr writes the job's private memory into it itself, on every CPU)
+  restore_anon_pipe the same with $DVR_PROC_PAGE_FILL=0: every page handed to CRIU through a pipe
   dump_peak_rss    peak resident memory of `dvr proc dump` (GNU time) vs the job's size
   restore_peak_rss the same for `dvr proc restore`
   redis_dump       dvr proc dump of a redis-server on TCP holding --size of values (DEBUG POPULATE) vs criu dump
@@ -869,7 +871,8 @@ def main():
         b.run("criu", "dump", "-t", anon, "-D", img, "--leave-running", "-o", "dump.log")
         os.kill(anon, signal.SIGKILL)
         time.sleep(0.2)
-        criu_restore, dvr_restore = [], []
+        criu_restore, dvr_restore, pipe_restore = [], [], []
+        pipe_env = dict(os.environ, DVR_PROC_PAGE_FILL="0")
         for r in range(repeat):
             pidfile = os.path.join(work, f"criu-{r}.pid")
             _, took = b.run("criu", "restore", "-D", img, "-d", "--pidfile", pidfile, "-o", "restore.log")
@@ -878,6 +881,9 @@ def main():
             b.kill_wait(restored)
             out, took = b.run(b.dvr, "--store", store, "proc", "restore", f"a{repeat}", "--detach")
             dvr_restore.append(took)
+            b.kill_wait(int(out.strip()))
+            out, took = b.run(b.dvr, "--store", store, "proc", "restore", f"a{repeat}", "--detach", env=pipe_env)
+            pipe_restore.append(took)
             b.kill_wait(int(out.strip()))
         shutil.rmtree(img)
 
@@ -902,6 +908,7 @@ def main():
             ("redump_bytes", max(re_bytes), "B", "dump_anon bytes", min(first_bytes)),
             ("redump_heap_bytes", max(re_heap_bytes), "B", "dump_anon bytes", min(first_bytes)),
             ("restore_anon", min(dvr_restore), "s", "criu restore (tmpfs)", min(criu_restore)),
+            ("restore_anon_pipe", min(pipe_restore), "s", "criu restore (tmpfs)", min(criu_restore)),
             ("dump_peak_rss", dump_rss, "B", "job size", size),
             ("restore_peak_rss", restore_rss, "B", "job size", size),
         ]

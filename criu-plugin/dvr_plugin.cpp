@@ -16,11 +16,19 @@
 // dvr-uffd.img, and RESTORE_EXT_FILE gives the restored task a fresh one. Its
 // registrations are not carried over, so the session finds its tracking lost
 // and compares by hash until it tracks anew (docs/criu.md).
+// restore: RESUME_DEVICES_LATE runs once per task after CRIU laid out its
+//            memory, before it resumes: where `dvr proc restore` fills the
+//            task's pages itself ($DVR_CRIU_FILL, image_server.hpp), the hook
+//            asks it to and waits; a task it could not fill is killed before
+//            it runs.
 // Every other hook, and tasks mapping no heap, answer -ENOTSUP.
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
+#include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -222,6 +230,34 @@ int dvr_checkpoint_devices(int pid) {
   }
 }
 
+int g_fill = -1;          // the connection to dvr's page-fill socket
+bool g_fill_failed = false;  // once one task could not be filled, no later one is asked
+
+bool fill_round_trip(int pid, const char* path) {
+  if (g_fill < 0) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (std::strlen(path) >= sizeof addr.sun_path) return false;
+    std::strcpy(addr.sun_path, path);
+    g_fill = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (g_fill < 0 || ::connect(g_fill, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return false;
+  }
+  std::int32_t p = pid, status = -1;
+  if (::send(g_fill, &p, sizeof p, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof p)) return false;
+  return ::recv(g_fill, &status, sizeof status, MSG_WAITALL) == static_cast<ssize_t>(sizeof status) && status == 0;
+}
+
+// Runs once per restored task, every task stopped before it resumes.
+int dvr_resume_devices_late(int pid) {
+  const char* path = std::getenv("DVR_CRIU_FILL");
+  if (!path || !*path) return -ENOTSUP;
+  if (!g_fill_failed && fill_round_trip(pid, path)) return 0;
+  if (!g_fill_failed) report("dvr could not fill the memory of restored task " + std::to_string(pid) + "; the task was killed before it ran");
+  g_fill_failed = true;
+  ::kill(pid, SIGKILL);
+  return -1;
+}
+
 }  // namespace
 
 extern "C" {
@@ -229,4 +265,5 @@ CR_PLUGIN_REGISTER("dvr", dvr_init, dvr_exit)
 CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__CHECKPOINT_DEVICES, dvr_checkpoint_devices)
 CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__DUMP_EXT_FILE, dvr_dump_ext_file)
 CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__RESTORE_EXT_FILE, dvr_restore_ext_file)
+CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__RESUME_DEVICES_LATE, dvr_resume_devices_late)
 }

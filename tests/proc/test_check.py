@@ -9,7 +9,7 @@ import time
 from dvrtest import criu_dumps_inet_sockets, describe, kernel_version
 
 REQUIRED = ["root", "criu", "kernel", "plugin", "inet sockets", "tcp listen"]
-OPTIONAL = ["tcp established", "page stream", "write tracking"]
+OPTIONAL = ["tcp established", "page stream", "page fill", "write tracking"]
 LINE = re.compile(r"^(ok|missing|skipped) +(\S+(?: \S+)?) +(.*)$")
 
 
@@ -60,6 +60,8 @@ def test_check_reports_every_capability_and_probes_tcp(work, tmp_path):
         assert lines[name][0] == "ok", f"{name}: {lines[name]}\n{describe(proc)}"
     assert "dumped and restored" in lines["tcp listen"][1]
     assert "--tcp-established" in lines["tcp established"][1]
+    # Root on Linux may write a stopped process's memory: restores fill it.
+    assert lines["page fill"][0] == "ok" and "process_vm_writev" in lines["page fill"][1], describe(proc)
     assert proc.stdout.rstrip().endswith("ready: processes can be dumped and restored"), describe(proc)
     assert took < 20, f"dvr proc check took {took:.1f} s"
 
@@ -91,6 +93,7 @@ def test_check_with_criu_4_1_names_the_tcp_problem_and_what_to_do(work, tmp_path
     assert status == "missing" and "Can't get 1:16 opt" in detail and "install-deps.sh" in detail, describe(proc)
     assert lines["tcp established"][0] == "skipped", describe(proc)
     assert lines["page stream"][0] == "missing" and "optional" in lines["page stream"][1], describe(proc)
+    assert lines["page fill"][0] == "skipped" and "page stream" in lines["page fill"][1], describe(proc)
     assert "not ready" in proc.stdout, describe(proc)
     assert proc.stderr.startswith("dvr: ") and "Can't get 1:16 opt" in proc.stderr, describe(proc)
     # The failed probe's CRIU log is kept (its path is in the message), its images are not.

@@ -354,3 +354,260 @@ TEST_CASE("image server: a damaged page is reported, and CRIU gets less than the
   CHECK(c.code == Errc::corrupt);
   CHECK_THAT(c.what, Catch::Contains("job"));
 }
+
+// ---- ImageServer filling: dvr writes the pages into the restored process ------
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+
+namespace {
+
+void put_varint(std::string& out, std::uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+// mm-PID.img with one VmaEntry per (start, end, status).
+std::string mm_image(const std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint32_t>>& vmas) {
+  std::string mm;
+  for (auto& [start, end, status] : vmas) {
+    std::string v;
+    for (auto [field, value] : {std::pair<int, std::uint64_t>{1, start}, {2, end}, {3, 0}, {4, 0}, {5, 3}, {6, 0x22}, {7, status}, {8, 1}}) {
+      put_varint(v, static_cast<std::uint64_t>(field) << 3);
+      put_varint(v, value);
+    }
+    put_varint(mm, (14 << 3) | 2);
+    put_varint(mm, v.size());
+    mm += v;
+  }
+  std::string img(8, '\0');
+  auto len = static_cast<std::uint32_t>(mm.size());
+  img.append(reinterpret_cast<const char*>(&len), 4);
+  return img + mm;
+}
+
+constexpr std::uint32_t kAnonPrivate = (1u << 0) | (1u << 9), kFilePrivate = (1u << 0) | (1u << 6);
+
+// A stopped child with 3 pages at `a` (read-write) and 5 at `b` (read-only,
+// as CRIU leaves a mapping the process had read-only), all zero.
+pid_t stopped_child(std::uint64_t a, std::uint64_t b) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    void* pa = ::mmap(reinterpret_cast<void*>(a), 3 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    void* pb = ::mmap(reinterpret_cast<void*>(b), 5 * kPage, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (pa != reinterpret_cast<void*>(a) || pb != reinterpret_cast<void*>(b)) ::_exit(3);
+    ::raise(SIGSTOP);
+    ::_exit(0);
+  }
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, WUNTRACED) == pid);
+  REQUIRE(WIFSTOPPED(st));
+  return pid;
+}
+
+std::vector<unsigned char> read_child(pid_t pid, std::uint64_t addr, std::size_t n) {
+  std::vector<unsigned char> out(n);
+  iovec l{out.data(), n}, r{reinterpret_cast<void*>(addr), n};
+  REQUIRE(::process_vm_readv(pid, &l, 1, &r, 1, 0) == static_cast<ssize_t>(n));
+  return out;
+}
+
+void kill_child(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+}
+
+// proc/job of process `pid`: its pages at a (3) and b (5), and an mm image.
+void store_job_of(Store& store, std::uint64_t pid, std::uint64_t a, std::uint64_t b, const std::string& mm,
+                  const std::vector<unsigned char>& pa, const std::vector<unsigned char>& pb) {
+  PageStream ps(store, "job", "", "process: job");
+  serve(ps, [&](FakeCriu& c) {
+    c.open(pid);
+    c.pages(a, pa);
+    c.pages(b, pb);
+    c.close();
+  });
+  dvr::proc::impl::Meta meta;
+  meta.info.pid = static_cast<int>(pid);
+  meta.paged_images = ps.paged_images();
+  std::string text = dvr::proc::impl::encode_meta(meta);
+  const std::string mm_name = "mm-" + std::to_string(pid) + ".img";
+  ps.finish({{mm_name, mm.data(), mm.size(), false, std::nullopt},
+             {dvr::proc::impl::kMetaRegion, text.data(), text.size(), false, std::nullopt}});
+}
+
+// The plugin's side: asks dvr to fill `pid`, returns its status.
+std::int32_t ask_fill(int sk, pid_t pid) {
+  std::int32_t p = pid, status = -1;
+  REQUIRE(::send(sk, &p, sizeof p, 0) == sizeof p);
+  REQUIRE(::recv(sk, &status, sizeof status, MSG_WAITALL) == sizeof status);
+  return status;
+}
+
+std::string fill_socket(const ImageServer& images) {
+  auto env = images.criu_env();
+  REQUIRE(env.size() == 1);
+  REQUIRE(env[0].rfind("DVR_CRIU_FILL=", 0) == 0);
+  return env[0].substr(std::strlen("DVR_CRIU_FILL="));
+}
+
+}  // namespace
+
+TEST_CASE("image server: filling writes a process's private anonymous pages into it, read-only mappings too; CRIU gets the rest",
+          "[proc][page-stream]") {
+  std::string why;
+  // A parent may write its own stopped child's memory wherever tests run.
+  INFO(why);
+  REQUIRE(ImageServer::fill_supported(&why));
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  const std::uint64_t a = 0x7e0000001000, b = 0x7e0000800000 - kPage;
+  const auto pa = dvrtest::random_bytes(3 * kPage, 21), pb = dvrtest::random_bytes(5 * kPage, 22);
+  pid_t child = stopped_child(a, b);
+  // b's first two pages are in a file-backed mapping for CRIU: CRIU restores those.
+  store_job_of(store, static_cast<std::uint64_t>(child), a, b,
+               mm_image({{a, a + 3 * kPage, kAnonPrivate}, {b, b + 2 * kPage, kFilePrivate}, {b + 2 * kPage, b + 5 * kPage, kAnonPrivate}}), pa, pb);
+  const std::string work = dir / "work";
+  ::mkdir(work.c_str(), 0700);
+  {
+    ImageServer images(store, "job", work, true);
+    CHECK(images.fills());
+    // The pagemap CRIU reads keeps only the file-backed pages.
+    procpages::Pagemap pm;
+    std::string pmi = dvrtest::read_file(work + "/pagemap-" + std::to_string(child) + ".img");
+    REQUIRE(procpages::parse_pagemap(pmi.data(), pmi.size(), pm));
+    REQUIRE(pm.entries.size() == 1);
+    CHECK(pm.entries[0].vaddr == b);
+    CHECK(pm.entries[0].pages == 2);
+    int sk = connect_to(images.start());
+    bool exists = false;
+    std::string served = stream_file(sk, "pages-1.img", &exists);
+    CHECK(exists);
+    REQUIRE(served.size() == 2 * kPage);
+    CHECK(dvrtest::diff(served.data(), pb.data(), 2 * kPage) == "");
+    CHECK_FALSE(images.all_filled());
+    int fk = connect_to(fill_socket(images));
+    CHECK(ask_fill(fk, child) == 0);
+    CHECK(images.all_filled());
+    const auto got_a = read_child(child, a, 3 * kPage), got_b = read_child(child, b + 2 * kPage, 3 * kPage);
+    CHECK(dvrtest::diff(got_a.data(), pa.data(), got_a.size()) == "");
+    CHECK(dvrtest::diff(got_b.data(), pb.data() + 2 * kPage, got_b.size()) == "");
+    CHECK(read_child(child, b, 2 * kPage) == std::vector<unsigned char>(2 * kPage, 0));  // CRIU's part: not written by dvr
+    // A PID it has nothing for is answered at once; one that is not there fails.
+    CHECK(ask_fill(fk, ::getpid()) == 0);
+    ::close(fk);
+    ::close(sk);
+    CHECK_FALSE(images.stop());
+  }
+  kill_child(child);
+  // Without filling, CRIU gets every page.
+  const std::string plain = dir / "plain";
+  ::mkdir(plain.c_str(), 0700);
+  ImageServer images(store, "job", plain, false);
+  CHECK_FALSE(images.fills());
+  CHECK(images.criu_env().empty());
+  procpages::Pagemap pm;
+  std::string pmi = dvrtest::read_file(plain + "/pagemap-" + std::to_string(child) + ".img");
+  REQUIRE(procpages::parse_pagemap(pmi.data(), pmi.size(), pm));
+  CHECK(pm.present_bytes() == 8 * kPage);
+}
+
+TEST_CASE("image server: a damaged page stops the fill with corrupt, and a process gone is an error", "[proc][page-stream]") {
+  std::string why;
+  // A parent may write its own stopped child's memory wherever tests run.
+  INFO(why);
+  REQUIRE(ImageServer::fill_supported(&why));
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  const std::uint64_t a = 0x7e0000001000, b = 0x7e0000800000 - kPage;
+  const auto pa = dvrtest::random_bytes(3 * kPage, 31), pb = dvrtest::random_bytes(5 * kPage, 32);
+  pid_t child = stopped_child(a, b);
+  store_job_of(store, static_cast<std::uint64_t>(child), a, b, mm_image({{a, a + 3 * kPage, kAnonPrivate}, {b, b + 5 * kPage, kAnonPrivate}}), pa, pb);
+  std::string pack;
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir.store()))
+    if (e.path().extension() == ".pack") pack = e.path();
+  REQUIRE(!pack.empty());
+  {
+    std::string bytes = dvrtest::read_file(pack);
+    auto at = bytes.find(std::string(reinterpret_cast<const char*>(pa.data()), 64));
+    REQUIRE(at != std::string::npos);
+    int fd = ::open(pack.c_str(), O_WRONLY);
+    char x = static_cast<char>(bytes[at + 100] ^ 0x40);
+    REQUIRE(::pwrite(fd, &x, 1, static_cast<off_t>(at + 100)) == 1);
+    ::close(fd);
+  }
+  const std::string work = dir / "work";
+  ::mkdir(work.c_str(), 0700);
+  ImageServer images(store, "job", work, true);
+  REQUIRE(images.fills());
+  int sk = connect_to(images.start());
+  int fk = connect_to(fill_socket(images));
+  CHECK(ask_fill(fk, child) != 0);
+  CHECK_FALSE(images.all_filled());
+  const auto got = read_child(child, a, 3 * kPage);
+  kill_child(child);
+  CHECK(ask_fill(fk, child) != 0);  // gone: nothing to fill
+  ::close(fk);
+  ::close(sk);
+  std::exception_ptr e = images.stop();
+  REQUIRE(e);
+  auto c = dvrtest::catch_error([&] { std::rethrow_exception(e); });
+  INFO(c.what);
+  CHECK(got == std::vector<unsigned char>(3 * kPage, 0));  // nothing of the damaged chunk written
+  CHECK(c.code == Errc::corrupt);
+  CHECK_THAT(c.what, Catch::Contains("job"));
+}
+
+TEST_CASE("image server: processes with pages at the same addresses are left to CRIU (it shares them copy-on-write)", "[proc][page-stream]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  const std::uint64_t a = 0x7e0000001000;
+  const auto p1 = dvrtest::random_bytes(3 * kPage, 41), p2 = dvrtest::random_bytes(2 * kPage, 42);
+  PageStream ps(store, "job", "", "two processes");
+  serve(ps, [&](FakeCriu& c) {
+    c.open(10);
+    c.pages(a, p1);
+    c.open(11);
+    c.pages(a + kPage, p2);  // inside 10's range
+    c.close();
+  });
+  dvr::proc::impl::Meta meta;
+  meta.info.pid = 10;
+  meta.paged_images = ps.paged_images();
+  std::string text = dvr::proc::impl::encode_meta(meta);
+  const std::string mm = mm_image({{a, a + 4 * kPage, kAnonPrivate}});
+  ps.finish({{"mm-10.img", mm.data(), mm.size(), false, std::nullopt},
+             {"mm-11.img", mm.data(), mm.size(), false, std::nullopt},
+             {dvr::proc::impl::kMetaRegion, text.data(), text.size(), false, std::nullopt}});
+  const std::string work = dir / "work";
+  ::mkdir(work.c_str(), 0700);
+  ImageServer images(store, "job", work, true);
+  CHECK_FALSE(images.fills());
+  for (const char* f : {"/pagemap-10.img", "/pagemap-11.img"}) {
+    procpages::Pagemap pm;
+    std::string pmi = dvrtest::read_file(work + f);
+    REQUIRE(procpages::parse_pagemap(pmi.data(), pmi.size(), pm));
+    CHECK(pm.present_bytes() > 0);
+  }
+}
+
+TEST_CASE("mm images: only plain private anonymous mappings are fillable, touching ones merged; malformed images are refused", "[proc][page-stream]") {
+  constexpr std::uint32_t kVdso = (1u << 0) | (1u << 3) | (1u << 9), kHeap = (1u << 0) | (1u << 5) | (1u << 9);
+  const std::string mm = mm_image({{0x1000, 0x3000, kAnonPrivate}, {0x3000, 0x5000, kHeap}, {0x5000, 0x6000, kFilePrivate},
+                                   {0x7000, 0x9000, kVdso}, {0xa000, 0xb000, kAnonPrivate}});
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> r;
+  REQUIRE(procpages::private_anon_ranges(mm.data(), mm.size(), r));
+  CHECK(r == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{0x1000, 0x5000}, {0xa000, 0xb000}});
+  for (std::size_t cut : {std::size_t{3}, std::size_t{11}, mm.size() - 1})
+    CHECK_FALSE(procpages::private_anon_ranges(mm.data(), cut, r));
+  const std::string unsorted = mm_image({{0x5000, 0x6000, kAnonPrivate}, {0x1000, 0x2000, kAnonPrivate}});
+  CHECK_FALSE(procpages::private_anon_ranges(unsorted.data(), unsorted.size(), r));
+  const std::string unaligned = mm_image({{0x1001, 0x2000, kAnonPrivate}});
+  CHECK_FALSE(procpages::private_anon_ranges(unaligned.data(), unaligned.size(), r));
+}

@@ -31,6 +31,7 @@
 
 #include "base/os.hpp"
 #include "dvr/proc.hpp"
+#include "proc/image_server.hpp"
 #include "proc/proc_heaps.hpp"
 #include "proc/processes.hpp"
 #include "track/dirty.hpp"
@@ -645,6 +646,12 @@ Preflight preflight(const std::string& dir, bool quick) {
     add(p, "page stream", false,
         "CRIU " + p.criu_version + " < 4.2 writes page images to files first (slower, and the space twice); run install-deps.sh", false);
   std::string why;
+  if (!criu_ok || !impl::streams_pages(p.criu_version))
+    skip(p, "page fill", "needs the page stream", false);
+  else if (impl::ImageServer::fill_supported(&why))
+    add(p, "page fill", true, "restore writes a job's private memory into it on every CPU (process_vm_writev, /proc/PID/mem)", false);
+  else
+    add(p, "page fill", false, why + "; restores hand every page to CRIU through a pipe instead (slower)", false);
   if (detail::WriteTracker::open(&why))
     add(p, "write tracking", true, "userfaultfd write-protection and PAGEMAP_SCAN: dumps store only the heap pages written since a snapshot", false);
   else

@@ -59,6 +59,60 @@ bool fields(const unsigned char* p, const unsigned char* end, F&& f) {
 
 }  // namespace
 
+bool private_anon_ranges(const char* data, std::size_t size, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
+  // CRIU's criu/include/image.h (VMA_AREA_*) and mm.proto / vma.proto.
+  constexpr std::uint64_t kRegular = 1u << 0, kAnonPrivate = 1u << 9;
+  constexpr std::uint64_t kSpecial = (1u << 2) | (1u << 3) | (1u << 6) | (1u << 7) | (1u << 8) | (1u << 10) | (1u << 11) | (1u << 12) |
+                                     (1u << 13) | (1u << 14) | (1u << 15) | (1u << 16) | (1u << 17) | (1u << 27) | (1u << 31);
+  constexpr std::uint64_t kMapHugetlb = 0x40000;
+  out.clear();
+  auto* p = reinterpret_cast<const unsigned char*>(data);
+  const unsigned char* end = p + size;
+  if (size < 12) return false;
+  p += 8;  // the image-set magic and the mm magic
+  std::uint32_t len;
+  std::memcpy(&len, p, 4);
+  p += 4;
+  if (static_cast<std::uint64_t>(end - p) < len) return false;
+  end = p + len;
+  while (p < end) {  // MmEntry: only field 14 (vmas, messages) is looked into
+    std::uint64_t key = 0, v = 0;
+    if (!varint(p, end, key)) return false;
+    const unsigned wire = key & 7;
+    if (wire == 0) {
+      if (!varint(p, end, v)) return false;
+      continue;
+    }
+    if (wire == 1 || wire == 5) {
+      const long skip = wire == 1 ? 8 : 4;
+      if (end - p < skip) return false;
+      p += skip;
+      continue;
+    }
+    if (wire != 2 || !varint(p, end, v) || static_cast<std::uint64_t>(end - p) < v) return false;
+    if ((key >> 3) == 14) {
+      std::uint64_t start = 0, stop = 0, flags = 0, status = 0;
+      if (!fields(p, p + v, [&](std::uint64_t f, std::uint64_t x) {
+            if (f == 1) start = x;
+            else if (f == 2) stop = x;
+            else if (f == 6) flags = x;
+            else if (f == 7) status = x;
+          }))
+        return false;
+      if (start >= stop || start % kPageSize || stop % kPageSize) return false;
+      if ((status & kRegular) && (status & kAnonPrivate) && !(status & kSpecial) && !(flags & kMapHugetlb)) {
+        if (!out.empty() && start < out.back().second) return false;  // unsorted
+        if (!out.empty() && start == out.back().second)
+          out.back().second = stop;
+        else
+          out.emplace_back(start, stop);
+      }
+    }
+    p += v;
+  }
+  return true;
+}
+
 std::uint64_t Pagemap::present_bytes() const {
   std::uint64_t n = 0;
   for (auto& e : entries)

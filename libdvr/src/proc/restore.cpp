@@ -221,6 +221,8 @@ void run_criu_restore(const Store& store, const std::string& name, [[maybe_unuse
   std::string out;
   std::vector<std::string> criu_env = env;
   criu_env.push_back("DVR_CRIU_STORE=" + store.path());
+  for (auto& e : images.criu_env())
+    criu_env.push_back(e);
   std::string heap_dirs;
   for (auto& d : options.heap_dirs)
     heap_dirs += d + "\n";
@@ -237,6 +239,17 @@ void run_criu_restore(const Store& store, const std::string& name, [[maybe_unuse
   };
   int rc = run_capture(argv, criu_env, &out, in_child, tick);
   std::exception_ptr served = images.stop();
+  if (rc == 0 && (served || !images.all_filled())) {
+    // CRIU finished but a process's memory was not filled (the plugin killed
+    // what it could not fill): nothing of the tree may run.
+    try {
+      signal_tree(process_tree(static_cast<pid_t>(std::stol(detail::read_file(pidfile)))), SIGKILL);
+    } catch (const std::exception&) {
+      // no PID file: CRIU restored nothing that runs
+    }
+    if (!served) served = std::make_exception_ptr(Error(Errc::io, "CRIU restored the processes without asking dvr to fill their memory (is the DVR plugin " + plugin + " CRIU's?)"));
+    rc = -1;
+  }
   if (rc == 0) {
     meter.advance_to(images.page_bytes_done());
     meter.finish();  // rethrows a deferred exception of the callback: the process runs
@@ -322,7 +335,9 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   // CRIU >= 4.2 reads page images straight from the store; older ones read
   // files written here first.
   const bool stream = streams_pages(version);
-  std::optional<ImageServer> images(std::in_place, store, name, work->path);
+  // CRIU >= 4.2 that streams: dvr writes the processes' pages into them
+  // itself where the host allows it (faster than CRIU reading a pipe).
+  std::optional<ImageServer> images(std::in_place, store, name, work->path, stream && ImageServer::fill_supported());
   if (!stream) images->write_page_images();
   HeapRestore heaps_back(*work, options.clone, policy);
   const bool wait = !options.detach && !options.clone;
