@@ -282,6 +282,21 @@ std::vector<unsigned char> store_job(Store& store, std::uint64_t a, std::uint64_
   return pa;  // pages-1.img as CRIU wrote it
 }
 
+// Flips a byte of the page whose first 64 bytes are `page`, in the store's pack file.
+void damage_page(const std::string& store_dir, const unsigned char* page) {
+  std::string pack;
+  for (auto& e : std::filesystem::recursive_directory_iterator(store_dir))
+    if (e.path().extension() == ".pack") pack = e.path();
+  REQUIRE(!pack.empty());
+  std::string bytes = dvrtest::read_file(pack);
+  auto at = bytes.find(std::string(reinterpret_cast<const char*>(page), 64));
+  REQUIRE(at != std::string::npos);
+  int fd = ::open(pack.c_str(), O_WRONLY);
+  char x = static_cast<char>(bytes[at + 100] ^ 0x40);
+  REQUIRE(::pwrite(fd, &x, 1, static_cast<off_t>(at + 100)) == 1);
+  ::close(fd);
+}
+
 }  // namespace
 
 TEST_CASE("image server: CRIU gets the page image assembled from the windows, the small images from the directory", "[proc][page-stream]") {
@@ -326,20 +341,7 @@ TEST_CASE("image server: a damaged page is reported, and CRIU gets less than the
   TempDir dir;
   Store store = Store::open(dir.store());
   const auto pages = store_job(store, 0x7f0000001000, 0x7f0000800000 - kPage);
-  // Flip a byte of the first window's data in its pack file.
-  std::string pack;
-  for (auto& e : std::filesystem::recursive_directory_iterator(dir.store()))
-    if (e.path().extension() == ".pack") pack = e.path();
-  REQUIRE(!pack.empty());
-  {
-    std::string bytes = dvrtest::read_file(pack);
-    auto at = bytes.find(std::string(reinterpret_cast<const char*>(pages.data()), 64));
-    REQUIRE(at != std::string::npos);
-    int fd = ::open(pack.c_str(), O_WRONLY);
-    char x = static_cast<char>(bytes[at + 100] ^ 0x40);
-    REQUIRE(::pwrite(fd, &x, 1, static_cast<off_t>(at + 100)) == 1);
-    ::close(fd);
-  }
+  damage_page(dir.store(), pages.data());  // the first window's data
   const std::string work = dir / "work";
   ::mkdir(work.c_str(), 0700);
   ImageServer images(store, "job", work);
@@ -457,14 +459,19 @@ std::string fill_socket(const ImageServer& images) {
   return env[0].substr(std::strlen("DVR_CRIU_FILL="));
 }
 
+// A parent may write its own stopped child's memory wherever tests run.
+void require_fill() {
+  std::string why;
+  const bool ok = ImageServer::fill_supported(&why);
+  INFO(why);
+  REQUIRE(ok);
+}
+
 }  // namespace
 
 TEST_CASE("image server: filling writes a process's private anonymous pages into it, read-only mappings too; CRIU gets the rest",
           "[proc][page-stream]") {
-  std::string why;
-  // A parent may write its own stopped child's memory wherever tests run.
-  INFO(why);
-  REQUIRE(ImageServer::fill_supported(&why));
+  require_fill();
   TempDir dir;
   Store store = Store::open(dir.store());
   const std::uint64_t a = 0x7e0000001000, b = 0x7e0000800000 - kPage;
@@ -519,29 +526,14 @@ TEST_CASE("image server: filling writes a process's private anonymous pages into
 }
 
 TEST_CASE("image server: a damaged page stops the fill with corrupt, and a process gone is an error", "[proc][page-stream]") {
-  std::string why;
-  // A parent may write its own stopped child's memory wherever tests run.
-  INFO(why);
-  REQUIRE(ImageServer::fill_supported(&why));
+  require_fill();
   TempDir dir;
   Store store = Store::open(dir.store());
   const std::uint64_t a = 0x7e0000001000, b = 0x7e0000800000 - kPage;
   const auto pa = dvrtest::random_bytes(3 * kPage, 31), pb = dvrtest::random_bytes(5 * kPage, 32);
   pid_t child = stopped_child(a, b);
   store_job_of(store, static_cast<std::uint64_t>(child), a, b, mm_image({{a, a + 3 * kPage, kAnonPrivate}, {b, b + 5 * kPage, kAnonPrivate}}), pa, pb);
-  std::string pack;
-  for (auto& e : std::filesystem::recursive_directory_iterator(dir.store()))
-    if (e.path().extension() == ".pack") pack = e.path();
-  REQUIRE(!pack.empty());
-  {
-    std::string bytes = dvrtest::read_file(pack);
-    auto at = bytes.find(std::string(reinterpret_cast<const char*>(pa.data()), 64));
-    REQUIRE(at != std::string::npos);
-    int fd = ::open(pack.c_str(), O_WRONLY);
-    char x = static_cast<char>(bytes[at + 100] ^ 0x40);
-    REQUIRE(::pwrite(fd, &x, 1, static_cast<off_t>(at + 100)) == 1);
-    ::close(fd);
-  }
+  damage_page(dir.store(), pa.data());
   const std::string work = dir / "work";
   ::mkdir(work.c_str(), 0700);
   ImageServer images(store, "job", work, true);

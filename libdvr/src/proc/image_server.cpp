@@ -400,20 +400,18 @@ void ImageServer::serve_file(const std::string& file, int pipe_fd) {
 }
 
 std::exception_ptr ImageServer::stop() {
-  if (listener_) ::shutdown(listener_.get(), SHUT_RDWR);
-  if (int sk = connection_.exchange(-1); sk >= 0) {
-    ::shutdown(sk, SHUT_RDWR);
-    if (acceptor_.joinable()) acceptor_.join();
-    ::close(sk);
-  }
-  if (acceptor_.joinable()) acceptor_.join();
-  if (fill_listener_) ::shutdown(fill_listener_.get(), SHUT_RDWR);
-  if (int sk = fill_connection_.exchange(-1); sk >= 0) {
-    ::shutdown(sk, SHUT_RDWR);
-    if (filler_.joinable()) filler_.join();
-    ::close(sk);
-  }
-  if (filler_.joinable()) filler_.join();
+  // A listener and the thread serving its one connection: both woken, joined.
+  auto end = [](detail::Fd& listener, std::atomic<int>& connection, std::thread& thread) {
+    if (listener) ::shutdown(listener.get(), SHUT_RDWR);
+    if (int sk = connection.exchange(-1); sk >= 0) {
+      ::shutdown(sk, SHUT_RDWR);
+      if (thread.joinable()) thread.join();
+      ::close(sk);
+    }
+    if (thread.joinable()) thread.join();
+  };
+  end(listener_, connection_, acceptor_);
+  end(fill_listener_, fill_connection_, filler_);
   fill_listener_ = detail::Fd();
   std::vector<std::thread> servers;
   {
