@@ -17,6 +17,9 @@ takes a snapshot in store A and measures, in the same run:
                    every 100th page)               vs push_full_noise (target: <= 3%)
   push_1pct        the same                        vs `ssh HOST true` (the cost of the connection alone)
   push_1pct_bytes  bytes that second push sent     vs the first push's
+  push_1pct_kept   (noise) the same 1% push through a connection kept open by
+                   an earlier one (--keep-ssh)      vs push_full_noise, and vs
+                   `ssh HOST true` through that connection (a session's own cost)
 With --json, one object per line: {"name", "value", "unit", "peer",
 "peer_value", "ratio", "bytes", "data"}: value and peer_value are costs
 (seconds, bytes) and ratio = peer_value / value, so above 1 means ours is
@@ -172,10 +175,28 @@ def main():
                     assert info["base"] == f"v{r}", info
                     pct_s.append(took)
                     pct_bytes.append(info["sent_bytes"])
+                # The same through one kept connection (--keep-ssh): the
+                # first of these pushes opens it and is not counted.
+                kept_s, env = [], dict(os.environ, XDG_RUNTIME_DIR=work)
+                control = f"-o ControlPath={work}/dvr-ssh/%C"
+                try:
+                    for r in range(repeat, 2 * repeat + 1):
+                        pages[r % 100::100, 7] ^= np.uint8(1 + r)
+                        s.snapshot(f"v{r + 1}")
+                        out, took = run([dvr, "--store", a, "push", f"{data}/v{r + 1}", url, "--keep-ssh", "60"] + common,
+                                        env=env)
+                        assert json.loads(out)["base"] == f"v{r}", out
+                        if r > repeat:
+                            kept_s.append(took)
+                    kept_true = min(run(f"{ssh} {control} root@127.0.0.1 true", shell=True)[1] for _ in range(3))
+                finally:
+                    subprocess.run(f"{ssh} {control} -O exit root@127.0.0.1", shell=True, capture_output=True)
                 del pages
                 figures += [("push_1pct", min(pct_s), "s", "push_full_noise", min(full_s), data),
                             ("push_1pct", min(pct_s), "s", "ssh HOST true", ssh_s, data),
-                            ("push_1pct_bytes", max(pct_bytes), "B", "push_full_noise bytes", full_bytes, data)]
+                            ("push_1pct_bytes", max(pct_bytes), "B", "push_full_noise bytes", full_bytes, data),
+                            ("push_1pct_kept", min(kept_s), "s", "push_full_noise", min(full_s), data),
+                            ("push_1pct_kept", min(kept_s), "s", "ssh HOST true (kept connection)", kept_true, data)]
             del arr
             s.close()
 

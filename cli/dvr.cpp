@@ -449,6 +449,7 @@ struct TransferArgs {
   std::string sign;                        // --sign KEY: the secret key file
   std::vector<std::string> require_keys;   // --require-signature PUBKEY...
   std::string remote_sign;                 // pull --remote-sign KEY: the far side's secret key file
+  std::string keep_ssh;                    // push/pull --keep-ssh DURATION (empty: $DVR_KEEP_SSH, else not kept)
   bool no_compress = false, negotiate = false, json = false;
 };
 
@@ -544,15 +545,67 @@ std::string shell_quote(const std::string& s) {
 
 // Runs `ssh ... HOST REMOTE-COMMAND` with its stdin and stdout connected to
 // us; its stderr (the far dvr's messages) goes to ours.
+// Where --keep-ssh's connections keep their control sockets: a directory of
+// this user's alone ($XDG_RUNTIME_DIR/dvr-ssh, else /tmp/dvr-ssh-UID), made
+// if missing. Anything else there (another owner, other users' access, a
+// link) is refused: whoever could reach the socket could run commands on the
+// far machine as this user.
+std::string ssh_control_dir() {
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  // The socket's path (DIR/ + 40 hex digits) must fit a sockaddr_un.
+  std::string dir = xdg && xdg[0] == '/' && std::strlen(xdg) <= 48 ? std::string(xdg) + "/dvr-ssh" : "/tmp/dvr-ssh-" + std::to_string(::geteuid());
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw Error(Errc::io, "cannot create " + printable(dir) + " for --keep-ssh's connections: " + std::strerror(errno));
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) throw Error(Errc::io, "cannot inspect " + printable(dir) + ": " + std::strerror(errno));
+  std::string wrong = !S_ISDIR(st.st_mode)       ? "it is not a directory"
+                      : st.st_uid != ::geteuid() ? "it belongs to user " + std::to_string(st.st_uid)
+                      : (st.st_mode & 077) != 0  ? "other users may use it"
+                                                 : "";
+  if (!wrong.empty())
+    throw Error(Errc::permission, "refusing to keep ssh connections in " + printable(dir) + ": " + wrong +
+                                      " (it must be a private directory of this user: remove it, or set XDG_RUNTIME_DIR)");
+  return dir;
+}
+
+// --keep-ssh DURATION (else $DVR_KEEP_SSH): seconds an idle connection stays
+// open for the next push or pull; 0 = closed at once (ssh's own default).
+long keep_ssh_seconds(const std::string& option) {
+  std::string text = option;
+  const char* from = "--keep-ssh";
+  if (text.empty()) {
+    const char* env = std::getenv("DVR_KEEP_SSH");
+    if (!env || !*env) return 0;
+    text = env;
+    from = "DVR_KEEP_SSH";
+  }
+  double s = 0;
+  try {
+    s = text == "0" ? 0 : parse_duration(text);
+  } catch (const std::exception& e) {
+    throw Error(Errc::invalid_argument, std::string(from) + ": " + e.what());
+  }
+  if (s < 0 || s > 7 * 86400) throw Error(Errc::invalid_argument, std::string(from) + ": '" + printable(text) + "' is not a duration up to 7d");
+  return static_cast<long>(s + 0.5);
+}
+
 struct SshChild {
   pid_t pid = -1;
   int to = -1, from = -1;
-  SshChild(const std::string& ssh, const SshTarget& t, const std::vector<std::string>& remote) {
+  // keep_s > 0: share one connection between pushes and pulls to the same
+  // host (OpenSSH's ControlMaster), kept open for keep_s seconds after the
+  // last one; the first one opens it.
+  SshChild(const std::string& ssh, const SshTarget& t, const std::vector<std::string>& remote, long keep_s = 0) {
     std::vector<std::string> argv;
     std::istringstream in(ssh);
     for (std::string w; in >> w;)
       argv.push_back(w);
     if (argv.empty()) throw Error(Errc::invalid_argument, "--ssh is empty");
+    if (keep_s > 0) {
+      // ssh's %C: a hash of the local host, the far host, port and user.
+      argv.insert(argv.begin() + 1, {"-o", "ControlMaster=auto", "-o", "ControlPath=" + ssh_control_dir() + "/%C", "-o",
+                                     "ControlPersist=" + std::to_string(keep_s)});
+    }
     if (!t.port.empty()) {
       argv.push_back("-p");
       argv.push_back(t.port);
@@ -700,7 +753,7 @@ int cmd_push_pull(const TransferArgs& a, bool push) {
       remote.insert(remote.end(), {"--level", std::to_string(o.level)});
     }
   }
-  SshChild child(ssh, t, remote);
+  SshChild child(ssh, t, remote, keep_ssh_seconds(a.keep_ssh));
   ProgressReporter progress(push ? "push" : "pull", progress_mode());
   o.progress = progress.callback();
   transfer::Stats st;
@@ -1558,10 +1611,16 @@ int run(int argc, char** argv) {
   c_push->add_option("url", push.url, "the far store")->required()->type_name("ssh://[USER@]HOST[:PORT]/STORE");
   c_push->add_option("--ssh", push.ssh, "the ssh command (default $DVR_SSH, else ssh)")->type_name("CMD");
   c_push->add_option("--remote-dvr", push.remote_dvr, "the far dvr (default dvr)")->type_name("PATH");
+  c_push->add_option("--keep-ssh", push.keep_ssh,
+                    "keep the ssh connection open this long after the transfer, for the next push or pull to the same host "
+                    "(OpenSSH's ControlPersist; default $DVR_KEEP_SSH, else 0: closed)")
+      ->type_name("DURATION");
   add_transfer_options(c_push, push);
   add_sign_option(c_push, push);
   add_json(c_push, push.json);
-  c_push->footer("Examples:\n  dvr push sweep/loaded ssh://node2/dev/shm/dvr-0\n  dvr push sweep/loaded ssh://node2/dev/shm/dvr-0 --sign ~/.dvr/me.key");
+  c_push->footer(
+      "Examples:\n  dvr push sweep/loaded ssh://node2/dev/shm/dvr-0\n  dvr push sweep/loaded ssh://node2/dev/shm/dvr-0 --sign ~/.dvr/me.key\n"
+      "  dvr push sweep/step7 ssh://node2/dev/shm/dvr-0 --keep-ssh 10m   (the next push within 10 minutes reuses the connection)");
   c_push->callback([&] { action = [&] { return cmd_push_pull(push, true); }; });
 
   auto* c_pull = app.add_subcommand("pull", "the reverse of push");
@@ -1569,6 +1628,10 @@ int run(int argc, char** argv) {
   c_pull->add_option("ref", pull.ref, "the snapshot")->required()->type_name("REF");
   c_pull->add_option("--ssh", pull.ssh, "the ssh command (default $DVR_SSH, else ssh)")->type_name("CMD");
   c_pull->add_option("--remote-dvr", pull.remote_dvr, "the far dvr (default dvr)")->type_name("PATH");
+  c_pull->add_option("--keep-ssh", pull.keep_ssh,
+                    "keep the ssh connection open this long after the transfer, for the next push or pull to the same host "
+                    "(OpenSSH's ControlPersist; default $DVR_KEEP_SSH, else 0: closed)")
+      ->type_name("DURATION");
   add_transfer_options(c_pull, pull);
   add_require_option(c_pull, pull);
   c_pull->add_option("--remote-sign", pull.remote_sign, "the far side signs the stream with this secret key file (a path on the far machine)")

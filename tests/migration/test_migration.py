@@ -22,6 +22,7 @@ import pty
 import re
 import select
 import struct
+import shlex
 import subprocess
 import tempfile
 import time
@@ -757,6 +758,72 @@ def test_pull_over_ssh_with_the_ssh_command_from_the_environment(store_a, make_s
     c.check("s", "n1", "n2")
     same_shape(store_a, c, "s/n2")
     c.verify()
+
+
+def _accepted(sshd):
+    """How many ssh connections the test sshd has authenticated so far."""
+    return sshd.log.read_text(errors="replace").count("Accepted publickey")
+
+
+def test_keep_ssh_shares_one_connection_between_pushes_and_pulls(store_a, store_b, make_store, sshd, dvr_bin,
+                                                                 scratch):
+    """--keep-ssh 60: the first push opens the connection and leaves it open
+    (its control socket in a private $XDG_RUNTIME_DIR/dvr-ssh); the next push
+    and a pull to the same host go through it: sshd authenticates no new
+    connection, and what they carry arrives intact."""
+    runtime = scratch / "run"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": runtime}
+    control = runtime / "dvr-ssh"
+    store_a.snap("s", "n1", "n2")
+    try:
+        push(store_a, "s/n1", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env)
+        sockets = list(control.iterdir())
+        assert len(sockets) == 1 and sockets[0].is_socket(), f"one control socket expected in {control}: {sockets}"
+        assert control.stat().st_mode & 0o777 == 0o700, oct(control.stat().st_mode)
+        before = _accepted(sshd)
+        push(store_a, "s/n2", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env)
+        c = make_store("C")
+        c.dvr("pull", sshd.url(store_b.path), "s/n2", *ssh_opts(sshd, dvr_bin), env={**env, "DVR_KEEP_SSH": "60"})
+        assert _accepted(sshd) == before, (
+            f"the second push and the pull opened connections of their own:\n{sshd.log_text()}")
+        store_b.check("s", "n1", "n2")
+        c.check("s", "n2")
+        store_b.verify()
+    finally:
+        run([*shlex.split(sshd.ssh), "-o", f"ControlPath={control}/%C", "-O", "exit", "root@127.0.0.1"])
+
+
+@pytest.mark.parametrize("wrong", ["shared", "link"])
+def test_keep_ssh_refuses_a_control_directory_other_users_can_reach(store_a, store_b, sshd, dvr_bin, scratch, wrong):
+    """A control socket lets whoever reaches it run commands on the far host:
+    a dvr-ssh directory others may use, or a link, is refused by name and
+    nothing is sent."""
+    runtime = scratch / "run"
+    runtime.mkdir(mode=0o700)
+    if wrong == "shared":
+        (runtime / "dvr-ssh").mkdir()
+        os.chmod(runtime / "dvr-ssh", 0o777)
+    else:
+        (scratch / "elsewhere").mkdir(mode=0o700)
+        (runtime / "dvr-ssh").symlink_to(scratch / "elsewhere")
+    store_a.snap("s", "n1")
+    before = store_b.state()
+    proc = push(store_a, "s/n1", sshd, store_b, dvr_bin, "--keep-ssh", "1m", expect=None,
+                env={"XDG_RUNTIME_DIR": runtime})
+    assert_failed(proc, re.escape(str(runtime / "dvr-ssh")), r"other users|not a directory", r"private",
+                  context=f"--keep-ssh with a {wrong} control directory")
+    store_b.assert_unchanged(before, "after a push refused for its control directory")
+
+
+def test_keep_ssh_with_a_bad_duration_names_it(store_a, store_b, sshd, dvr_bin):
+    store_a.snap("s", "n1")
+    before = store_b.state()
+    proc = push(store_a, "s/n1", sshd, store_b, dvr_bin, "--keep-ssh", "soon", expect=None)
+    assert_failed(proc, r"keep-ssh", r"soon", context="--keep-ssh soon")
+    proc = push(store_a, "s/n1", sshd, store_b, dvr_bin, expect=None, env={"DVR_KEEP_SSH": "9w"})
+    assert_failed(proc, r"DVR_KEEP_SSH", r"9w", context="DVR_KEEP_SSH=9w")
+    store_b.assert_unchanged(before, "after pushes refused for their --keep-ssh")
 
 
 def test_second_push_sends_only_the_changed_pages(store_a, store_b, sshd, dvr_bin, memdvr):

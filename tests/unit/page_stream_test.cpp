@@ -395,6 +395,16 @@ std::string mm_image(const std::vector<std::tuple<std::uint64_t, std::uint64_t, 
 
 constexpr std::uint32_t kAnonPrivate = (1u << 0) | (1u << 9), kFilePrivate = (1u << 0) | (1u << 6);
 
+// An 8 MiB range of addresses free in this process (and so in a child
+// forked now): the kernel's choice, so that it is one a sanitizer's
+// runtime also allows (a fixed address may fall in TSan's shadow memory).
+std::uint64_t free_range() {
+  void* p = ::mmap(nullptr, 0x800000, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  REQUIRE(p != MAP_FAILED);
+  ::munmap(p, 0x800000);
+  return reinterpret_cast<std::uint64_t>(p);
+}
+
 // A stopped child with 3 pages at `a` (read-write) and 5 at `b` (read-only,
 // as CRIU leaves a mapping the process had read-only), all zero.
 pid_t stopped_child(std::uint64_t a, std::uint64_t b) {
@@ -474,7 +484,7 @@ TEST_CASE("image server: filling writes a process's private anonymous pages into
   require_fill();
   TempDir dir;
   Store store = Store::open(dir.store());
-  const std::uint64_t a = 0x7e0000001000, b = 0x7e0000800000 - kPage;
+  const std::uint64_t base = free_range(), a = base + kPage, b = base + 0x800000 - 5 * kPage;
   const auto pa = dvrtest::random_bytes(3 * kPage, 21), pb = dvrtest::random_bytes(5 * kPage, 22);
   pid_t child = stopped_child(a, b);
   // b's first two pages are in a file-backed mapping for CRIU: CRIU restores those.
@@ -529,7 +539,7 @@ TEST_CASE("image server: a damaged page stops the fill with corrupt, and a proce
   require_fill();
   TempDir dir;
   Store store = Store::open(dir.store());
-  const std::uint64_t a = 0x7e0000001000, b = 0x7e0000800000 - kPage;
+  const std::uint64_t base = free_range(), a = base + kPage, b = base + 0x800000 - 5 * kPage;
   const auto pa = dvrtest::random_bytes(3 * kPage, 31), pb = dvrtest::random_bytes(5 * kPage, 32);
   pid_t child = stopped_child(a, b);
   store_job_of(store, static_cast<std::uint64_t>(child), a, b, mm_image({{a, a + 3 * kPage, kAnonPrivate}, {b, b + 5 * kPage, kAnonPrivate}}), pa, pb);
