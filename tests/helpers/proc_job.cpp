@@ -172,16 +172,35 @@ void sleep_ms(std::uint64_t ms) {
 // kernel, so a clone and its original never pick the same one) and the file is
 // closed before it is renamed into place. A failure is reported, not fatal:
 // the test sees a stale status.
+//
+// The text is written into an unnamed file (O_TMPFILE) that gets its
+// temporary name only right before it is closed: a dump that freezes the job
+// while it writes then holds a deleted file, whose content CRIU keeps,
+// instead of an open file under the temporary name, which is renamed away
+// while a --leave-running original goes on, so that its restore would fail
+// ("Can't open file ...tmp-..."). The window left is one syscall, between
+// linkat and close.
 void write_status(const std::string& path, const std::string& text) {
   char suffix[40];
   std::snprintf(suffix, sizeof suffix, ".tmp-%016" PRIx64, random64());
   const std::string tmp = path + suffix;
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  bool named = false;
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) {  // a file system without O_TMPFILE: named from the start
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    named = true;
+  }
   if (fd < 0) {
     std::fprintf(stderr, "dvr-test-job: cannot create %s: %s\n", tmp.c_str(), std::strerror(errno));
     return;
   }
   bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  if (ok && !named) {
+    const std::string self = "/proc/self/fd/" + std::to_string(fd);
+    ok = ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) == 0;
+  }
   ok = (::close(fd) == 0) && ok;
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
     std::fprintf(stderr, "dvr-test-job: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
