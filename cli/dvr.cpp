@@ -543,8 +543,6 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-// Runs `ssh ... HOST REMOTE-COMMAND` with its stdin and stdout connected to
-// us; its stderr (the far dvr's messages) goes to ours.
 // Where --keep-ssh's connections keep their control sockets: a directory of
 // this user's alone ($XDG_RUNTIME_DIR/dvr-ssh, else /tmp/dvr-ssh-UID), made
 // if missing. Anything else there (another owner, other users' access, a
@@ -581,14 +579,16 @@ long keep_ssh_seconds(const std::string& option) {
   }
   double s = 0;
   try {
-    s = text == "0" ? 0 : parse_duration(text);
+    s = parse_duration(text);  // never negative
   } catch (const std::exception& e) {
     throw Error(Errc::invalid_argument, std::string(from) + ": " + e.what());
   }
-  if (s < 0 || s > 7 * 86400) throw Error(Errc::invalid_argument, std::string(from) + ": '" + printable(text) + "' is not a duration up to 7d");
+  if (s > 7 * 86400) throw Error(Errc::invalid_argument, std::string(from) + ": '" + printable(text) + "' is not a duration up to 7d");
   return static_cast<long>(s + 0.5);
 }
 
+// Runs `ssh ... HOST REMOTE-COMMAND` with its stdin and stdout connected to
+// us; its stderr (the far dvr's messages) goes to ours.
 struct SshChild {
   pid_t pid = -1;
   int to = -1, from = -1;
@@ -1343,6 +1343,16 @@ void add_transfer_options(CLI::App* sub, TransferArgs& t) {
   sub->add_option("--level", t.level, "zstd's level (default 1)")->check(whole_number(1, 19));
 }
 
+// push and pull: how the far side is reached.
+void add_ssh_options(CLI::App* sub, TransferArgs& t) {
+  sub->add_option("--ssh", t.ssh, "the ssh command (default $DVR_SSH, else ssh)")->type_name("CMD");
+  sub->add_option("--remote-dvr", t.remote_dvr, "the far dvr (default dvr)")->type_name("PATH");
+  sub->add_option("--keep-ssh", t.keep_ssh,
+                  "keep the ssh connection open this long after the transfer, for the next push or pull to the same host "
+                  "(OpenSSH's ControlPersist; default $DVR_KEEP_SSH, else 0: closed)")
+      ->type_name("DURATION");
+}
+
 int run(int argc, char** argv) {
   CLI::App app(kDescription, "dvr");
   app.get_formatter()->label("Usage", "usage");
@@ -1609,12 +1619,7 @@ int run(int argc, char** argv) {
   auto* c_push = app.add_subcommand("push", "send a snapshot to a store on another machine through ssh (only what it lacks travels)");
   c_push->add_option("ref", push.ref, "the snapshot")->required()->type_name("REF");
   c_push->add_option("url", push.url, "the far store")->required()->type_name("ssh://[USER@]HOST[:PORT]/STORE");
-  c_push->add_option("--ssh", push.ssh, "the ssh command (default $DVR_SSH, else ssh)")->type_name("CMD");
-  c_push->add_option("--remote-dvr", push.remote_dvr, "the far dvr (default dvr)")->type_name("PATH");
-  c_push->add_option("--keep-ssh", push.keep_ssh,
-                    "keep the ssh connection open this long after the transfer, for the next push or pull to the same host "
-                    "(OpenSSH's ControlPersist; default $DVR_KEEP_SSH, else 0: closed)")
-      ->type_name("DURATION");
+  add_ssh_options(c_push, push);
   add_transfer_options(c_push, push);
   add_sign_option(c_push, push);
   add_json(c_push, push.json);
@@ -1626,12 +1631,7 @@ int run(int argc, char** argv) {
   auto* c_pull = app.add_subcommand("pull", "the reverse of push");
   c_pull->add_option("url", pull.url, "the far store")->required()->type_name("ssh://[USER@]HOST[:PORT]/STORE");
   c_pull->add_option("ref", pull.ref, "the snapshot")->required()->type_name("REF");
-  c_pull->add_option("--ssh", pull.ssh, "the ssh command (default $DVR_SSH, else ssh)")->type_name("CMD");
-  c_pull->add_option("--remote-dvr", pull.remote_dvr, "the far dvr (default dvr)")->type_name("PATH");
-  c_pull->add_option("--keep-ssh", pull.keep_ssh,
-                    "keep the ssh connection open this long after the transfer, for the next push or pull to the same host "
-                    "(OpenSSH's ControlPersist; default $DVR_KEEP_SSH, else 0: closed)")
-      ->type_name("DURATION");
+  add_ssh_options(c_pull, pull);
   add_transfer_options(c_pull, pull);
   add_require_option(c_pull, pull);
   c_pull->add_option("--remote-sign", pull.remote_sign, "the far side signs the stream with this secret key file (a path on the far machine)")
