@@ -43,11 +43,12 @@ the median of --repeat (fresh servers each repeat):
   heap_redis_restore_pong       kill -9, dvr proc restore (the heap file still there) to the first PONG
                                                                          vs criu restore of the plain one (<= 0.5x)
   heap_redis_clone_pong         dvr proc clone --net new beside the running original, to its first PONG
-  heap_redis_clone_private      the clone's private memory once it answers (smaps_rollup's Private_Clean +
-                                Private_Dirty, its heap's mapped pages replaced by the bytes of its private
-                                heap copy, which only it maps) vs the original's heap file (target: ratio >= 20)
-  heap_redis_clone_mapped       smaps_rollup's Private_Clean + Private_Dirty alone (heap pages not touched
-                                yet are not counted there)
+  heap_redis_clone_private      the clone's private memory once it answers (smaps_rollup's Anonymous: what it
+                                wrote, its heap's copy-on-write pages among them; plus its whole heap file when
+                                that is a copy of its own, not the store's sealed heap) vs the original's heap
+                                file (target: ratio >= 20)
+  heap_redis_clone_mapped       smaps_rollup's Private_Clean + Private_Dirty (pages only it maps now, the
+                                sealed heap's file pages among them while the original is not using them)
   heap_redis_throughput_set/get redis-benchmark -t set,get -d 1000 on the restored --heap redis
                                 vs on the restored plain one (target: ratio >= 0.9)
   heap_memcached_dump           dvr proc dump of a --heap memcached      vs criu dump of a plain one (target: ratio >= 10)
@@ -69,6 +70,7 @@ Needs root and CRIU 4.x (`dvr proc check`).
 """
 
 import argparse
+import glob
 import json
 import os
 import random
@@ -289,19 +291,6 @@ def smaps_rollup(pid):
     return fields
 
 
-def smaps_of(pid, path):
-    """Private_Clean + Private_Dirty (bytes) of the mappings of `path` in /proc/PID/smaps."""
-    private, inside = 0, False
-    with open(f"/proc/{pid}/smaps") as f:
-        for line in f:
-            words = line.split()
-            if words and "-" in words[0] and len(words) >= 5 and not words[0].endswith(":"):
-                inside = len(words) >= 6 and words[5] == path
-            elif inside and words[0] in ("Private_Clean:", "Private_Dirty:"):
-                private += int(words[1]) * 1024
-    return private
-
-
 def until_pong_in(b, pid, port, t0, timeout=120):
     """until_pong, from inside process `pid`'s network namespace (a forked child enters it)."""
     child = os.fork()
@@ -459,13 +448,15 @@ def heap_redis_figures(b, work, size, repeat):
                 clone = int(open(pidfile).read())
                 b.pids.append(clone)
                 f["clone_pong"].append(until_pong_in(b, clone, hport, t0))
-                # Its private memory: what smaps_rollup counts (the pages it has mapped in so far), less
-                # the heap's mapped pages, plus all of its heap copy, a file in a tmpfs only the clone
-                # sees: the clone's own memory whether it has touched those pages yet or not.
+                # Its private memory: its anonymous pages (those it wrote, the heap's copy-on-write
+                # pages among them) plus, when its heap file is a copy of its own (a heap not sealed
+                # at the dump: a file in a tmpfs only the clone sees), all of that copy, touched or
+                # not. A sealed heap is the store's heap pack, shared with the store and the original.
                 roll = smaps_rollup(clone)
-                mapped = roll["Private_Clean"] + roll["Private_Dirty"]
-                f["clone_mapped"].append(mapped)
-                f["clone_private"].append(mapped - smaps_of(clone, heap) + allocated(f"/proc/{clone}/root{heap}"))
+                f["clone_mapped"].append(roll["Private_Clean"] + roll["Private_Dirty"])
+                clone_heap = f"/proc/{clone}/root{heap}"
+                shared = os.stat(clone_heap).st_ino in {os.stat(p).st_ino for p in glob.glob(os.path.join(store, "packs", "*.heap"))}
+                f["clone_private"].append(roll["Anonymous"] + (0 if shared else allocated(clone_heap)))
                 b.kill_wait(clone)
 
         # kill -9, then restore to the first PONG: dvr for the --heap one (its heap file is still there), criu for the other.

@@ -36,12 +36,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <set>
 #include <string>
 
 #include "dvr/error.hpp"
 #include "dvr/proc.hpp"
 #include "base/os.hpp"
+#include "proc/heap_seal.hpp"
 #include "proc/proc_heaps.hpp"
 
 extern "C" {
@@ -218,9 +220,22 @@ int dvr_checkpoint_devices(int pid) {
         std::string(dvr::proc::kHeapPrefix) +
         (name && *name ? std::string(name)
                        : "criu-" + std::to_string(pid) + "-" + std::to_string(std::chrono::system_clock::now().time_since_epoch().count()));
-    g_image = heaps::snapshot_heaps(files, pid, snapshot, false, nullptr, kLockTimeout);
-    // Heaps of `dvr run --heap`: the next dump stores what is written after this one.
-    heaps::renew_shim_notes(g_image, pid);
+    // Heaps `dvr proc dump` sealed and snapshotted before CRIU ran
+    // (heap_seal.hpp): recorded as they are; the others are snapshotted here.
+    const char* sealed_env = std::getenv(heaps::kSealedEnv);
+    std::vector<heaps::HeapFile> sealed;
+    std::vector<std::string> to_copy;
+    for (auto& h : heaps::parse_sealed(sealed_env ? sealed_env : ""))
+      if (std::find(files.begin(), files.end(), h.path) != files.end()) sealed.push_back(h);
+    for (auto& f : files)
+      if (std::none_of(sealed.begin(), sealed.end(), [&](const heaps::HeapFile& h) { return h.path == f; })) to_copy.push_back(f);
+    g_image.snapshot = snapshot;
+    if (!to_copy.empty()) {
+      g_image = heaps::snapshot_heaps(to_copy, pid, snapshot, false, nullptr, kLockTimeout);
+      // Heaps of `dvr run --heap`: the next dump stores what is written after this one.
+      heaps::renew_shim_notes(g_image, pid);
+    }
+    g_image.heaps.insert(g_image.heaps.end(), sealed.begin(), sealed.end());
     g_recorded.insert(files.begin(), files.end());
     write_image();
     return 0;

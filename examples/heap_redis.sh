@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # An unmodified redis-server whose heap lives in a DVR persistent heap
 # (docs/criu.md, "Unmodified programs"), end to end:
-#   start it with `dvr run --heap`, load keys, dump it (CRIU copies no heap
-#   page), rewrite 1% of the keys, dump again (only the pages written since),
-#   kill it, restore it and check every key.
+#   start it with `dvr run --heap`, load keys, dump it (the heap is sealed:
+#   linked into the store as it is, nothing copied), rewrite 1% of the keys,
+#   dump again (only the pages written since), kill it, restore it and check
+#   every key, then clone it beside the restored one in a network of its own:
+#   the clone maps the same sealed heap copy-on-write.
 #
 #   sudo bash examples/heap_redis.sh [--keys N] [--dvr PATH]
 #
@@ -61,9 +63,11 @@ load 0 "$KEYS" 1 a
 cli info memory | grep '^used_memory_human'
 grep 'heaps/redis/heap' "/proc/$PID/maps"
 
-echo "== dump 1 (the whole heap is new to the store)"
+echo "== dump 1 (the heap is sealed and linked into the store: hashed, not copied)"
 J=$("$DVR" --store "$STORE" proc dump "$PID" --name r1 --leave-running --json)
 echo "   $(echo "$J" | seconds) s, stored $(echo "$J" | stored) bytes"
+grep 'heaps/redis/heap' "/proc/$PID/maps"
+ls -li "$STORE"/heaps/redis/heap "$STORE"/packs/*.heap
 echo "== rewrite 1% of the keys, dump 2"
 load 0 "$KEYS" 100 b
 J=$("$DVR" --store "$STORE" proc dump "$PID" --name r2 --leave-running --json)
@@ -80,4 +84,16 @@ V0=$(cli get key:0 | head -c 3)
 V1=$(cli get key:1 | head -c 3)
 echo "   dbsize $N, key:0 = $V0..., key:1 = $V1..."
 [ "$N" = "$KEYS" ] && [ "$V0" = bbb ] && [ "$V1" = aaa ] || { echo "heap_redis: wrong data after restore" >&2; exit 1; }
+
+if command -v ip >/dev/null && command -v nsenter >/dev/null; then
+  echo "== clone r2 beside it, in a network of its own"
+  CLONE=$("$DVR" --store "$STORE" proc clone r2 --net new --pidfile "$WORK/clone.pid" >/dev/null && cat "$WORK/clone.pid")
+  PIDS+=("$CLONE")
+  for _ in $(seq 1 200); do [ "$(nsenter -t "$CLONE" -n redis-cli -p "$PORT" ping 2>/dev/null)" = PONG ] && break; sleep 0.05; done
+  C0=$(nsenter -t "$CLONE" -n redis-cli -p "$PORT" get key:0 | head -c 3)
+  ANON=$(awk '/^Anonymous:/ {print $2}' "/proc/$CLONE/smaps_rollup")
+  HEAP=$(du -k "$STORE"/heaps/redis/heap | cut -f1)
+  echo "   the clone says key:0 = $C0...; its own memory $((ANON / 1024)) MiB, the heap it shares $((HEAP / 1024)) MiB"
+  [ "$C0" = bbb ] || { echo "heap_redis: wrong data in the clone" >&2; exit 1; }
+fi
 echo "heap_redis: ok"

@@ -20,17 +20,29 @@
 //     (writers wait for the few milliseconds this takes) and the heap is
 //     shared again.
 //   exec: a program exec'd by a forked child runs without a heap; the heap's
-//     own process exec'ing another program starts it with an empty heap.
+//     own process exec'ing another program starts it with an empty heap (a
+//     new file: the old one may be a snapshot's).
+//   seal (asked by `dvr proc dump` through the control pipe): the heap is
+//     mapped copy-on-write private over the file for good, and the file is
+//     never written again; the store takes it as the dump's heap snapshot
+//     without copying it (a heap pack), and CRIU dumps only the pages the
+//     program wrote since. Freed memory is then given back by mapping fresh
+//     anonymous memory over it, instead of punching the file.
 //
 // It talks to `dvr run` and the plugin through files beside the heap file
 // HEAP (STORE/heaps/SESSION/REGION):
 //   .REGION.status  "ok" once the heap is in place, or "error: why"
-//   .REGION.shim    "dvr-heap-shim 1 / process START_TIME PID_NS /
-//                   range ADDR BYTES": the process whose heap this is (the
+//   .REGION.shim    "dvr-heap-shim 2 / process START_TIME PID_NS /
+//                   range ADDR BYTES / control WFD RFD PIPE_INO WAKE_FD /
+//                   sealed INO": the process whose heap this is (the
 //                   plugin compares the PID namespace: the start time a
 //                   restored process reads of itself is shifted by its time
-//                   namespace), and that its writes are tracked (rewritten
-//                   after a restore)
+//                   namespace), that its writes are tracked (rewritten
+//                   after a restore), the control pipe's ends (WFD takes
+//                   requests, RFD gives answers; PIPE_INO identifies the
+//                   request pipe in /proc/PID/fd, as does WAKE_FD, its other
+//                   end, after a restore) and the inode of the file
+//                   the heap is sealed over (0: not sealed)
 // Everything here runs inside an arbitrary program, possibly before its main
 // and inside fork handlers: no C++, no malloc of its own where jemalloc may
 // hold a lock, raw system calls, static buffers.
@@ -87,7 +99,8 @@ struct pm_scan_arg {
 // ---- state ---------------------------------------------------------------
 static int g_active;        // this process owns the heap (not a forked child)
 static int g_private;       // the heap is mapped copy-on-write private (after a fork)
-static int g_no_reshare;    // private for good: the file system cannot write-protect
+static int g_no_reshare;    // private for good: the file system cannot write-protect, or sealed
+static int g_sealed;        // private for good over a file that is never written again (a snapshot's)
 static int g_fd = -1;       // the heap file
 static uintptr_t g_base;    // where it is mapped
 static uint64_t g_size;     // its size
@@ -95,7 +108,8 @@ static int g_uffd = -1;     // write tracking (asynchronous write-protection)
 static char g_path[4096];   // the heap file
 static char g_shim[4200], g_status[4200], g_note[4200];
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static int g_wake[2] = {-1, -1};  // wakes the watcher (after a fork)
+static int g_wake[2] = {-1, -1};  // wakes the watcher (after a fork) and takes dvr's requests ("S" + a sequence byte: seal)
+static int g_answer[2] = {-1, -1};  // the watcher's answers ("K" sealed / "E" not, + the request's sequence byte)
 static unsigned long g_forks, g_forks_checked;  // forks so far, and when the watcher last looked
 
 // The free address space of the heap: sorted, disjoint [start, end) ranges.
@@ -152,12 +166,26 @@ static void identity(uint64_t* start_time, uint64_t* pid_ns) {
   if (stat("/proc/self/ns/pid", &st) == 0) *pid_ns = st.st_ino;
 }
 
+// DVR_HEAP_OWNER=START_TIME:PID_NS of the heap's process, which a program it
+// exec's finds in its environment (the same identity: the owner exec'd; another:
+// a forked child did). The string is this buffer (putenv), fixed in length,
+// so the watcher can bring it up to date in place after a restore (which
+// changes the identity) without reallocating anyone's environment.
+static char g_owner_env[96];
+static void owner_text(char* out, size_t size, uint64_t t, uint64_t ns) {
+  snprintf(out, size, "%020llu:%020llu", (unsigned long long)t, (unsigned long long)ns);
+}
+
 static void write_shim_file(void) {
   uint64_t t, ns;
   identity(&t, &ns);
-  char text[256];
-  snprintf(text, sizeof text, "dvr-heap-shim 1\nprocess %llu %llu\nrange %llu %llu\n", (unsigned long long)t, (unsigned long long)ns,
-           (unsigned long long)g_base, (unsigned long long)g_size);
+  struct stat pipe_st = {0}, file_st = {0};
+  if (g_wake[0] < 0 || fstat(g_wake[0], &pipe_st) != 0) pipe_st.st_ino = 0;
+  if (!g_sealed || fstat(g_fd, &file_st) != 0) file_st.st_ino = 0;
+  char text[512];
+  snprintf(text, sizeof text, "dvr-heap-shim 2\nprocess %llu %llu\nrange %llu %llu\ncontrol %d %d %llu %d\nsealed %llu\n", (unsigned long long)t,
+           (unsigned long long)ns, (unsigned long long)g_base, (unsigned long long)g_size, g_wake[1], g_answer[0],
+           (unsigned long long)pipe_st.st_ino, g_wake[0], (unsigned long long)file_st.st_ino);
   put_file(g_shim, text);
 }
 
@@ -222,12 +250,28 @@ static int space_take(uintptr_t s, size_t size) {
   return 0;
 }
 
-// Gives memory back to the file system (reads zero afterwards). Only while
-// the heap is shared: in a private mapping it would show the file again.
-static void punch(uintptr_t s, size_t len) { (void)!fallocate(g_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(s - g_base), (off_t)len); }
+static void* sys_mmap(void* a, size_t l, int p, int f, int fd, off_t o) { return (void*)syscall(SYS_mmap, a, l, p, f, fd, o); }
+
+// Whether memory can be given back and handed out again now: while the heap
+// is shared (punched out of the file), or sealed (fresh anonymous memory
+// mapped over it). Not while it is private for a fork: a private mapping
+// would show the file again, which must stay the memory of the fork.
+static int heap_reusable(void) { return !g_private || g_sealed; }
+
+// Gives memory back (it reads zero afterwards): punched out of the file while
+// the heap is shared; once sealed, the file is a snapshot's and is never
+// written, so fresh anonymous memory is mapped over the range instead (or,
+// should the kernel refuse another mapping, the range is zeroed).
+static void punch(uintptr_t s, size_t len) {
+  if (g_sealed) {
+    if (sys_mmap((void*)s, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) memset((void*)s, 0, len);
+    return;
+  }
+  (void)!fallocate(g_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(s - g_base), (off_t)len);
+}
 
 static void space_free(uintptr_t s, size_t len) {
-  if (g_private) {
+  if (!heap_reusable()) {
     free_insert(g_pending, &g_npending, s, s + len);
     return;
   }
@@ -292,7 +336,7 @@ static bool purge(void* addr, size_t offset, size_t length) {
   uintptr_t s = (uintptr_t)addr + offset;
   if (!in_heap(s, length)) return true;
   pthread_mutex_lock(&g_lock);
-  int ok = !g_private;
+  int ok = heap_reusable();
   if (ok) punch(s, length);
   pthread_mutex_unlock(&g_lock);
   return !ok;
@@ -328,7 +372,6 @@ static bool hook_merge(extent_hooks_t* h, void* a, size_t sa, void* b, size_t sb
 static extent_hooks_t g_hooks = {hook_alloc, hook_dalloc, hook_destroy, hook_commit, hook_decommit, NULL, hook_purge_forced, hook_split, hook_merge};
 
 // ---- the heap's mappings -----------------------------------------------------
-static void* sys_mmap(void* a, size_t l, int p, int f, int fd, off_t o) { return (void*)syscall(SYS_mmap, a, l, p, f, fd, o); }
 
 // Calls fn(start, end, prot) for each mapping of /proc/self/maps inside the
 // heap (the heap is one file mapping, cut where the program changed a page's
@@ -362,9 +405,10 @@ static int each_heap_vma(void (*fn)(uintptr_t, uintptr_t, int)) {
   return 0;
 }
 
-static int g_remap_flags, g_remap_failed;
+static int g_remap_flags, g_remap_failed, g_remap_fd = -1;  // g_remap_fd -1: g_fd
 static void remap_one(uintptr_t lo, uintptr_t hi, int prot) {
-  if (sys_mmap((void*)lo, hi - lo, prot, g_remap_flags | MAP_FIXED, g_fd, (off_t)(lo - g_base)) == MAP_FAILED) g_remap_failed = 1;
+  const int fd = g_remap_fd >= 0 ? g_remap_fd : g_fd;
+  if (sys_mmap((void*)lo, hi - lo, prot, g_remap_flags | MAP_FIXED, fd, (off_t)(lo - g_base)) == MAP_FAILED) g_remap_failed = 1;
 }
 
 static int track_range(void) {
@@ -413,6 +457,7 @@ static void after_fork_child(void) {
   g_active = 0;
   g_uffd = -1;
   g_wake[0] = g_wake[1] = -1;
+  g_answer[0] = g_answer[1] = -1;
 }
 
 // ---- the watcher thread ---------------------------------------------------
@@ -569,20 +614,86 @@ static void reshare(void) {
   if (track_range()) write_shim_file();
 }
 
+// Sealing (asked by `dvr proc dump`, README.md here): the heap becomes private
+// for good over its file, which is never written again; the store takes the
+// file as it is as the heap's snapshot, and CRIU dumps only the pages the
+// program writes after this (copy-on-write). Under g_lock. 1: sealed now or
+// before; 0: not (still shared, or private as after a fork, which the
+// watcher undoes as it does after a fork).
+static int seal(void) {
+  if (!g_active) return 0;
+  if (g_sealed) return 1;
+  // Never written again: read-only from here on. Mapped from a read-only
+  // file, the heap is one CRIU (which opens a mapping's file as the mapping
+  // holds it) reopens read-only in a restored or cloned process.
+  char self[64];
+  snprintf(self, sizeof self, "/proc/self/fd/%d", g_fd);
+  int ro = open(self, O_RDONLY | O_CLOEXEC);
+  if (ro < 0) return 0;
+  if (!g_private) {
+    unlink(g_note);  // the write marks go with the shared mapping
+    g_remap_flags = MAP_PRIVATE;
+    g_remap_failed = 0;
+    g_remap_fd = ro;
+    int listed = each_heap_vma(remap_one) == 0;
+    g_remap_fd = -1;
+    g_private = 1;  // (in part, if it failed: the watcher shares it again, as after a fork)
+    if (!listed || g_remap_failed) {
+      close(ro);
+      return 0;
+    }
+  }
+  // (Private since a fork: the pages written since are in the private
+  // mapping, which stays as it is, over the file as opened before.)
+  const int dup_ok = dup3(ro, g_fd, O_CLOEXEC) >= 0;
+  close(ro);
+  if (!dup_ok) return 0;
+  g_sealed = 1;
+  g_no_reshare = 1;
+  // Space freed while the heap was private for a fork can be handed out
+  // again: it becomes fresh anonymous memory (punch()).
+  for (int i = 0; i < g_npending; ++i) {
+    punch(g_pending[i].start, g_pending[i].end - g_pending[i].start);
+    free_insert(g_free, &g_nfree, g_pending[i].start, g_pending[i].end);
+  }
+  g_npending = 0;
+  write_shim_file();
+  return 1;
+}
+
+// Requests on the wake pipe: "f" (a fork happened: look now) and "S" + a
+// sequence byte (seal, answered on the answer pipe with "K"/"E" and that
+// byte). `*carry` holds an "S" whose byte has not arrived yet.
+static void handle_requests(const char* b, ssize_t n, int* carry) {
+  for (ssize_t i = 0; i < n; ++i) {
+    if (!*carry) {
+      *carry = b[i] == 'S';
+      continue;
+    }
+    *carry = 0;
+    pthread_mutex_lock(&g_lock);
+    char answer[2] = {seal() ? 'K' : 'E', b[i]};
+    pthread_mutex_unlock(&g_lock);
+    if (g_answer[1] >= 0) (void)!write(g_answer[1], answer, 2);
+  }
+}
+
 static void* watcher(void* arg) {
   (void)arg;
   prctl(PR_SET_NAME, "dvr-heap", 0, 0, 0);
   uint64_t me_t, me_ns;
   identity(&me_t, &me_ns);
+  int carry = 0;
   for (;;) {
-    // Sleep, or wake early after a fork.
-    struct timeval tv = {0, g_private ? 50 * 1000 : 500 * 1000};
+    // Sleep, or wake early after a fork or for a request.
+    struct timeval tv = {0, g_private && !g_no_reshare ? 50 * 1000 : 500 * 1000};
     fd_set rd;
     FD_ZERO(&rd);
     if (g_wake[0] >= 0) FD_SET(g_wake[0], &rd);
     if (select(g_wake[0] + 1, &rd, NULL, NULL, &tv) > 0) {
       char b[64];
-      (void)!read(g_wake[0], b, sizeof b);
+      ssize_t n = read(g_wake[0], b, sizeof b);
+      if (n > 0) handle_requests(b, n, &carry);
     }
     // Checked without the lock (it reads /proc for a while); a fork in
     // between is seen below, under the lock, by a child we did not check.
@@ -590,16 +701,20 @@ static void* watcher(void* arg) {
     pthread_mutex_lock(&g_lock);
     if (g_private && !g_no_reshare && !busy && g_forks == g_forks_checked) reshare();
     g_forks_checked = g_forks;
-    if (!g_private) {
-      // After a restore (CRIU gives us a fresh userfaultfd, nothing
-      // registered) or a PID change: track again, say who we are now.
-      uint64_t t, ns;
-      identity(&t, &ns);
-      if (t != me_t || ns != me_ns || !tracked()) {
-        me_t = t;
-        me_ns = ns;
-        if (track_range()) write_shim_file();
-      }
+    // After a restore (CRIU gives us a fresh userfaultfd, nothing
+    // registered) or a PID change: track again (a shared heap), say who we
+    // are now.
+    uint64_t t, ns;
+    identity(&t, &ns);
+    const int moved = t != me_t || ns != me_ns;
+    me_t = t;
+    me_ns = ns;
+    const int renewed = !g_private && (moved || !tracked()) && track_range();
+    if (renewed || moved) write_shim_file();
+    if (moved && g_owner_env[0]) {
+      char me[64];
+      owner_text(me, sizeof me, t, ns);
+      memcpy(g_owner_env + strlen("DVR_HEAP_OWNER="), me, strlen(me));  // same length: in place
     }
     pthread_mutex_unlock(&g_lock);
   }
@@ -608,12 +723,12 @@ static void* watcher(void* arg) {
 
 // ---- the program's own anonymous mappings ----------------------------------
 EXPORT void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
-  int ours = g_active && !g_private && (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE &&
+  int ours = g_active && heap_reusable() && (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE &&
              !(flags & (MAP_FIXED | MAP_FIXED_NOREPLACE | MAP_HUGETLB | MAP_GROWSDOWN | MAP_STACK)) && (prot & PROT_WRITE) && len > 0;
   if (!ours) return sys_mmap(addr, len, prot, flags, fd, off);
   size_t size = (len + PAGE - 1) & ~(PAGE - 1);
   pthread_mutex_lock(&g_lock);
-  uintptr_t p = g_private ? 0 : space_alloc(size, PAGE);
+  uintptr_t p = heap_reusable() ? space_alloc(size, PAGE) : 0;
   pthread_mutex_unlock(&g_lock);
   if (!p) {
     errno = ENOMEM;
@@ -661,8 +776,8 @@ EXPORT void* mremap(void* old, size_t old_len, size_t new_len, int flags, ...) {
     return old;
   }
   pthread_mutex_lock(&g_lock);
-  int grown = !g_private && space_take(s + os, ns - os);
-  uintptr_t p = grown || g_private || !(flags & MREMAP_MAYMOVE) ? 0 : space_alloc(ns, PAGE);
+  int grown = heap_reusable() && space_take(s + os, ns - os);
+  uintptr_t p = grown || !heap_reusable() || !(flags & MREMAP_MAYMOVE) ? 0 : space_alloc(ns, PAGE);
   pthread_mutex_unlock(&g_lock);
   if (grown) return old;
   if (!p) {
@@ -681,7 +796,7 @@ EXPORT int madvise(void* addr, size_t len, int advice) {
     return (int)syscall(SYS_madvise, addr, len, advice);
   // Anonymous memory reads zero after these; so does the heap.
   pthread_mutex_lock(&g_lock);
-  if (g_private) {
+  if (!heap_reusable()) {
     if (advice != MADV_FREE) memset(addr, 0, size);
   } else {
     punch(s, size);
@@ -711,7 +826,7 @@ __attribute__((constructor)) static void start(void) {
   uint64_t t, ns;
   identity(&t, &ns);
   char me[64];
-  snprintf(me, sizeof me, "%llu:%llu", (unsigned long long)t, (unsigned long long)ns);
+  owner_text(me, sizeof me, t, ns);
   const char* owner = getenv("DVR_HEAP_OWNER");
   if (owner && strcmp(owner, me) != 0) return;  // exec'd by a forked child: no heap here
   snprintf(g_path, sizeof g_path, "%s", file);
@@ -724,10 +839,22 @@ __attribute__((constructor)) static void start(void) {
   g_size = strtoull(size, NULL, 10);
   g_base = (uintptr_t)strtoull(addr, NULL, 16);
   if (!g_size || (g_size & (PAGE - 1)) || !g_base || (g_base & (PAGE - 1))) fail("DVR_HEAP_SIZE / DVR_HEAP_ADDR are not page-aligned numbers");
-  g_fd = open(g_path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-  if (g_fd < 0) fail("cannot open heap file %s: %s", g_path, strerror(errno));
-  // The owner exec'd another program: the old one's heap means nothing to it.
-  if (owner && ftruncate(g_fd, 0) != 0) fail("cannot empty heap file %s: %s", g_path, strerror(errno));
+  if (owner) {
+    // The owner exec'd another program: the old one's heap means nothing to
+    // it, and its file may be a snapshot's (sealed), so a new empty file takes
+    // the name rather than the old one being emptied.
+    char fresh[4300];
+    snprintf(fresh, sizeof fresh, "%s.exec-%llu-%llu", g_path, (unsigned long long)t, (unsigned long long)ns);
+    g_fd = open(fresh, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (g_fd < 0) fail("cannot create a new heap file %s: %s", fresh, strerror(errno));
+    if (rename(fresh, g_path) != 0) {
+      unlink(fresh);
+      fail("cannot put a new heap file at %s: %s", g_path, strerror(errno));
+    }
+  } else {
+    g_fd = open(g_path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (g_fd < 0) fail("cannot open heap file %s: %s", g_path, strerror(errno));
+  }
   if (ftruncate(g_fd, (off_t)g_size) != 0) fail("cannot size heap file %s: %s", g_path, strerror(errno));
   unlink(g_note);
   void* m = sys_mmap((void*)g_base, g_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, g_fd, 0);
@@ -736,7 +863,8 @@ __attribute__((constructor)) static void start(void) {
   g_free[0].start = g_base;
   g_free[0].end = g_base + g_size;
   g_nfree = 1;
-  setenv("DVR_HEAP_OWNER", me, 1);
+  snprintf(g_owner_env, sizeof g_owner_env, "DVR_HEAP_OWNER=%s", me);
+  putenv(g_owner_env);
   // Write tracking: asynchronous write-protection, as sessions use. Without
   // it (older kernels) every dump compares the heap page by page.
   g_uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY_);
@@ -753,9 +881,10 @@ __attribute__((constructor)) static void start(void) {
   extent_hooks_t* ours = &g_hooks;
   if (mallctl("arena.0.extent_hooks", &g_default_hooks, &len, &ours, sizeof ours) != 0) fail("jemalloc refused the heap's extent hooks");
   if (pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0) g_wake[0] = g_wake[1] = -1;
+  if (pipe2(g_answer, O_CLOEXEC | O_NONBLOCK) != 0) g_answer[0] = g_answer[1] = -1;
   pthread_atfork(before_fork, after_fork_parent, after_fork_child);
   int is_tracked = track_range();
-  if (is_tracked) write_shim_file();
+  write_shim_file();
   pthread_t th;
   pthread_attr_t at;
   pthread_attr_init(&at);

@@ -2,7 +2,7 @@
 // parse_pagemap), which reads pagemap-*.img of a dump or a received process
 // snapshot. What it accepts must be sorted, non-overlapping and inside the
 // 64-bit address space, and must survive encode_pagemap and a second parse.
-// The same bytes go to private_anon_ranges (mm-*.img, which decides what a
+// The same bytes go to private_ranges (mm-*.img, which decides what a
 // restore writes into the restored process): what it accepts is sorted,
 // non-empty, page-aligned and non-overlapping ranges.
 #include <cstddef>
@@ -14,7 +14,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace dvr::detail::procpages;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> anon;
-  if (private_anon_ranges(reinterpret_cast<const char*>(data), size, anon))
+  if (private_ranges(reinterpret_cast<const char*>(data), size, anon))
     for (std::size_t i = 0; i < anon.size(); ++i) {
       if (anon[i].first >= anon[i].second || anon[i].first % 4096 || anon[i].second % 4096) std::abort();
       if (i > 0 && anon[i].first <= anon[i - 1].second) std::abort();  // merged when touching, never overlapping

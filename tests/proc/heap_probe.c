@@ -15,6 +15,11 @@
 //   heap_probe enomem CTL [BLOCK_KIB]  allocations past the heap's end fail,
 //                           the program goes on; the freed heap serves a big block
 //   heap_probe hold CTL MIB MIB of data, a checksum of it, then waits
+//   heap_probe sealed CTL   64 MiB kept; after `wait go` (the test dumps the
+//                           process first, which seals its heap) allocates,
+//                           callocs, maps and frees far more than the heap
+//                           holds, on 4 threads too, checks every block and
+//                           that the kept bytes are intact, then waits
 //   heap_probe sleep CTL    just waits (the refused static build)
 //
 // Build: cc -O1 -pthread -o heap_probe heap_probe.c -ldl
@@ -504,6 +509,65 @@ static void mode_hold(size_t mib) {
   idle();
 }
 
+// ---- sealed -----------------------------------------------------------------
+// After its heap was sealed (by a dump), the program goes on as before: freed
+// memory is handed out again (zeroed where calloc and mmap promise zero), so
+// it can allocate over and over what the heap could hold only once.
+static void mode_sealed(void) {
+  const char* env_size = getenv("DVR_HEAP_SIZE");
+  size_t heap = env_size ? strtoull(env_size, NULL, 10) : 0;
+  g_heap_hi = g_heap_lo + heap;
+  char* keep = malloc(64 * MIB);
+  if (!keep) {
+    out("bad malloc");
+    idle();
+  }
+  fill(keep, 64 * MIB, "KEPT-BEFORE");
+  region("kept", keep, 64 * MIB, "KEPT-BEFORE");
+  wait_for("go");
+  size_t total = 0;
+  int rounds = 0, bad = 0, in_heap = 0;
+  while (total < 6 * heap && rounds < 1000) {
+    char* a = malloc(heap / 4);
+    char* z = calloc(1, heap / 8);
+    void* m = mmap(NULL, heap / 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!a || !z || m == MAP_FAILED) {
+      out("bad round %d a=%d z=%d m=%d", rounds, a != NULL, z != NULL, m != MAP_FAILED);
+      ++bad;
+      break;
+    }
+    if (!all_zero(z, heap / 8)) ++bad;
+    if (!all_zero(m, heap / 16)) ++bad;
+    in_heap += (uintptr_t)a >= g_heap_lo && (uintptr_t)a + heap / 4 <= g_heap_hi;
+    char tag[16];
+    snprintf(tag, sizeof tag, "ROUND-%d", rounds);
+    fill(a, heap / 4, tag);
+    memset(z, 0x5a, heap / 8);
+    memset(m, 0xa5, heap / 16);
+    if (!check(a, heap / 4, tag)) ++bad;
+    free(a);
+    free(z);
+    munmap(m, heap / 16);
+    total += heap / 4 + heap / 8 + heap / 16;
+    ++rounds;
+  }
+  struct thread_result r[THREADS];
+  pthread_t th[THREADS];
+  for (int i = 0; i < THREADS; ++i) {
+    memset(&r[i], 0, sizeof r[i]);
+    r[i].index = i;
+    pthread_create(&th[i], NULL, allocator_thread, &r[i]);
+  }
+  int thread_bad = 0;
+  for (int i = 0; i < THREADS; ++i) {
+    pthread_join(th[i], NULL);
+    thread_bad += r[i].bad;
+  }
+  out("churn rounds=%d mib=%zu bad=%d in_heap=%d threads_bad=%d kept_ok=%d", rounds, total / MIB, bad, in_heap, thread_bad,
+      check(keep, 64 * MIB, "KEPT-BEFORE"));
+  idle();
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (argc < 3) {
@@ -522,6 +586,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "reexec") && argc > 3) mode_reexec(argv[3]);
   if (!strcmp(mode, "enomem")) mode_enomem(argc > 3 ? strtoul(argv[3], NULL, 10) * 1024 : MIB);
   if (!strcmp(mode, "hold") && argc > 3) mode_hold(strtoul(argv[3], NULL, 10));
+  if (!strcmp(mode, "sealed")) mode_sealed();
   if (!strcmp(mode, "sleep")) idle();
   fprintf(stderr, "heap_probe: unknown mode %s\n", mode);
   return 2;

@@ -175,6 +175,12 @@ def assert_file_holds(path, addr, size, tag, context=""):
                             f"{addr + off + bad:#x} (block {addr:#x}+{size}): {data[bad:bad + 32]!r}")
 
 
+def file_range(path, offset, size):
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
+
+
 def file_data(path):
     """The data extents of a sparse file: [(offset, bytes)]."""
     out = []
@@ -199,6 +205,24 @@ def sha256_file(path):
         for block in iter(lambda: f.read(16 * MIB), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def smaps_rollup(pid):
+    """/proc/PID/smaps_rollup in bytes, by field."""
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            words = line.split()
+            if len(words) == 3 and words[2] == "kB":
+                out[words[0].rstrip(":")] = int(words[1]) * 1024
+    return out
+
+
+def read_memory(pid, addr, size):
+    """`size` bytes of process `pid`'s memory at `addr` (/proc/PID/mem)."""
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as f:
+        f.seek(addr)
+        return f.read(size)
 
 
 def heap_mappings(pid, heap):
@@ -649,13 +673,19 @@ def damaged_refs(work):
     return {d if isinstance(d, str) else f"{d.get('session')}/{d.get('name')}" for d in out["damaged_snapshots"]}, out
 
 
+COPY_HEAP = {"DVR_PROC_HEAP_SEAL": "0"}  # dumps copy the heap into the store's packs instead of sealing it
+
+
 @pytest.mark.parametrize("heap_change", ["altered", "deleted"])
 def test_damaged_heap_snapshot_is_refused_and_the_heap_file_left_alone(work, probe_bin, heap_change):
+    """A heap dumped by copy ($DVR_PROC_HEAP_SEAL=0: a snapshot apart from the
+    heap file) whose stored copy is damaged: the restore refuses before it
+    changes the heap file or starts anything; repaired, it restores."""
     p = Probe(work, probe_bin, "hold", "32", heap="256M", session="held")
     p.wait_line("idle")
     data = p.regions()["data"]
     assert p.in_heap(*data[:2])
-    work.dump(p.pid, "dmg")
+    work.dump(p.pid, "dmg", env=COPY_HEAP)
     assert wait_gone(p.pid)
     with open(p.heap, "rb") as f:
         f.seek(data[0] - HEAP_BASE)
@@ -752,7 +782,8 @@ def test_memcached_heap_keeps_its_keys(work, tcp_dumps):
     finally:
         client.close()
     assert alive(restored)
-    assert heap_mode(restored, heap) == "rw-s"
+    # Sealed at the dump: the restored memcached maps the dumped heap file copy-on-write.
+    assert heap_mode(restored, heap) == "rw-p"
 
 
 def test_dump_returns_after_a_multithreaded_job_closed_its_socket(work, tcp_dumps):
@@ -782,19 +813,20 @@ def test_dump_returns_after_a_multithreaded_job_closed_its_socket(work, tcp_dump
 
 def test_redis_heap_clone_in_its_own_network_beside_the_original(work, tcp_dumps):
     """`dvr proc clone --net new` of a --heap redis-server runs beside the
-    original: it answers with the dump's data at its own address, its heap is
-    a file of its own (its writes never reach the original's), and the
-    original keeps its data and its heap. (A clone's heap is a private copy of
-    the dumped heap today, not a copy-on-write view: its size is printed.)"""
+    original: it answers with the dump's data at its own address, and its heap
+    is the heap file sealed at the dump, mapped copy-on-write: its private
+    memory is what it writes (a fifth of the heap at most here), its writes
+    never reach the file or the original, and the original keeps its data."""
     for tool in ("ip", "nsenter"):
         if not shutil.which(tool):
             pytest.skip(f"{tool} is missing (iproute2, util-linux)")
     pid, port = start_redis_heap(work, heap="256M")
     heap = heap_file(work, "redis")
     # redis binds 127.0.0.1: the clone is reached inside its own namespace.
-    at_dump = {f"key:{i}": value(i, 0) for i in range(5000)}
+    at_dump = {f"key:{i}": value(i, 0) for i in range(50000)}
     load(port, at_dump)
     work.dump(pid, "cl", leave_running=True)
+    sealed = sha256_file(heap)
     assert redis_cli(port, "SET", "key:0", "after-dump") == "OK"
 
     out = work.dvr_json("proc", "clone", "cl", "--net", "new")
@@ -812,20 +844,123 @@ def test_redis_heap_clone_in_its_own_network_beside_the_original(work, tcp_dumps
     assert wait_until(lambda: in_clone(REDIS_CLI, "-p", port, "PING") == "PONG", timeout=30)
     assert in_clone(REDIS_CLI, "-p", port, "DBSIZE") == str(len(at_dump))
     assert in_clone(REDIS_CLI, "-p", port, "GET", "key:0") == value(0, 0).decode()
-    assert in_clone(REDIS_CLI, "-p", port, "GET", "key:4999") == value(4999, 0).decode()
-    # Its heap is another file, mapped shared in its own mount view.
-    assert in_clone("stat", "-c", "%i", heap, mounts=True) != str(os.stat(heap).st_ino)
-    assert in_clone("grep", "-c", str(heap), f"/proc/{clone}/maps", mounts=True) != "0"
+    assert in_clone(REDIS_CLI, "-p", port, "GET", "key:49999") == value(49999, 0).decode()
+    # Its heap is the sealed file (a heap pack of the store), mapped copy-on-write.
+    packs = {p.stat().st_ino for p in (work.store / "packs").glob("*.heap")}
+    assert int(in_clone("stat", "-c", "%i", heap, mounts=True)) in packs, f"the clone's heap is no heap pack of the store ({packs})"
+    assert heap_mode(clone, heap) == "rw-p", heap_mappings(clone, heap)
+    anon = smaps_rollup(clone)["Anonymous"]
+    assert anon * 5 < allocated(heap), f"the clone holds {anon >> 20} MiB of its own memory for a heap of {allocated(heap) >> 20} MiB"
     # A write to the clone stays in the clone; the original is untouched.
     marker = "clone-write-" + "x" * 40
     assert in_clone(REDIS_CLI, "-p", port, "SET", "key:1", marker) == "OK"
     assert redis_cli(port, "GET", "key:1") == value(1, 0).decode()
     assert redis_cli(port, "GET", "key:0") == "after-dump"
     assert redis_cli(port, "DBSIZE") == str(len(at_dump))
-    size = in_clone("stat", "-c", "%b %B", heap, mounts=True).split()
-    print(f"\nthe clone's heap copy: {int(size[0]) * int(size[1]) >> 20} MiB allocated "
-          f"(the original's: {os.stat(heap).st_blocks * 512 >> 20} MiB)")
+    print(f"\nthe clone's own memory: {smaps_rollup(clone)['Anonymous'] >> 20} MiB; the sealed heap: {allocated(heap) >> 20} MiB")
     kill9(clone)
     assert alive(pid) and redis_cli(port, "PING") == "PONG"
-    # The clone's write is in no byte of the original's heap file.
+    # The clone's write is in no byte of the sealed heap file, which is as the dump left it.
     assert marker.encode() not in heap.read_bytes()
+    assert sha256_file(heap) == sealed, "the sealed heap file changed"
+
+
+# --- sealing: the heap file becomes the dump's heap snapshot as it is
+
+def heap_packs(work):
+    """The store's heap packs (heap files sealed at a dump), by inode."""
+    return {p.stat().st_ino: p for p in (work.store / "packs").glob("*.heap")}
+
+
+def test_a_dump_seals_the_heap_in_place_and_the_program_goes_on(work, probe_bin):
+    """The first dump seals the heap: the heap file becomes a heap pack of the
+    store as it is (a link: nothing copied), the program maps it copy-on-write
+    and never writes it again, and a second dump reads none of it. After the
+    seal the program allocates, callocs, maps and frees six times what its
+    heap holds, on 4 threads too: freed heap memory comes back (zeroed where
+    calloc and mmap promise it). Killed and restored, the program has its
+    memory of the last dump."""
+    p = Probe(work, probe_bin, "sealed", heap="256M", session="sealed")
+    p.wait_line("wait go")
+    kept = p.regions()["kept"]
+    assert p.in_heap(*kept[:2])
+    first = work.dump(p.pid, "s1", leave_running=True)
+    assert heap_mode(p.pid, p.heap) == "rw-p", heap_mappings(p.pid, p.heap)
+    assert p.heap.stat().st_ino in heap_packs(work), f"the heap file is no heap pack of the store: {heap_packs(work)}"
+    assert first["stored_bytes"] >= 64 * MIB, f"the sealed heap's data should count as stored: {first}"
+    assert first["image_bytes"] < 16 * MIB, f"the heap went through CRIU's images: {first}"
+    assert work.dvr_json("info", "sealed/proc.s1")["chunks_read"] > 0
+    sealed = sha256_file(p.heap)
+
+    second = work.dump(p.pid, "s2", leave_running=True)
+    assert second["stored_bytes"] < MIB, f"nothing was written, yet the second dump stored {second['stored_bytes']} bytes"
+    heap_snap = work.dvr_json("info", "sealed/proc.s2")
+    assert heap_snap["chunks_read"] == 0 and heap_snap["stored_bytes"] == 0, heap_snap
+
+    p.go("go")
+    churn = p.fields("churn")
+    assert churn["bad"] == 0 and churn["threads_bad"] == 0 and churn["kept_ok"] == 1, p.text()
+    assert churn["mib"] >= 6 * 256 and churn["in_heap"] == churn["rounds"], f"freed heap memory was not handed out again: {churn}"
+    assert heap_mode(p.pid, p.heap) in ("rw-p", "rw-p,rw-p"), heap_mappings(p.pid, p.heap)
+    assert sha256_file(p.heap) == sealed, "the program wrote into its sealed heap file"
+    work.verify()
+
+    third = work.dump(p.pid, "s3", leave_running=True)
+    assert third["image_bytes"] < 256 * MIB, third
+    kill9(p.pid)
+    restored = work.restore("s3")
+    assert read_memory(restored, kept[0], kept[1]) == pattern("KEPT-BEFORE", kept[1]), "the restored program lost its kept bytes"
+    assert heap_mode(restored, p.heap) == "rw-p" and alive(restored)
+    assert sha256_file(p.heap) == sealed
+
+
+def test_damaged_sealed_heap_is_refused_and_nothing_runs(work, probe_bin):
+    """A sealed heap is its snapshot's only copy: a byte changed in it behind
+    dvr's back is found by the restore, which refuses before anything runs
+    and leaves the file as it is (`dvr verify` names the snapshot too); put
+    right, the same snapshot restores."""
+    p = Probe(work, probe_bin, "hold", "32", heap="256M", session="held")
+    p.wait_line("idle")
+    data = p.regions()["data"]
+    work.dump(p.pid, "sd")
+    assert wait_gone(p.pid)
+    assert p.heap.stat().st_ino in heap_packs(work)
+    at = data[0] - HEAP_BASE + data[1] // 2
+    flip_byte(p.heap, at, 0x40)
+    refs, _ = damaged_refs(work)
+    assert "held/proc.sd" in refs, refs
+    before = sha256_file(p.heap)
+    running = work.running()
+    proc = work.dvr("proc", "restore", "sd", "--detach", expect=None)
+    assert_failed(proc, r"^dvr: ", r"corrupt|damaged|checksum", context="restore of a damaged sealed heap")
+    work.assert_nothing_new_running(running, "after the refused restore")
+    assert sha256_file(p.heap) == before, "the refused restore changed the heap file"
+
+    flip_byte(p.heap, at, 0x40)
+    work.verify()
+    pid = work.restore("sd")
+    assert read_memory(pid, data[0], data[1]) == file_range(p.heap, data[0] - HEAP_BASE, data[1])
+    assert alive(pid)
+
+
+def test_exec_after_a_seal_leaves_the_sealed_heap_to_its_snapshot(work, probe_bin):
+    """The owner exec'ing another program after its heap was sealed gets a new,
+    empty heap file; the sealed one stays the dump's, which restores."""
+    p = Probe(work, probe_bin, "exec", heap="512M", session="ex")
+    assert p.fields("cat exited")["status"] == 0, p.text()
+    a = p.regions()["a"]
+    p.wait_line("wait reexec")
+    work.dump(p.pid, "before", leave_running=True)
+    sealed_ino, sealed = p.heap.stat().st_ino, sha256_file(p.heap)
+    assert sealed_ino in heap_packs(work)
+    p.go("reexec")
+    assert p.fields("reexec old_data_gone")["old_data_gone"] == 1, p.text()
+    assert wait_until(lambda: p.regions().get("after"), timeout=30)
+    assert p.heap.stat().st_ino != sealed_ino, "the exec'd program took the sealed heap file"
+    assert heap_mode(p.pid, p.heap) == "rw-s"
+    assert sha256_file(heap_packs(work)[sealed_ino]) == sealed, "the sealed heap changed"
+    kill9(p.pid)
+    (p.ctl / "reexec").unlink()  # the restored program waits there again
+    pid = work.restore("before")
+    assert read_memory(pid, a[0], a[1]) == pattern("BEFORE-EXEC", a[1])
+    assert p.heap.stat().st_ino == sealed_ino and heap_mode(pid, p.heap) == "rw-p"

@@ -375,11 +375,17 @@ void put_varint(std::string& out, std::uint64_t v) {
 }
 
 // mm-PID.img with one VmaEntry per (start, end, status).
-std::string mm_image(const std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint32_t>>& vmas) {
+struct Vma {
+  std::uint64_t start, end;
+  std::uint32_t status;
+  std::uint64_t prot = 3;  // PROT_READ | PROT_WRITE
+};
+
+std::string mm_image(const std::vector<Vma>& vmas) {
   std::string mm;
-  for (auto& [start, end, status] : vmas) {
+  for (auto& [start, end, status, prot] : vmas) {
     std::string v;
-    for (auto [field, value] : {std::pair<int, std::uint64_t>{1, start}, {2, end}, {3, 0}, {4, 0}, {5, 3}, {6, 0x22}, {7, status}, {8, 1}}) {
+    for (auto [field, value] : {std::pair<int, std::uint64_t>{1, start}, {2, end}, {3, 0}, {4, 0}, {5, prot}, {6, 0x22}, {7, status}, {8, 1}}) {
       put_varint(v, static_cast<std::uint64_t>(field) << 3);
       put_varint(v, value);
     }
@@ -487,9 +493,10 @@ TEST_CASE("image server: filling writes a process's private anonymous pages into
   const std::uint64_t base = free_range(), a = base + kPage, b = base + 0x800000 - 5 * kPage;
   const auto pa = dvrtest::random_bytes(3 * kPage, 21), pb = dvrtest::random_bytes(5 * kPage, 22);
   pid_t child = stopped_child(a, b);
-  // b's first two pages are in a file-backed mapping for CRIU: CRIU restores those.
+  // b's first two pages are in a read-only file-backed mapping for CRIU: CRIU restores those.
   store_job_of(store, static_cast<std::uint64_t>(child), a, b,
-               mm_image({{a, a + 3 * kPage, kAnonPrivate}, {b, b + 2 * kPage, kFilePrivate}, {b + 2 * kPage, b + 5 * kPage, kAnonPrivate}}), pa, pb);
+               mm_image({{a, a + 3 * kPage, kAnonPrivate}, {b, b + 2 * kPage, kFilePrivate, 1}, {b + 2 * kPage, b + 5 * kPage, kAnonPrivate}}), pa,
+               pb);
   const std::string work = dir / "work";
   ::mkdir(work.c_str(), 0700);
   {
@@ -599,17 +606,24 @@ TEST_CASE("image server: processes with pages at the same addresses are left to 
   }
 }
 
-TEST_CASE("mm images: only plain private anonymous mappings are fillable, touching ones merged; malformed images are refused", "[proc][page-stream]") {
+TEST_CASE("mm images: plain private anonymous and writable private file mappings are fillable, touching ones merged; malformed images are refused",
+          "[proc][page-stream]") {
   constexpr std::uint32_t kVdso = (1u << 0) | (1u << 3) | (1u << 9), kHeap = (1u << 0) | (1u << 5) | (1u << 9);
-  const std::string mm = mm_image({{0x1000, 0x3000, kAnonPrivate}, {0x3000, 0x5000, kHeap}, {0x5000, 0x6000, kFilePrivate},
-                                   {0x7000, 0x9000, kVdso}, {0xa000, 0xb000, kAnonPrivate}});
+  constexpr std::uint32_t kFileShared = (1u << 0) | (1u << 7);
+  const std::string mm = mm_image({{0x1000, 0x3000, kAnonPrivate},
+                                   {0x3000, 0x5000, kHeap},
+                                   {0x5000, 0x6000, kFilePrivate, 1},  // read-only: CRIU's
+                                   {0x7000, 0x9000, kVdso},
+                                   {0xa000, 0xb000, kAnonPrivate},
+                                   {0xb000, 0xc000, kFilePrivate},  // a sealed heap: its copy-on-write pages
+                                   {0xd000, 0xe000, kFileShared}});
   std::vector<std::pair<std::uint64_t, std::uint64_t>> r;
-  REQUIRE(procpages::private_anon_ranges(mm.data(), mm.size(), r));
-  CHECK(r == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{0x1000, 0x5000}, {0xa000, 0xb000}});
+  REQUIRE(procpages::private_ranges(mm.data(), mm.size(), r));
+  CHECK(r == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{0x1000, 0x5000}, {0xa000, 0xc000}});
   for (std::size_t cut : {std::size_t{3}, std::size_t{11}, mm.size() - 1})
-    CHECK_FALSE(procpages::private_anon_ranges(mm.data(), cut, r));
+    CHECK_FALSE(procpages::private_ranges(mm.data(), cut, r));
   const std::string unsorted = mm_image({{0x5000, 0x6000, kAnonPrivate}, {0x1000, 0x2000, kAnonPrivate}});
-  CHECK_FALSE(procpages::private_anon_ranges(unsorted.data(), unsorted.size(), r));
+  CHECK_FALSE(procpages::private_ranges(unsorted.data(), unsorted.size(), r));
   const std::string unaligned = mm_image({{0x1001, 0x2000, kAnonPrivate}});
-  CHECK_FALSE(procpages::private_anon_ranges(unaligned.data(), unaligned.size(), r));
+  CHECK_FALSE(procpages::private_ranges(unaligned.data(), unaligned.size(), r));
 }

@@ -203,8 +203,9 @@ Manifest decode_manifest(std::string_view bytes, const std::string& where) {
       std::uint64_t len = std::min<std::uint64_t>(m.chunk_size, reg.size - i * m.chunk_size);
       auto& c = m.chunks[reg.first_chunk + i];
       if (c.length != len) in.fail("chunk length inconsistent in region '" + reg.name + "'");
-      // Stored chunks start on a page after the pack header (docs/format.md).
-      if (!c.is_zero() && (c.offset < kPageSize || c.offset % kPageSize != 0 || c.offset > (1ull << 62)))
+      // Stored chunks start on a page: after the pack header, or from 0 in a
+      // heap pack, which the reader checks when it maps the pack (docs/format.md).
+      if (!c.is_zero() && (c.offset % kPageSize != 0 || c.offset > (1ull << 62)))
         in.fail("chunk offset " + std::to_string(c.offset) + " is impossible in region '" + reg.name + "'");
     }
     next += reg.chunk_count;

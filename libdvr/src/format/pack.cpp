@@ -111,7 +111,9 @@ namespace {
 constexpr std::size_t kMaxWriteMaps = 16;
 }
 
-Packs::Packs(std::string dir, std::string store_uuid) : dir_(std::move(dir)), uuid_(std::move(store_uuid)) {}
+Packs::Packs(std::string dir, std::string store_uuid) : dir_(std::move(dir)), uuid_(std::move(store_uuid)) {
+  if (path_exists(dir_)) ids();  // which are heap packs
+}
 
 Packs::~Packs() = default;
 
@@ -158,20 +160,49 @@ bool Packs::stored_hashes(std::uint32_t pack, std::uint64_t offset, std::size_t 
 }
 
 std::string Packs::path_of(std::uint32_t pack) const {
+  if (is_heap(pack)) return heap_path_of(pack);
   char name[32];
   std::snprintf(name, sizeof name, "/%08u.pack", pack);
   return dir_ + name;
 }
 
+std::string Packs::heap_path_of(std::uint32_t pack) const {
+  char name[32];
+  std::snprintf(name, sizeof name, "/%08u.heap", pack);
+  return dir_ + name;
+}
+
 std::vector<std::uint32_t> Packs::ids() const {
   std::vector<std::uint32_t> out;
+  heap_ids_.clear();
   for (auto& n : list_dir(dir_)) {
     unsigned id = 0;
     char tail[8] = {};
-    if (n.size() == 13 && std::sscanf(n.c_str(), "%8u.%4s", &id, tail) == 2 && std::strcmp(tail, "pack") == 0 && id > 0) out.push_back(id);
+    if (n.size() != 13 || std::sscanf(n.c_str(), "%8u.%4s", &id, tail) != 2 || id == 0) continue;
+    if (std::strcmp(tail, "heap") == 0) heap_ids_.insert(id);
+    if (std::strcmp(tail, "pack") == 0 || std::strcmp(tail, "heap") == 0) out.push_back(id);
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+Fd Packs::open_read(std::uint32_t pack, std::string* path) {
+  std::string file = path_of(pack);
+  if (path) *path = file;
+  try {
+    return open_or_throw(file, O_RDONLY);
+  } catch (const Error& e) {
+    if (e.code() != Errc::not_found || is_heap(pack) || !path_exists(heap_path_of(pack))) throw;
+  }
+  heap_ids_.insert(pack);  // linked in since ids() looked
+  if (path) *path = heap_path_of(pack);
+  return open_or_throw(heap_path_of(pack), O_RDONLY);
+}
+
+void Packs::add_hashes(std::uint32_t pack, std::uint64_t first_page, std::vector<std::uint64_t> values) {
+  if (values.empty() || first_page + values.size() > kHashFileSize / 8) return;  // beyond the file: readers recompute them
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  pending_hashes_.push_back({pack, first_page, std::move(values)});
 }
 
 std::uint64_t Packs::size_of(std::uint32_t pack) const {
@@ -554,6 +585,7 @@ void Packs::discard_writes() {
 }
 
 void Packs::refresh_mappings() {
+  ids();  // heap packs linked in or removed since
   for (auto it = hash_maps_.begin(); it != hash_maps_.end();) {
     struct stat st {};
     if (::stat(hash_path_of(it->first).c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == it->second.ino &&
@@ -581,41 +613,48 @@ void Packs::refresh_mappings() {
 const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) {
   auto it = reads_.find(pack);
   if (it == reads_.end()) {
-    std::string path = path_of(pack);
+    std::string path;
     Fd owner;
     try {
-      owner = open_or_throw(path, O_RDONLY);
+      owner = open_read(pack, &path);
     } catch (const Error& e) {
       if (e.code() != Errc::not_found) throw;  // permission, I/O, a planted link: not "missing"
-      throw Error(Errc::corrupt, "pack file " + path + " is missing; snapshots stored in it cannot be restored — run `dvr verify` to list them");
+      throw Error(Errc::corrupt, "pack file " + path_of(pack) + " is missing; snapshots stored in it cannot be restored — run `dvr verify` to list them");
     }
+    const bool heap = is_heap(pack);
     int fd = owner.get();
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw_errno(errno, "cannot stat " + path);
     auto size = static_cast<std::uint64_t>(st.st_size);
-    char header[48] = {};
-    if (size < kPackHeaderSize || ::pread(fd, header, sizeof header, 0) != sizeof header || std::memcmp(header, kPackMagic, 8) != 0)
-      throw Error(Errc::corrupt, "pack file " + path + " has no valid header; it is damaged or not a Memory DVR pack");
-    if (uuid_.size() == 32 && std::memcmp(header + 16, uuid_.data(), 32) != 0)
-      throw Error(Errc::corrupt, "pack file " + path + " belongs to another store (its store id differs); it was copied in by mistake");
-    std::uint32_t version = 0, id = 0;
-    std::memcpy(&version, header + 8, 4);
-    std::memcpy(&id, header + 12, 4);
-    if (version > kPackVersion)
-      throw Error(Errc::unsupported, "pack file " + path + " has pack format version " + std::to_string(version) + ", newer than this dvr reads (" +
-                                         std::to_string(kPackVersion) + "); upgrade Memory DVR to read the snapshots stored in it");
-    if (version == 0)
-      throw Error(Errc::corrupt, "pack file " + path + " has no pack format version (0 in its header); it is damaged — run `dvr verify` to list the snapshots stored in it");
-    if (id != pack)
-      throw Error(Errc::corrupt, "pack file " + path + " says it is pack " + std::to_string(id) + " in its header, not pack " + std::to_string(pack) +
-                                     "; it was renamed or copied over another pack — run `dvr verify` to list the snapshots stored in it");
-    it = reads_.emplace(pack, ReadMap{Mapping::file(fd, size, PROT_READ, MAP_SHARED, path), static_cast<std::uint64_t>(st.st_ino)}).first;
+    if (!heap) check_header(fd, size, path, pack);
+    ReadMap rm{size ? Mapping::file(fd, size, PROT_READ, MAP_SHARED, path) : Mapping(), static_cast<std::uint64_t>(st.st_ino),
+               heap ? 0 : kPackHeaderSize};
+    it = reads_.emplace(pack, std::move(rm)).first;
   }
-  if (offset < kPackHeaderSize || offset > it->second.size() || length > it->second.size() - offset)
+  if (offset < it->second.start || offset > it->second.size() || length > it->second.size() - offset)
     throw Error(Errc::corrupt, "pack file " + path_of(pack) + " is truncated or the reference is bad: it ends at byte " +
                                    std::to_string(it->second.size()) + " but a chunk needs bytes [" + std::to_string(offset) + ", " +
                                    std::to_string(offset + length) + ")");
   return it->second.addr() + offset;
+}
+
+void Packs::check_header(int fd, std::uint64_t size, const std::string& path, std::uint32_t pack) const {
+  char header[48] = {};
+  if (size < kPackHeaderSize || ::pread(fd, header, sizeof header, 0) != sizeof header || std::memcmp(header, kPackMagic, 8) != 0)
+    throw Error(Errc::corrupt, "pack file " + path + " has no valid header; it is damaged or not a Memory DVR pack");
+  if (uuid_.size() == 32 && std::memcmp(header + 16, uuid_.data(), 32) != 0)
+    throw Error(Errc::corrupt, "pack file " + path + " belongs to another store (its store id differs); it was copied in by mistake");
+  std::uint32_t version = 0, id = 0;
+  std::memcpy(&version, header + 8, 4);
+  std::memcpy(&id, header + 12, 4);
+  if (version > kPackVersion)
+    throw Error(Errc::unsupported, "pack file " + path + " has pack format version " + std::to_string(version) + ", newer than this dvr reads (" +
+                                       std::to_string(kPackVersion) + "); upgrade Memory DVR to read the snapshots stored in it");
+  if (version == 0)
+    throw Error(Errc::corrupt, "pack file " + path + " has no pack format version (0 in its header); it is damaged — run `dvr verify` to list the snapshots stored in it");
+  if (id != pack)
+    throw Error(Errc::corrupt, "pack file " + path + " says it is pack " + std::to_string(id) + " in its header, not pack " + std::to_string(pack) +
+                                   "; it was renamed or copied over another pack — run `dvr verify` to list the snapshots stored in it");
 }
 
 Error Packs::unreadable(std::uint32_t pack, std::uint64_t offset) const {
@@ -647,7 +686,7 @@ void Packs::map_all() {
 
 const char* Packs::mapped(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const {
   auto it = reads_.find(pack);
-  if (it == reads_.end() || offset < kPackHeaderSize || offset > it->second.size() || length > it->second.size() - offset) return nullptr;
+  if (it == reads_.end() || offset < it->second.start || offset > it->second.size() || length > it->second.size() - offset) return nullptr;
   return it->second.addr() + offset;
 }
 

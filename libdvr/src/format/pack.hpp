@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,9 +47,30 @@ class Packs {
   Packs(const Packs&) = delete;
   Packs& operator=(const Packs&) = delete;
 
-  /// Pack ids present, ascending.
+  /// Pack ids present, ascending: packs written by the store and heap packs.
   std::vector<std::uint32_t> ids() const;
+  /// The file of a pack: NNNNNNNN.pack, or NNNNNNNN.heap for a heap pack.
   std::string path_of(std::uint32_t pack) const;
+
+  /// Heap packs (docs/format.md, "Heap packs"): packs/NNNNNNNN.heap is the
+  /// heap file of a `dvr run --heap` program, sealed at a dump and linked into
+  /// the store as it is. Its bytes from offset 0 are chunk data at the heap's
+  /// own offsets (it has no header); nothing writes it again (the program maps
+  /// it copy-on-write), so the store never places data in it and gc never
+  /// punches it: it is removed whole once no snapshot references it. Known
+  /// from ids() (and read()); false for packs created by the store.
+  bool is_heap(std::uint32_t pack) const { return heap_ids_.count(pack) != 0; }
+  std::string heap_path_of(std::uint32_t pack) const;
+  /// Opens pack `pack` read-only: its pack file, or its heap pack (also one
+  /// linked in since ids() last looked). `*path` receives the file's path.
+  /// Throws not_found when there is neither.
+  Fd open_read(std::uint32_t pack, std::string* path = nullptr);
+  /// Where chunk data may start in `pack`: after the header, or at 0 in a heap pack.
+  std::uint64_t data_start(std::uint32_t pack) const { return is_heap(pack) ? 0 : kPackHeaderSize; }
+  /// Page hashes of data that is in a pack already (a heap stored in place):
+  /// `values` for the pages from `first_page` on, written to the page hash
+  /// file with the batch's (persist()), dropped with it (discard_writes()).
+  void add_hashes(std::uint32_t pack, std::uint64_t first_page, std::vector<std::uint64_t> values);
   /// Apparent size of a pack file (0 if it does not exist).
   std::uint64_t size_of(std::uint32_t pack) const;
 
@@ -121,6 +143,7 @@ class Packs {
   struct ReadMap {
     Mapping map;  // the whole pack file, read-only
     std::uint64_t ino = 0;
+    std::uint64_t start = kPackHeaderSize;  // data_start()
     const char* addr() const { return map.bytes(); }
     std::uint64_t size() const { return map.size(); }
   };
@@ -146,6 +169,10 @@ class Packs {
   // nullptr when it cannot be. Throws corrupt for a file planted in its place.
   HashMap* hash_map(std::uint32_t pack, bool writable);
   std::string hash_path_of(std::uint32_t pack) const;
+  // Throws corrupt (or unsupported) unless pack file `path` (fd, `size`
+  // bytes) has the header of pack `pack` of this store.
+  void check_header(int fd, std::uint64_t size, const std::string& path, std::uint32_t pack) const;
+  mutable std::set<std::uint32_t> heap_ids_;  // heap packs seen by ids() and read()
   std::map<std::uint32_t, HashMap> hash_maps_;
   std::map<std::uint32_t, ReadMap> reads_;
   std::map<std::uint32_t, std::unique_ptr<WriteMap>> writes_;

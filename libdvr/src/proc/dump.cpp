@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/log.hpp"
 #include "base/progress.hpp"
 #include "base/mapping.hpp"
 #include "base/os.hpp"
@@ -28,6 +29,7 @@
 #include "dvr/session.hpp"
 #include "proc/catalog.hpp"
 #include "proc/criu_runner.hpp"
+#include "proc/heap_seal.hpp"
 #include "proc/metadata.hpp"
 #include "proc/page_stream.hpp"
 #include "proc/proc_heaps.hpp"
@@ -72,10 +74,15 @@ Meta describe(pid_t pid, const std::string& name, const std::string& criu_versio
   return meta;
 }
 
-// Removes the heap snapshots the plugin took, when the dump fails.
-void drop_plugin_heaps(const WorkDir& work) {
+// Removes the heap snapshots the plugin took, and those of the heaps sealed
+// before CRIU ran, when the dump fails.
+void drop_plugin_heaps(const WorkDir& work, const heaps::HeapImage& sealed) {
   try {
     heaps::remove_heaps(heaps::parse_image(detail::read_file(work.path + "/" + heaps::kImageName)));
+  } catch (const Error&) {
+  }
+  try {
+    heaps::remove_heaps(sealed);
   } catch (const Error&) {
   }
 }
@@ -88,7 +95,8 @@ void drop_plugin_heaps(const WorkDir& work) {
 // this throws. Returns what failed serving the stream while CRIU succeeded
 // (null: nothing), for the caller to handle as a failure to store.
 std::exception_ptr run_criu_dump(const std::string& criu, const std::string& plugin, pid_t pid, const std::string& name, const DumpOptions& options,
-                                 const WorkDir& work, const std::vector<pid_t>& tree, std::optional<PageStream>& stream) {
+                                 const WorkDir& work, const std::vector<pid_t>& tree, std::optional<PageStream>& stream,
+                                 const heaps::HeapImage& sealed) {
   std::vector<std::string> argv = {criu,  "dump",     "-t",   std::to_string(pid),
                                    "-D",  work.path,  "-o",   "dump.log",
                                    "-v2", "--libdir", plugin, options.leave_running ? "--leave-running" : "--leave-stopped"};
@@ -99,11 +107,14 @@ std::exception_ptr run_criu_dump(const std::string& criu, const std::string& plu
   std::string out;
   int rc = 0;
   std::exception_ptr served;
+  // The heaps sealed before: the plugin records them without snapshotting them again.
+  std::vector<std::string> env = {"DVR_CRIU_NAME=" + name};
+  if (!sealed.heaps.empty()) env.push_back(std::string(heaps::kSealedEnv) + "=" + heaps::format_sealed(sealed.heaps));
   if (stream) {
     const int sk = stream->criu_socket();
     argv.insert(argv.end(), {"--page-server", "--ps-socket", std::to_string(sk)});
     std::thread runner([&] {
-      rc = run_capture(argv, {"DVR_CRIU_NAME=" + name}, &out, [sk] { return ::fcntl(sk, F_SETFD, 0) == 0; });
+      rc = run_capture(argv, env, &out, [sk] { return ::fcntl(sk, F_SETFD, 0) == 0; });
       stream->close_criu_socket();  // CRIU is gone: serve() sees the end of the stream
     });
     try {
@@ -113,12 +124,12 @@ std::exception_ptr run_criu_dump(const std::string& criu, const std::string& plu
     }
     runner.join();
   } else {
-    rc = run_capture(argv, {"DVR_CRIU_NAME=" + name}, &out);
+    rc = run_capture(argv, env, &out);
   }
   if (rc == 0) return served;
   stream.reset();  // gives the store back before the heap snapshots are removed
   auto [plugin_error, errors, log] = criu_failure(work, "dump.log", "dump-" + name + ".log");
-  drop_plugin_heaps(work);
+  drop_plugin_heaps(work, sealed);
   if (!options.leave_running) signal_tree(tree, SIGCONT);  // CRIU resumes it on failure; make sure
   if (!plugin_error.empty()) throw Error(Errc::io, "cannot dump process " + std::to_string(pid) + ": " + plugin_error);
   throw Error(Errc::io, "CRIU could not dump process " + std::to_string(pid) + " (exit " + std::to_string(rc) +
@@ -265,6 +276,14 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
   const std::vector<pid_t> tree = process_tree(pid);
   meta.info.files = mapped_files(tree);
   meta.info.parent = newest_dump_of(store, name, meta.info.command);
+  // The heaps of `dvr run --heap` programs: sealed and stored in place now,
+  // while the program runs (heap_seal.hpp); the plugin copies the others.
+  std::vector<std::string> not_sealed;
+  const heaps::HeapImage sealed{
+      std::string(kHeapPrefix) + name,
+      heaps::seal_heaps(store, tree, std::string(kHeapPrefix) + name, meta.info.parent.empty() ? "" : kHeapPrefix + meta.info.parent, &not_sealed)};
+  for (auto& why : not_sealed)
+    DVR_LOG(warn, "dvr proc dump " + name + ": " + why);
   // CRIU 4.2 sends the pages straight to the store; older ones write page
   // images first.
   std::optional<PageStream> stream;
@@ -274,7 +293,7 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
     stream.emplace(store, name, meta.info.parent, label_for(meta.info.pid, meta.info.command));
     stream->set_progress(&meter);
   }
-  std::exception_ptr served = run_criu_dump(criu, plugin, pid, name, options, work, tree, stream);
+  std::exception_ptr served = run_criu_dump(criu, plugin, pid, name, options, work, tree, stream, sealed);
   try {
     if (served) std::rethrow_exception(served);
     if (stream) {
@@ -285,7 +304,7 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
     }
   } catch (const Error& e) {
     stream.reset();  // gives the store back before the heap snapshots are removed
-    drop_plugin_heaps(work);
+    drop_plugin_heaps(work, sealed);
     if (options.leave_running) throw;
     signal_tree(tree, SIGCONT);
     throw Error(e.code(), std::string(e.what()) + " (the process was not stopped: it keeps running)");
@@ -293,7 +312,7 @@ ProcInfo dump(Store& store, pid_t pid, const std::string& name, const DumpOption
     // Not a dvr::Error (a progress callback's own exception): the same
     // cleanup, and it propagates as it is.
     stream.reset();
-    drop_plugin_heaps(work);
+    drop_plugin_heaps(work, sealed);
     if (!options.leave_running) signal_tree(tree, SIGCONT);
     throw;
   }

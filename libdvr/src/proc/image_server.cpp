@@ -471,7 +471,7 @@ void ImageServer::split_for_fill(PagedFile& f, const std::string& mm) {
   for_each_piece(mm, 0, manifest_.regions[it->second].size, checked, [&](const char* p, std::size_t n, bool zero) { runs.add(p, n, zero); });
   runs.flush();
   std::vector<std::pair<std::uint64_t, std::uint64_t>> anon;
-  if (!procpages::private_anon_ranges(text.data(), text.size(), anon)) return;  // not understood: CRIU restores it all
+  if (!procpages::private_ranges(text.data(), text.size(), anon)) return;  // not understood: CRIU restores it all
   procpages::Pagemap served, filling;
   served.pages_id = filling.pages_id = f.pagemap.pages_id;
   auto part = [](procpages::Pagemap& to, const procpages::Entry& e, std::uint64_t a, std::uint64_t b) {

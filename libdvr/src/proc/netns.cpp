@@ -51,6 +51,8 @@
 
 #include "dvr/clone.hpp"
 #include "proc/criu_runner.hpp"
+#include "proc/heap_seal.hpp"
+#include "store/store_impl.hpp"
 
 namespace dvr::proc::impl {
 
@@ -298,6 +300,21 @@ CloneView::CloneView(const Store& store, const std::string& name, const ProcInfo
   for (auto& h : p.heaps) {
     std::string d = dir_of(h.path);
     if (std::find(heap_dirs_.begin(), heap_dirs_.end(), d) == heap_dirs_.end()) heap_dirs_.push_back(d);
+    // A heap sealed at the dump lies in place in a heap pack: the clone maps
+    // that file copy-on-write instead of a private copy (the plugin checks
+    // every page of it before CRIU maps it).
+    try {
+      detail::heaps::HeapFile f = detail::heaps::heap_file_of(h.path);
+      f.bytes = h.bytes;
+      const std::string snapshot = std::string(kHeapPrefix) + name;
+      Store heap_store = Store::open(detail::heaps::heap_store(f, snapshot, store.path()), {.create = false});
+      detail::StoreImpl& si = detail::impl_of(heap_store);
+      const detail::Manifest m = si.load_manifest(f.session, snapshot, nullptr, false);
+      if (std::uint32_t pack = detail::heaps::in_place_pack(m, f.region, f.bytes, *si.packs))
+        sealed_heaps_.emplace_back(h.path, si.packs->heap_path_of(pack));
+    } catch (const Error&) {
+      // Not sealed, or unreadable: the plugin copies it (and reports what is wrong).
+    }
   }
   check_network(options);
   // The job's Unix sockets, from its CRIU images (read unchecked: they only
@@ -563,7 +580,7 @@ std::function<bool()> CloneView::in_child() {
   if (net_ == Net::fresh) make_network();
   std::vector<Shadow> shadow = shadows();
   int netfd = netns_ ? netns_.get() : -1;
-  return [netfd, shadow = std::move(shadow), heaps = heap_dirs_] {
+  return [netfd, shadow = std::move(shadow), heaps = heap_dirs_, sealed = sealed_heaps_] {
     if (netfd >= 0 && ::setns(netfd, CLONE_NEWNET) != 0) return child_failed("enter the clone's network namespace", "");
     if (::unshare(CLONE_NEWNS) != 0) return child_failed("create a mount namespace", "");
     if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return child_failed("make the mounts private", "");
@@ -589,6 +606,10 @@ std::function<bool()> CloneView::in_child() {
     }
     for (auto& d : heaps)
       if (::mount("dvr-clone-heap", d.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700") != 0) return child_failed("cover with a tmpfs", d);
+    for (auto& [file, pack] : sealed) {
+      if (::mknod(file.c_str(), S_IFREG | 0600, 0) != 0) return child_failed("create a mount point at", file);
+      if (::mount(pack.c_str(), file.c_str(), nullptr, MS_BIND, nullptr) != 0) return child_failed("bind its sealed heap pack at", file);
+    }
     return true;
   };
 }

@@ -65,7 +65,9 @@ class CloneView {
   /// job's Unix sockets with a tmpfs holding the directory's other entries
   /// bound back (the job's sockets are left out, so CRIU binds new ones
   /// there), and an empty tmpfs over each heap directory (the plugin puts
-  /// private copies of the heaps there). On failure the child writes why to
+  /// private copies of the heaps there), in which a heap sealed at the dump
+  /// (heap_seal.hpp) is its heap pack, bound there: the clone maps it
+  /// copy-on-write, so its private memory is only what it writes. On failure the child writes why to
   /// its stderr and exits 126. Empty for a restore. Throws when the network
   /// cannot be set up (nothing of it is left then).
   std::function<bool()> in_child();
@@ -99,6 +101,7 @@ class CloneView {
   bool clone_ = false;
   std::string what_;  // "cannot clone process snapshot 'NAME'"
   std::vector<std::string> heap_dirs_;
+  std::vector<std::pair<std::string, std::string>> sealed_heaps_;  // heap file -> its heap pack, bound there
   std::vector<std::string> sockets_;  // the job's named Unix sockets
   Net net_ = Net::host;
   std::string netns_path_;  // Net::existing: the namespace's file

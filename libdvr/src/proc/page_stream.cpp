@@ -120,7 +120,7 @@ void PageStream::write_batches() {
           if (!base_) break;
           for (auto& br : base_->regions)
             if (br.name == r.name && br.size == r.size) {
-              r.written = detail::pages_differing(store_.threads, *base_, br, r.data, r.size);
+              r.written = detail::pages_differing(store_.threads, *base_, br, r.data, r.size, r.zero);
               break;
             }
         }
@@ -182,7 +182,7 @@ PageStream::Window& PageStream::window_for(std::uint64_t start) {
   if (!pending_.empty() && pending_.back().start == start) return pending_.back();
   if (!pending_.empty()) {
     Window& last = pending_.back();
-    std::memset(last.data + last.filled, 0, procpages::kWindow - last.filled);
+    absent(last, last.filled, procpages::kWindow);
     last.filled = procpages::kWindow;
   }
   if (pending_.size() == kBatchWindows) flush();
@@ -199,8 +199,26 @@ PageStream::Window& PageStream::window_for(std::uint64_t start) {
     buffers_.push_back(detail::Mapping::anonymous(procpages::kWindow, "for a window of CRIU's pages"));
     data = static_cast<char*>(buffers_.back().data());
   }
-  pending_.push_back({start, 0, data});
+  pending_.push_back({start, 0, data, {}});
   return pending_.back();
+}
+
+void PageStream::absent(Window& w, std::uint64_t from, std::uint64_t to) {
+  if (from >= to) return;
+  // Only what an earlier window left in this buffer is zeroed: a buffer's
+  // pages never written read zero already, and touching them would cost a
+  // page fault each (most of a window is absent in a dump of few pages).
+  auto& dirty = dirty_[w.data];
+  dirty.resize(procpages::kWindow / kPageSize, 0);
+  for (std::uint64_t p = from / kPageSize; p * kPageSize < to; ++p)
+    if (dirty[p]) {
+      std::memset(w.data + p * kPageSize, 0, kPageSize);
+      dirty[p] = 0;
+    }
+  if (!w.zero.empty() && w.zero.back().second == from)
+    w.zero.back().second = to;
+  else
+    w.zero.emplace_back(from, to);
 }
 
 void PageStream::receive_pages(std::uint64_t vaddr, std::uint64_t bytes) {
@@ -209,8 +227,11 @@ void PageStream::receive_pages(std::uint64_t vaddr, std::uint64_t bytes) {
     const std::uint64_t len = std::min(bytes, procpages::kWindow - in);
     Window& w = window_for(start);
     if (in < w.filled) throw Error(Errc::corrupt, "CRIU's page stream sent a page twice or out of order");
-    std::memset(w.data + w.filled, 0, in - w.filled);  // absent pages read as zero
+    absent(w, w.filled, in);
     read_exact(w.data + in, len);
+    auto& dirty = dirty_[w.data];
+    dirty.resize(procpages::kWindow / kPageSize, 0);
+    std::fill(dirty.begin() + static_cast<std::ptrdiff_t>(in / kPageSize), dirty.begin() + static_cast<std::ptrdiff_t>((in + len) / kPageSize), 1);
     left_ -= len;
     w.filled = in + len;
     page_bytes_ += len;
@@ -239,7 +260,7 @@ void PageStream::add(std::uint64_t vaddr, std::uint64_t pages, std::uint32_t fla
 void PageStream::flush() {
   if (pending_.empty()) return;
   Window& last = pending_.back();
-  std::memset(last.data + last.filled, 0, procpages::kWindow - last.filled);
+  absent(last, last.filled, procpages::kWindow);
   last.filled = procpages::kWindow;
   std::vector<detail::RegionSource> sources;
   sources.reserve(pending_.size());
@@ -248,6 +269,7 @@ void PageStream::flush() {
     r.name = procpages::window_region(pm_.pages_id, w.start);
     r.data = w.data;
     r.size = procpages::kWindow;
+    r.zero = std::move(w.zero);
     sources.push_back(std::move(r));
   }
   pending_.clear();
@@ -348,6 +370,7 @@ SnapshotInfo PageStream::finish(const std::vector<detail::RegionSource>& files) 
   base_.reset();
   batch_.reset();
   buffers_.clear();
+  dirty_.clear();
   return si;
 }
 

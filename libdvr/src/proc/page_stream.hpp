@@ -21,6 +21,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <exception>
@@ -91,6 +92,7 @@ class PageStream {
     std::uint64_t start = 0;  // in the dumped address space
     std::uint64_t filled = 0; // bytes from the start that hold their final content
     char* data = nullptr;
+    detail::ByteRanges zero;  // pages CRIU sent none of: they read zero, and the writer need not read them
   };
   struct Header;
 
@@ -100,6 +102,8 @@ class PageStream {
   void add(std::uint64_t vaddr, std::uint64_t pages, std::uint32_t flags);
   void receive_pages(std::uint64_t vaddr, std::uint64_t bytes);
   Window& window_for(std::uint64_t start);
+  // Pages [from, to) of `w` hold no page of the process: they must read zero.
+  void absent(Window& w, std::uint64_t from, std::uint64_t to);
   void flush();  // hands the pending windows to the writer's thread
   void write_batches();  // the writer's thread
   void wait_written();   // until every batch handed over is stored; rethrows what storing met
@@ -121,6 +125,9 @@ class PageStream {
   std::condition_variable cv_;
   std::vector<detail::RegionSource> queued_;  // the batch handed over, not yet taken
   std::vector<char*> free_;                  // window buffers to fill
+  // Per window buffer, its pages written since it was mapped (the others
+  // read zero without being touched); only the receiving thread uses it.
+  std::map<const char*, std::vector<std::uint8_t>> dirty_;
   bool writing_ = false, stop_ = false;
   std::exception_ptr write_error_;
   std::vector<Window> pending_;

@@ -28,6 +28,7 @@
 #include "store/store_impl.hpp"
 #include "store/reader.hpp"
 #include "store/writer.hpp"
+#include "proc/heap_seal.hpp"
 
 #include <linux/falloc.h>
 
@@ -185,9 +186,9 @@ bool written_by_note(pid_t pid, const HeapFile& h, const TrackNote& n, std::vect
   return true;
 }
 
-// The holes of a heap file within its first `bytes` (SEEK_HOLE/SEEK_DATA):
-// they read zero, and reading them through a mapping would allocate them.
-ByteRanges holes_of(int fd, std::uint64_t bytes) {
+}  // namespace
+
+std::vector<std::pair<std::uint64_t, std::uint64_t>> holes_of(int fd, std::uint64_t bytes) {
   ByteRanges out;
   off_t at = 0;
   while (static_cast<std::uint64_t>(at) < bytes) {
@@ -201,6 +202,8 @@ ByteRanges holes_of(int fd, std::uint64_t bytes) {
   }
   return out;
 }
+
+namespace {
 
 // A heap file is its region's bytes rounded up to whole pages.
 std::uint64_t file_bytes(const HeapFile& h) { return (h.bytes + kPageSize - 1) & ~(kPageSize - 1); }
@@ -271,22 +274,25 @@ SnapshotInfo snapshot_group(Store& store, const std::string& session, const std:
 
 }  // namespace
 
+HeapFile heap_file_of(const std::string& f) {
+  HeapFile h;
+  h.path = f;
+  h.store = store_of_heap(f);
+  if (h.store.empty()) throw Error(Errc::invalid_argument, f + " is not a DVR heap file (STORE/heaps/SESSION/REGION)");
+  std::string dir = f.substr(0, f.find_last_of('/'));
+  h.session = dir.substr(dir.find_last_of('/') + 1);
+  h.region = f.substr(f.find_last_of('/') + 1);
+  if (bad_field(h.store) || bad_field(h.path))
+    throw Error(Errc::invalid_argument, "heap file " + f + " has a tab or newline in its path; move the store");
+  return h;
+}
+
 HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const std::string& snapshot, bool replace, HeapStats* stats,
                          std::chrono::milliseconds lock_timeout) {
   HeapImage image;
   image.snapshot = snapshot;
-  for (auto& f : files) {
-    HeapFile h;
-    h.path = f;
-    h.store = store_of_heap(f);
-    if (h.store.empty()) throw Error(Errc::invalid_argument, f + " is not a DVR heap file (STORE/heaps/SESSION/REGION)");
-    std::string dir = f.substr(0, f.find_last_of('/'));
-    h.session = dir.substr(dir.find_last_of('/') + 1);
-    h.region = f.substr(f.find_last_of('/') + 1);
-    if (bad_field(h.store) || bad_field(h.path))
-      throw Error(Errc::invalid_argument, "heap file " + f + " has a tab or newline in its path; move the store");
-    image.heaps.push_back(h);
-  }
+  for (auto& f : files)
+    image.heaps.push_back(heap_file_of(f));
   // One snapshot per (store, session): the heap's own session, so its data is
   // shared with the application's snapshots of it.
   std::vector<std::pair<std::string, std::string>> groups;
@@ -334,31 +340,32 @@ HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const
   return image;
 }
 
-namespace {
-
-// The `.REGION.shim` file libdvr_heap.so keeps beside a heap it owns
-// (preload/README.md): the process and range it tracks.
-struct ShimFile {
-  std::uint64_t start_time = 0, pid_ns = 0, base = 0, size = 0;
-};
-bool read_shim(const std::string& heap, ShimFile& f) {
+std::string shim_path(const std::string& heap) {
   auto k = heap.find_last_of('/');
-  std::ifstream in(heap.substr(0, k + 1) + "." + heap.substr(k + 1) + ".shim");
+  return heap.substr(0, k + 1) + "." + heap.substr(k + 1) + ".shim";
+}
+
+bool read_shim(const std::string& heap, ShimFile& f) {
+  f = ShimFile{};
+  std::ifstream in(shim_path(heap));
   std::string magic, key;
-  if (!std::getline(in, magic) || magic != "dvr-heap-shim 1") return false;
+  if (!std::getline(in, magic) || (magic != "dvr-heap-shim 1" && magic != "dvr-heap-shim 2")) return false;
   int seen = 0;
   while (in >> key) {
     if (key == "process" && (in >> f.start_time >> f.pid_ns))
       seen |= 1;
     else if (key == "range" && (in >> f.base >> f.size))
       seen |= 2;
+    else if (key == "control" && (in >> f.request_fd >> f.answer_fd >> f.pipe_ino >> f.wake_fd))
+      seen |= 4;
+    else if (key == "sealed" && (in >> f.sealed_ino))
+      seen |= 8;
     else
       return false;
   }
-  return seen == 3 && f.size > 0 && f.base % kPageSize == 0 && f.size % kPageSize == 0;
+  if (!(seen & 4)) f.request_fd = f.answer_fd = -1;
+  return (seen & 3) == 3 && f.size > 0 && f.base % kPageSize == 0 && f.size % kPageSize == 0;
 }
-
-}  // namespace
 
 std::size_t renew_shim_notes(const HeapImage& image, pid_t pid) {
   std::size_t renewed = 0;
@@ -483,6 +490,7 @@ namespace {
 struct HeapPlan {
   std::string path;
   Fd fd;
+  bool writable = false;  // fd opened for writing (else read-only: a heap pack needs no write)
   ByteRanges holes;  // of the file before the restore
   const ManifestRegion* region = nullptr;
   std::vector<std::size_t> fetch;                               // chunks with pages that differ
@@ -494,8 +502,14 @@ HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegio
   p.path = h.path;
   p.region = &mr;
   ::unlink(note_path(h.path).c_str());  // whatever it said no longer holds
-  p.fd = open_or_throw(h.path, O_RDWR | O_CREAT);
-  if (::ftruncate(p.fd.get(), static_cast<off_t>(file_bytes(h))) != 0) throw_errno(errno, "cannot size heap file " + h.path);
+  // Read-only while it may need nothing (a sealed heap in place, perhaps on
+  // a read-only bind in a clone's view); opened for writing when it must change.
+  p.fd = Fd(::open(h.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!p.fd || file_size(p.fd.get(), h.path) != file_bytes(h)) {
+    p.fd = open_or_throw(h.path, O_RDWR | O_CREAT);
+    p.writable = true;
+    if (::ftruncate(p.fd.get(), static_cast<off_t>(file_bytes(h))) != 0) throw_errno(errno, "cannot size heap file " + h.path);
+  }
   p.holes = holes_of(p.fd.get(), h.bytes);
   // Chunks that lie in holes or are zero in the snapshot are decided without
   // reading; the others are compared page by page, on every core, through a
@@ -510,10 +524,8 @@ HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegio
     const std::uint64_t off = j * m.chunk_size, len = m.chunks[i].length;
     if (inside(p.holes, off, off + len))
       differs[j] = !m.zero_chunk(i);
-    else if (m.zero_chunk(i))
-      p.punch.emplace_back(off, len);
     else
-      compare.push_back(j);
+      compare.push_back(j);  // (a zero chunk the file holds allocated: punched only if not all zero)
   }
   const bool by_page = m.paged && m.hydrated();
   // (An old manifest without page hashes: every chunk is fetched.)
@@ -523,6 +535,8 @@ HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegio
       const std::size_t i = mr.first_chunk + j;
       const std::uint64_t len = m.chunks[i].length;
       const char* data = base + j * m.chunk_size;
+      // Its page-table entries in one call, not a fault every few pages.
+      if (!overlaps_any(p.holes, j * m.chunk_size, j * m.chunk_size + len)) (void)::madvise(const_cast<char*>(data), round_up_page(len), 22 /* MADV_POPULATE_READ */);
       bool same = by_page;
       for (std::uint32_t pg = 0; same && pg < m.pages_of(i); ++pg) {
         const std::uint64_t plen = std::min<std::uint64_t>(kPageSize, len - pg * kPageSize);
@@ -531,12 +545,22 @@ HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegio
       differs[j] = !same;
     }
   });
-  for (std::uint64_t j = 0; j < mr.chunk_count; ++j)
-    if (differs[j]) p.fetch.push_back(mr.first_chunk + j);
+  for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
+    if (!differs[j]) continue;
+    if (m.zero_chunk(mr.first_chunk + j))
+      p.punch.emplace_back(j * m.chunk_size, m.chunks[mr.first_chunk + j].length);
+    else
+      p.fetch.push_back(mr.first_chunk + j);
+  }
   return p;
 }
 
 void apply_heap_plan(SnapshotReader& reader, const Manifest& m, HeapPlan& p, std::vector<char>& buf, HeapUndo* undo) {
+  if (p.fetch.empty() && p.punch.empty()) return;  // intact: only read
+  if (!p.writable) {
+    p.fd = open_or_throw(p.path, O_RDWR);
+    p.writable = true;
+  }
   for (auto& [off, len] : p.punch)
     if (undo) undo->save(p.fd.get(), p.path, off, len, inside(p.holes, off, off + len));
   for (std::size_t i : p.fetch) {
@@ -557,6 +581,44 @@ void apply_heap_plan(SnapshotReader& reader, const Manifest& m, HeapPlan& p, std
   if (::fdatasync(p.fd.get()) != 0) throw_errno(errno, "cannot sync restored heap file " + p.path);
 }
 
+// Makes `h.path` the file to put back: the heap pack itself when the
+// snapshot lies in place in one (a sealed heap: linked there, nothing
+// copied, and only read below to check it), and never a file that is linked
+// elsewhere when it must be written (a heap pack other snapshots hold): that
+// one is moved aside, and a new file is filled.
+void place_heap_file(StoreImpl& si, const Manifest& m, const ManifestRegion& mr, const HeapFile& h, HeapUndo* undo) {
+  struct stat st {};
+  const bool exists = ::lstat(h.path.c_str(), &st) == 0;
+  auto set_aside = [&] {
+    if (undo)
+      undo->set_aside(h.path);
+    else if (::unlink(h.path.c_str()) != 0)
+      throw_errno(errno, "cannot replace heap file " + h.path);
+  };
+  if (const std::uint32_t pack = in_place_pack(m, mr.name, mr.size, *si.packs)) {
+    const std::string from = si.packs->heap_path_of(pack);
+    struct stat ps {};
+    if (::lstat(from.c_str(), &ps) != 0)
+      throw Error(Errc::corrupt, "heap pack " + from + " of heap snapshot " + m.session + "/" + m.name + " is missing; run `dvr verify`");
+    if (exists && st.st_ino == ps.st_ino && st.st_dev == ps.st_dev) return;
+    const std::string tmp = h.path + ".dvr-" + random_hex().substr(0, 12);
+    if (::link(from.c_str(), tmp.c_str()) == 0) {
+      try {
+        if (exists) set_aside();
+        if (::rename(tmp.c_str(), h.path.c_str()) != 0) throw_errno(errno, "cannot put heap pack " + from + " at " + h.path);
+      } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+      }
+      fsync_dir(parent_dir(h.path));
+      return;
+    }
+    if (errno != EXDEV) throw_errno(errno, "cannot link heap pack " + from + " to " + h.path);
+    // Another file system (a clone's private view without it): filled below.
+  }
+  if (exists && st.st_nlink > 1) set_aside();
+}
+
 }  // namespace
 
 HeapUndo::HeapUndo(std::string file) : file_(std::move(file)) {}
@@ -564,6 +626,14 @@ HeapUndo::HeapUndo(std::string file) : file_(std::move(file)) {}
 HeapUndo::~HeapUndo() {
   if (fd_ >= 0) ::close(fd_);
   if (!file_.empty()) ::unlink(file_.c_str());
+  for (auto& [path, aside] : aside_)
+    ::unlink(aside.c_str());  // kept (revert() renamed it back) or no longer needed
+}
+
+void HeapUndo::set_aside(const std::string& path) {
+  const std::string to = file_ + ".file" + std::to_string(aside_.size());
+  if (::rename(path.c_str(), to.c_str()) != 0) throw_errno(errno, "cannot move heap file " + path + " aside (to " + to + ")");
+  aside_.emplace_back(path, to);
 }
 
 void HeapUndo::save(int fd, const std::string& path, std::uint64_t offset, std::uint64_t len, bool hole) {
@@ -595,6 +665,12 @@ std::vector<std::pair<std::string, std::uint64_t>> HeapUndo::rewritten() const {
 }
 
 void HeapUndo::revert() noexcept {
+  revert_pieces();
+  for (auto it = aside_.rbegin(); it != aside_.rend(); ++it)
+    (void)::rename(it->second.c_str(), it->first.c_str());
+}
+
+void HeapUndo::revert_pieces() noexcept {
   std::vector<char> buf;
   for (auto it = pieces_.rbegin(); it != pieces_.rend(); ++it) {
     int fd = ::open(it->path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
@@ -730,6 +806,7 @@ void restore_heaps(const HeapImage& original, const HeapPolicy& policy, std::chr
       for (auto& r : m.regions)
         if (r.name == h.region && r.size == h.bytes) mr = &r;
       if (!mr) throw Error(Errc::corrupt, "heap snapshot " + session + "/" + image.snapshot + " lost region " + h.region);
+      place_heap_file(impl_of(store), m, *mr, h, undo);
       plans.push_back(plan_heap_file(impl_of(store).threads, m, *mr, h));
     }
     // Every chunk to be written is read and checked before any file changes.

@@ -51,6 +51,11 @@ struct HeapImage {
 /// with STORE/DVRSTORE present), or "" when it is not a DVR heap.
 std::string store_of_heap(const std::string& path);
 
+/// Heap file `path` (STORE/heaps/SESSION/REGION) with its store, session
+/// and region filled in (bytes 0). Throws invalid_argument when it is not a
+/// DVR heap file, or its path holds a tab or newline.
+HeapFile heap_file_of(const std::string& path);
+
 /// DVR heap files that process `pid` maps shared (from /proc/PID/maps).
 std::vector<std::string> mapped_heaps(pid_t pid);
 
@@ -79,6 +84,25 @@ HeapImage snapshot_heaps(const std::vector<std::string>& files, pid_t pid, const
 /// pages written after this one. Heaps of SDK sessions are left alone (their
 /// sessions keep their own notes). Returns how many notes were written.
 std::size_t renew_shim_notes(const HeapImage& image, pid_t pid);
+
+/// The holes of a heap file within its first `bytes` (SEEK_HOLE/SEEK_DATA),
+/// as sorted byte ranges: they read zero, and reading them through a mapping
+/// would allocate them.
+std::vector<std::pair<std::uint64_t, std::uint64_t>> holes_of(int fd, std::uint64_t bytes);
+
+/// The `.REGION.shim` file libdvr_heap.so keeps beside a heap it owns
+/// (preload/README.md): the process and range it tracks, its control pipe
+/// and, once sealed, the inode of the file it is sealed over.
+struct ShimFile {
+  std::uint64_t start_time = 0, pid_ns = 0, base = 0, size = 0;
+  int request_fd = -1, answer_fd = -1;  // -1: a shim without a control pipe (format 1)
+  std::uint64_t pipe_ino = 0;           // inode of the request pipe
+  int wake_fd = -1;                     // the request pipe's read end (the shim's own)
+  std::uint64_t sealed_ino = 0;         // 0: not sealed
+};
+std::string shim_path(const std::string& heap);
+/// false when there is none or it is malformed.
+bool read_shim(const std::string& heap, ShimFile& f);
 
 /// Removes the heap snapshots an image refers to (missing ones are fine).
 void remove_heaps(const HeapImage& image);
@@ -145,6 +169,9 @@ class HeapUndo {
   /// Keeps [offset, offset + len) of heap file `fd` (`path`); `hole`: it
   /// reads zero and is not allocated (put back by punching it).
   void save(int fd, const std::string& path, std::uint64_t offset, std::uint64_t len, bool hole);
+  /// Moves heap file `path` aside (a rename into the undo's directory), for
+  /// a new file or a link to take its name; revert() moves it back.
+  void set_aside(const std::string& path);
   /// Best effort, newest first; throws nothing.
   void revert() noexcept;
   /// Heap file → bytes the restore rewrote there (pages that differed from
@@ -160,6 +187,8 @@ class HeapUndo {
   int fd_ = -1;
   std::uint64_t used_ = 0;
   std::vector<Piece> pieces_;
+  std::vector<std::pair<std::string, std::string>> aside_;  // heap file -> where it was moved
+  void revert_pieces() noexcept;
 };
 
 }  // namespace dvr::detail::heaps

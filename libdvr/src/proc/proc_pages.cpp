@@ -59,12 +59,12 @@ bool fields(const unsigned char* p, const unsigned char* end, F&& f) {
 
 }  // namespace
 
-bool private_anon_ranges(const char* data, std::size_t size, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
+bool private_ranges(const char* data, std::size_t size, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
   // CRIU's criu/include/image.h (VMA_AREA_*) and mm.proto / vma.proto.
-  constexpr std::uint64_t kRegular = 1u << 0, kAnonPrivate = 1u << 9;
-  constexpr std::uint64_t kSpecial = (1u << 2) | (1u << 3) | (1u << 6) | (1u << 7) | (1u << 8) | (1u << 10) | (1u << 11) | (1u << 12) |
+  constexpr std::uint64_t kRegular = 1u << 0, kFilePrivate = 1u << 6, kAnonPrivate = 1u << 9;
+  constexpr std::uint64_t kSpecial = (1u << 2) | (1u << 3) | (1u << 7) | (1u << 8) | (1u << 10) | (1u << 11) | (1u << 12) |
                                      (1u << 13) | (1u << 14) | (1u << 15) | (1u << 16) | (1u << 17) | (1u << 27) | (1u << 31);
-  constexpr std::uint64_t kMapHugetlb = 0x40000;
+  constexpr std::uint64_t kMapHugetlb = 0x40000, kProtWrite = 0x2;
   out.clear();
   auto* p = reinterpret_cast<const unsigned char*>(data);
   const unsigned char* end = p + size;
@@ -91,16 +91,20 @@ bool private_anon_ranges(const char* data, std::size_t size, std::vector<std::pa
     }
     if (wire != 2 || !varint(p, end, v) || static_cast<std::uint64_t>(end - p) < v) return false;
     if ((key >> 3) == 14) {
-      std::uint64_t start = 0, stop = 0, flags = 0, status = 0;
+      std::uint64_t start = 0, stop = 0, prot = 0, flags = 0, status = 0;
       if (!fields(p, p + v, [&](std::uint64_t f, std::uint64_t x) {
             if (f == 1) start = x;
             else if (f == 2) stop = x;
+            else if (f == 5) prot = x;
             else if (f == 6) flags = x;
             else if (f == 7) status = x;
           }))
         return false;
       if (start >= stop || start % kPageSize || stop % kPageSize) return false;
-      if ((status & kRegular) && (status & kAnonPrivate) && !(status & kSpecial) && !(flags & kMapHugetlb)) {
+      // Private anonymous memory, and the copy-on-write pages of a writable
+      // private file mapping (a sealed heap of `dvr run --heap`, a library's data).
+      const bool kind = (status & kAnonPrivate) || ((status & kFilePrivate) && (prot & kProtWrite));
+      if ((status & kRegular) && kind && !(status & kSpecial) && !(flags & kMapHugetlb)) {
         if (!out.empty() && start < out.back().second) return false;  // unsorted
         if (!out.empty() && start == out.back().second)
           out.back().second = stop;

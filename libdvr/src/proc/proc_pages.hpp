@@ -46,12 +46,13 @@ struct Pagemap {
 bool parse_pagemap(const char* data, std::size_t size, Pagemap& out);
 
 /// The address ranges [start, end) of mm-PID.img's mappings that are plain
-/// private anonymous memory (VMA_AREA_REGULAR | VMA_ANON_PRIVATE, nothing
-/// special: no vDSO, vvar, AIO ring, SysV IPC, memfd, shadow stack, guard,
-/// hugetlb or plugin mapping), in address order: where a restore may write
-/// pages into the restored process itself. false when the bytes are not an
-/// mm image.
-bool private_anon_ranges(const char* data, std::size_t size, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out);
+/// private memory: private anonymous (VMA_AREA_REGULAR | VMA_ANON_PRIVATE)
+/// or writable private file mappings (VMA_FILE_PRIVATE, PROT_WRITE: their
+/// dumped pages are the copy-on-write ones), nothing special (no vDSO, vvar,
+/// AIO ring, SysV IPC, memfd, shadow stack, guard, hugetlb or plugin
+/// mapping), in address order: where a restore may write pages into the
+/// restored process itself. false when the bytes are not an mm image.
+bool private_ranges(const char* data, std::size_t size, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out);
 
 /// pagemap-ID.img as CRIU writes it (magics, PagemapHead, one PagemapEntry
 /// per entry with both page counts): what a dump received as a page stream

@@ -42,6 +42,7 @@
 #include "proc/image_server.hpp"
 #include "proc/metadata.hpp"
 #include "proc/netns.hpp"
+#include "proc/heap_seal.hpp"
 #include "proc/proc_heaps.hpp"
 #include "proc/proc_pages.hpp"
 #include "proc/processes.hpp"
@@ -255,14 +256,18 @@ void run_criu_restore(const Store& store, const std::string& name, [[maybe_unuse
     meter.finish();  // rethrows a deferred exception of the callback: the process runs
     return;
   }
+  auto [plugin_error, errors, log] = criu_failure(work, "restore.log", "restore-" + name + ".log");
+  // What serving met: damage it found, or anything when CRIU says nothing
+  // itself; not a pipe CRIU closed when CRIU failed on its own and says why
+  // (that is only its consequence).
   if (served) {
     try {
       std::rethrow_exception(served);
     } catch (const Error& e) {
-      throw Error(e.code(), "cannot " + std::string(verb) + ": " + e.what() + " (CRIU stopped; nothing of it is left running)");
+      if (e.code() == Errc::corrupt || rc == -1 || (plugin_error.empty() && errors.empty()))
+        throw Error(e.code(), "cannot " + std::string(verb) + ": " + e.what() + " (CRIU stopped; nothing of it is left running)");
     }
   }
-  auto [plugin_error, errors, log] = criu_failure(work, "restore.log", "restore-" + name + ".log");
   if (rc == 126)
     throw Error(Errc::io, "cannot " + std::string(verb) + ": could not set up the clone's private mounts and network (" + out +
                               "); nothing of it is left running");
@@ -358,6 +363,12 @@ RestoreResult restore(Store& store, const std::string& name, const RestoreOption
   for (auto& n : heaps_back.notes())
     r.notes.push_back(n);
   r.pid = read_restored_pid(pidfile, name);
+  // The heaps' libdvr_heap.so learn at once that they were restored (who
+  // they are now), rather than at their next look.
+  std::vector<std::string> heap_paths;
+  for (auto& h : p.heaps)
+    heap_paths.push_back(h.path);
+  heaps::wake_shims(heap_paths, process_tree(r.pid));
   view.report(r);
   r.seconds = since(t0);
   write_user_pidfile(user_pidfile, options.pidfile, r.pid);

@@ -135,7 +135,7 @@ Clone Store::open_snapshot(const std::string& session, const std::string& snapsh
   std::map<std::uint32_t, Fd> pack_fds;
   auto map_from_pack = [&](void* at, std::uint64_t len, std::uint32_t pack, std::uint64_t offset) {
     auto& fd = pack_fds[pack];
-    if (!fd) fd = open_or_throw(impl_->packs->path_of(pack), O_RDONLY);
+    if (!fd) fd = impl_->packs->open_read(pack);
     void* got = ::mmap(at, round_up_page(len), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd.get(), static_cast<off_t>(offset));
     if (got == MAP_FAILED) throw_errno(errno, "cannot map the data of '" + ref + "' from " + impl_->packs->path_of(pack));
   };

@@ -137,6 +137,10 @@ GcReport Store::gc(const Progress& progress) {
     const std::uint32_t id = pack_ids[k];
     std::string file = impl_->packs->path_of(id);
     auto it = live.find(id);
+    // A heap pack is the sealed heap file of a `dvr run --heap` program, which
+    // may still map it copy-on-write: never punched, removed whole once no
+    // snapshot references it (the program keeps its own name for the file).
+    if (it != live.end() && impl_->packs->is_heap(id)) continue;
     if (it == live.end()) {
       if (env().unlink(file.c_str()) == 0)
         ++report.packs_removed;
@@ -165,7 +169,8 @@ GcReport Store::gc(const Progress& progress) {
   // Pack files half-created by a crash, and page hash files whose pack is gone.
   for (auto& f : list_dir(impl_->path + "/packs")) {
     std::string file = impl_->path + "/packs/" + f;
-    bool orphan = f.size() > 5 && f.compare(f.size() - 5, 5, ".hash") == 0 && !path_exists(file.substr(0, file.size() - 5) + ".pack");
+    bool orphan = f.size() > 5 && f.compare(f.size() - 5, 5, ".hash") == 0 && !path_exists(file.substr(0, file.size() - 5) + ".pack") &&
+                  !path_exists(file.substr(0, file.size() - 5) + ".heap");
     if (((f.size() > 4 && f.compare(f.size() - 4, 4, ".new") == 0) || orphan) && env().unlink(file.c_str()) == 0) ++report.temp_files_removed;
   }
   fsync_dir(impl_->path + "/packs");

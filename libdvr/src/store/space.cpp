@@ -33,16 +33,21 @@ bool StoreImpl::range_free(std::uint32_t pack, std::uint64_t offset, std::uint64
 
 StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Placement> hint) {
   auto ids = packs->ids();
+  // Heap packs (sealed heaps, mapped copy-on-write by their programs) never
+  // take new data; the newest pack that may grow is the newest of the others.
+  std::uint32_t newest = 0;
+  for (auto id : ids)
+    if (!packs->is_heap(id)) newest = id;
   const std::uint64_t first = std::max(kPackHeaderSize, round_up_page(test_first_offset));
   const std::uint64_t max_size = kMaxPackSize + (first - kPackHeaderSize);
-  auto usable = [&](std::uint32_t id) { return unreadable_.empty() || id == quarantine_pack_; };
+  auto usable = [&](std::uint32_t id) { return !packs->is_heap(id) && (unreadable_.empty() || id == quarantine_pack_); };
   auto exists = [&](std::uint32_t id) { return std::binary_search(ids.begin(), ids.end(), id); };
   // Next fit: right after the previous block of the same snapshot, so that a
   // snapshot's data stays contiguous and no search is needed.
   if (hint && usable(hint->pack) && exists(hint->pack) && hint->offset >= first && range_free(hint->pack, hint->offset, length)) {
     std::uint64_t size = packs->size_of(hint->pack);
     if (hint->offset + length <= size) return *hint;
-    if (hint->pack == ids.back() && hint->offset + length <= max_size) {
+    if (hint->pack == newest && hint->offset + length <= max_size) {
       packs->grow(hint->pack, std::min(max_size, std::max(hint->offset + length, 2 * size)));
       return *hint;
     }
@@ -80,8 +85,7 @@ StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Pla
   for (auto id : ids) {
     if (!usable(id)) continue;
     const std::uint64_t size = packs->size_of(id);
-    const bool newest = id == ids.back();
-    if (auto at = fit_in(id, live_.end_of(id, first), newest ? max_size : size)) {
+    if (auto at = fit_in(id, live_.end_of(id, first), id == newest ? max_size : size)) {
       if (*at + length > size) packs->grow(id, std::min(max_size, std::max(*at + length, 2 * size)));
       return {id, *at};
     }

@@ -1,5 +1,6 @@
 #include "store/writer.hpp"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,8 @@
 namespace dvr::detail {
 
 namespace {
+
+constexpr int kPopulateRead = 22;  // MADV_POPULATE_READ (Linux 5.14; older headers lack it)
 
 // Blocks of pack space a lane takes: from an eighth of what it could need (at
 // least 1 MiB), doubling up to 64 MiB. Reservations on the file system grow
@@ -36,6 +39,12 @@ bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::
     apart += already ? 0 : 1;
   }
   return apart * 4 <= chunk_pages;
+}
+
+bool overlaps_any(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), std::make_pair(lo, ~std::uint64_t(0)));
+  if (it != ranges.begin() && std::prev(it)->second > lo) return true;
+  return it != ranges.end() && it->first < hi;
 }
 
 bool inside(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi) {
@@ -244,12 +253,36 @@ void SnapshotWriter::zero(std::size_t chunk) {
   from_[chunk] = From::zero;
 }
 
+void SnapshotWriter::unchanged(std::size_t chunk, const ChunkRef& ref) {
+  m_.chunks[chunk] = ref;
+  from_[chunk] = From::unchanged;
+  without_hashes_ = true;
+}
+
+void SnapshotWriter::in_place(std::size_t chunk, std::uint32_t pack, std::uint64_t offset, const std::uint64_t* page_hashes) {
+  ChunkRef& c = m_.chunks[chunk];
+  const std::uint32_t pages = m_.pages_of(chunk);
+  std::copy_n(page_hashes, pages, m_.page_hashes.begin() + static_cast<std::ptrdiff_t>(m_.first_page[chunk]));
+  c.hash = tree_hash(page_hashes, pages);
+  c.pack = pack;
+  c.offset = offset;
+  from_[chunk] = From::whole;
+  stored_ += c.length;
+  if (offset % kPageSize == 0) batch_.store().packs->add_hashes(pack, offset / kPageSize, std::vector<std::uint64_t>(page_hashes, page_hashes + pages));
+}
+
 void SnapshotWriter::plan_patch(std::size_t chunk, std::size_t base_chunk, std::uint32_t changed) {
   from_[chunk] = From::patch;
   base_chunk_[chunk] = base_chunk;
   ov_from_[chunk] = patched_.size();
   // Room for the base's overlays and one per changed page.
   patched_.resize(patched_.size() + (base_->first_overlay[base_chunk + 1] - base_->first_overlay[base_chunk]) + changed);
+}
+
+void SnapshotWriter::plan_sparse(std::size_t chunk, std::uint32_t present) {
+  from_[chunk] = From::patch;  // overlays of its own, on the zero chunk
+  ov_from_[chunk] = patched_.size();
+  patched_.resize(patched_.size() + present);
 }
 
 void SnapshotWriter::set_provenance(bool tracked_writes, std::uint64_t chunks_read) {
@@ -279,6 +312,7 @@ void SnapshotWriter::assemble() {
     }
   }
   m_.index();
+  if (without_hashes_) m_.page_hashes.clear();  // not hydrated: whoever needs them reads the page hash files
   m_.stored_bytes = stored_.load();
   m_.time_ns = now_ns();
   if (m_.origin_time_ns == 0) m_.origin_time_ns = m_.time_ns;
@@ -402,6 +436,33 @@ void SnapshotWriter::Lane::put_whole(std::size_t chunk, const char* data) {
   mine_.emplace(c.hash, std::make_pair(chunk, kept));
 }
 
+void SnapshotWriter::Lane::put_sparse(std::size_t chunk, const std::uint32_t* pages, std::size_t count, const char* data) {
+  left_ -= std::min<std::uint64_t>(left_, count * kPageSize);
+  Manifest& m = w_.m_;
+  ChunkRef& c = m.chunks[chunk];
+  const std::uint32_t n = m.pages_of(chunk);
+  std::uint64_t* hashes = m.page_hashes.data() + m.first_page[chunk];
+  auto length_of = [&](std::uint32_t p) { return static_cast<std::uint32_t>(std::min<std::uint64_t>(kPageSize, c.length - std::uint64_t{p} * kPageSize)); };
+  for (std::uint32_t p = 0; p < n; ++p)
+    hashes[p] = zero_page_hash(length_of(p));
+  Overlay* ov = w_.patched_.data() + w_.ov_from_[chunk];
+  std::uint32_t n_ov = 0;
+  for (std::size_t x = 0; x < count; ++x) {
+    const std::uint32_t p = pages[x], len = length_of(p);
+    const char* now = data + std::uint64_t{p} * kPageSize;
+    const std::uint64_t h = page_hash(now, len);
+    if (h == hashes[p] && all_zero(now, len)) continue;
+    hashes[p] = h;
+    PageLoc at = place(now, len, &hashes[p]);
+    ov[n_ov++] = Overlay{chunk, p, at.pack, at.offset};
+  }
+  c.pack = 0;
+  c.offset = 0;
+  c.hash = tree_hash(hashes, n);
+  w_.ov_count_[chunk] = n_ov;
+  if (n_ov == 0) w_.from_[chunk] = SnapshotWriter::From::zero;
+}
+
 bool SnapshotWriter::Lane::changed_page(std::size_t chunk, std::uint32_t p, const char* now, std::uint64_t* hashes) {
   ChunkView was = view_of(*w_.base_, w_.base_chunk_[chunk]);
   const std::uint32_t len = was.page_length(p);
@@ -458,7 +519,7 @@ void SnapshotWriter::Lane::finish() {
 
 namespace {
 
-enum class Plan : std::uint8_t { inherit, patch, whole, zero };
+enum class Plan : std::uint8_t { inherit, patch, whole, zero, sparse };
 
 // Which chunks to inherit, patch or store whole, and for patched chunks the
 // written pages.
@@ -470,6 +531,8 @@ struct ChunkPlan {
   std::vector<std::uint32_t> pages;
   std::vector<std::uint32_t> page_from;
   std::uint32_t patch_count(std::size_t i) const { return page_from[i + 1] - page_from[i]; }
+  // Sparse chunk i: the pages that may be other than zero.
+  std::unordered_map<std::size_t, std::vector<std::uint32_t>> sparse;
 };
 
 // Plans the chunks of `regions`, which are m.regions[first_region...].
@@ -510,6 +573,26 @@ ChunkPlan plan_chunks(const Manifest& m, std::size_t first_region, const std::ve
       else
         cp.pages.resize(first);
       cp.page_from[i + 1] = static_cast<std::uint32_t>(cp.pages.size());
+    }
+  }
+  // Chunks still to be stored whole of which at most a quarter of the pages
+  // can be other than zero (the rest lies in a region's `zero` ranges: pages
+  // a CRIU window does not hold): the zero chunk with those pages apart.
+  for (std::size_t ri = 0; ri < regions.size(); ++ri) {
+    if (regions[ri].zero.empty()) continue;
+    const ManifestRegion& mr = m.regions[first_region + ri];
+    for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
+      const std::size_t i = mr.first_chunk + j;
+      if (cp.plan[i] != Plan::whole) continue;
+      std::vector<std::uint32_t> present;
+      for (std::uint32_t p = 0; p < m.pages_of(i) && present.size() * 4 <= m.pages_of(i); ++p) {
+        const std::uint64_t lo = j * m.chunk_size + std::uint64_t{p} * kPageSize;
+        const std::uint64_t hi = std::min<std::uint64_t>(lo + kPageSize, j * m.chunk_size + m.chunks[i].length);
+        if (!inside(regions[ri].zero, lo, hi)) present.push_back(p);
+      }
+      if (present.size() * 4 > m.pages_of(i)) continue;
+      cp.plan[i] = Plan::sparse;
+      cp.sparse.emplace(i, std::move(present));
     }
   }
   return cp;
@@ -559,11 +642,18 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
       }
       continue;
     }
-    std::uint64_t need = cp.plan[i] == Plan::patch ? cp.patch_count(i) * kPageSize : round_up_page(m.chunks[i].length);
-    if (cp.plan[i] == Plan::patch) w.plan_patch(i, cp.base_chunk[i], cp.patch_count(i));
+    std::uint64_t need = round_up_page(m.chunks[i].length);
+    if (cp.plan[i] == Plan::patch) {
+      w.plan_patch(i, cp.base_chunk[i], cp.patch_count(i));
+      need = cp.patch_count(i) * kPageSize;
+    } else if (cp.plan[i] == Plan::sparse) {
+      const auto present = static_cast<std::uint32_t>(cp.sparse.at(i).size());
+      w.plan_sparse(i, present);
+      need = std::uint64_t{present} * kPageSize;
+    }
     todo.push_back(i);
     slot.push_back(slot.back() + need);
-    total += cp.plan[i] == Plan::patch ? cp.patch_count(i) * kPageWork : need;
+    total += cp.plan[i] == Plan::whole ? need : need / kPageSize * kPageWork;
   }
 
   // One pass per chunk: hash it, and if the store lacks it, copy it into a
@@ -584,11 +674,15 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
     std::optional<RacyReads> racy;  // guarded memory is written by the program meanwhile
     if (guard) racy.emplace();
     auto put = [&](std::size_t i, const char* data) {
-      if (cp.plan[i] == Plan::patch)
-        lane.put_patch(
-            i, cp.pages.data() + cp.page_from[i], cp.patch_count(i), [data](std::uint32_t p) { return data + p * kPageSize; }, data);
-      else
+      auto page_at = [data](std::uint32_t p) { return data + std::uint64_t{p} * kPageSize; };
+      if (cp.plan[i] == Plan::patch) {
+        lane.put_patch(i, cp.pages.data() + cp.page_from[i], cp.patch_count(i), page_at, data);
+      } else if (cp.plan[i] == Plan::sparse) {
+        const auto& present = cp.sparse.at(i);
+        lane.put_sparse(i, present.data(), present.size(), data);
+      } else {
         lane.put_whole(i, data);
+      }
     };
     for (std::size_t k = b; k < e; ++k) {
       const std::size_t i = todo[k];
@@ -616,6 +710,87 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
     lane.finish();
   }, progress);
   return todo.size();
+}
+
+// ---- in place -------------------------------------------------------------------
+
+std::uint64_t write_in_place(SnapshotWriter& writer, std::size_t region, std::uint32_t pack, const char* data, const ByteRanges& holes) {
+  const Manifest& m = writer.manifest();
+  const ManifestRegion& reg = m.regions.at(region);
+  const std::uint64_t cs = m.chunk_size;
+  // The base's region of the same name and size, when its chunks lie in this pack.
+  const Manifest* base = writer.base();
+  const ManifestRegion* br = nullptr;
+  if (base)
+    for (auto& r : base->regions)
+      if (r.name == reg.name && r.size == reg.size) br = &r;
+  std::vector<std::uint64_t> read;
+  std::uint64_t bytes = 0;
+  for (std::uint64_t j = 0; j < reg.chunk_count; ++j) {
+    const std::size_t i = reg.first_chunk + j;
+    const std::uint64_t off = j * cs, len = m.chunks[i].length;
+    if (inside(holes, off, off + len)) {
+      writer.zero(i);
+      continue;
+    }
+    if (br) {
+      const std::size_t bi = br->first_chunk + j;
+      const ChunkRef& b = base->chunks[bi];
+      if (b.pack == pack && b.offset == off && b.length == len && !base->has_overlays(bi)) {
+        writer.inherit(i, bi);
+        continue;
+      }
+    }
+    read.push_back(j);
+    bytes += len;
+  }
+  StoreImpl& store = writer.store();
+  std::atomic<bool> unreadable{false};
+  std::atomic<std::uint64_t> at{0};
+  parallel_for(store.threads, read.size(), bytes, [&](std::size_t b, std::size_t e) {
+    std::vector<std::uint64_t> hashes(cs / kPageSize + 1);
+    for (std::size_t k = b; k < e && !unreadable; ++k) {
+      const std::uint64_t j = read[k];
+      const std::size_t i = reg.first_chunk + j;
+      const std::uint64_t off = j * cs, len = m.chunks[i].length;
+      const char* chunk = data + off;
+      const std::uint32_t pages = m.pages_of(i);
+      // Its page-table entries in one call rather than a page fault every
+      // few pages (a sealed heap is mapped afresh for this).
+      if (!overlaps_any(holes, off, off + len)) (void)::madvise(const_cast<char*>(chunk), round_up_page(len), kPopulateRead);
+      // Pages in holes are not read (through a mapping that would allocate them).
+      const bool partly_holes = overlaps_any(holes, off, off + len);
+      bool zero = false;
+      if (!guarded(chunk, len, [&] {
+            if (!partly_holes) {
+              hash_pages(chunk, len, hashes.data());
+              zero = is_zero_tree(tree_hash(hashes.data(), pages), len) && all_zero(chunk, len);
+              return;
+            }
+            zero = true;
+            for (std::uint32_t p = 0; p < pages; ++p) {
+              const std::uint64_t plen = std::min<std::uint64_t>(kPageSize, len - std::uint64_t{p} * kPageSize);
+              const std::uint64_t at_page = off + std::uint64_t{p} * kPageSize;
+              if (inside(holes, at_page, at_page + plen)) {
+                hashes[p] = zero_page_hash(plen);
+              } else {
+                hashes[p] = page_hash(chunk + std::uint64_t{p} * kPageSize, plen);
+                zero = zero && all_zero(chunk + std::uint64_t{p} * kPageSize, plen);
+              }
+            }
+          })) {
+        at = off;
+        unreadable = true;
+        return;
+      }
+      if (zero)
+        writer.zero(i);
+      else
+        writer.in_place(i, pack, off, hashes.data());
+    }
+  });
+  if (unreadable) throw store.packs->unreadable(pack, at.load());
+  return read.size();
 }
 
 }  // namespace dvr::detail

@@ -65,6 +65,8 @@ bool store_pages_apart(const Manifest& base, std::size_t base_chunk, const std::
 /// core. `region` must be of the same size and `base` paged.
 /// Whether [lo, hi) lies inside one of the sorted, disjoint `ranges`.
 bool inside(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi);
+/// Whether [lo, hi) overlaps one of the sorted, disjoint `ranges`.
+bool overlaps_any(const ByteRanges& ranges, std::uint64_t lo, std::uint64_t hi);
 
 /// Pages inside `zero` (sorted byte ranges) are taken to be zero, not read.
 /// `racy`: the program may be writing `data` meanwhile (see RacyReads).
@@ -155,11 +157,28 @@ class SnapshotWriter {
   void inherit(std::size_t chunk, std::size_t base_chunk);
   /// Chunk `chunk` is all zero.
   void zero(std::size_t chunk);
+  /// Chunk `chunk` is `ref`, a chunk stored whole (no pages apart) by a
+  /// snapshot that is published and indexed in this batch, given without its
+  /// page hashes (a manifest loaded without them): for a snapshot that
+  /// repeats another's chunk table, such as a sealed heap that has not
+  /// changed. The published manifest then holds no page hashes in memory
+  /// (readers take them from the page hash files).
+  void unchanged(std::size_t chunk, const ChunkRef& ref);
+  /// Chunk `chunk` is stored already, whole, at `offset` of heap pack `pack`
+  /// (a sealed heap file linked into the store: Packs::is_heap), with these
+  /// page hashes: nothing is copied, and it counts as stored by this
+  /// snapshot. Safe from several threads for distinct chunks.
+  void in_place(std::size_t chunk, std::uint32_t pack, std::uint64_t offset, const std::uint64_t* page_hashes);
   /// Chunk `chunk` will be patched from `base_chunk` (Lane::put_patch) with at
   /// most `changed` new pages. Call for every patched chunk before any Lane
   /// stores into it (it sizes the overlay table, so that lanes allocate
   /// nothing).
   void plan_patch(std::size_t chunk, std::size_t base_chunk, std::uint32_t changed);
+
+  /// Chunk `chunk` will be stored as the zero chunk with at most `present`
+  /// pages stored apart (Lane::put_sparse). Call for every such chunk before
+  /// any Lane stores into it.
+  void plan_sparse(std::size_t chunk, std::uint32_t present);
 
   /// New data written is unmapped from this process as each block of pack
   /// space is complete (always so for lanes of transient sources): for
@@ -201,6 +220,12 @@ class SnapshotWriter {
     /// holds the whole chunk's bytes for that comparison (else it is skipped).
     template <class PageAt>
     void put_patch(std::size_t chunk, const std::uint32_t* pages, std::size_t count, PageAt page_at, const char* chunk_data);
+    /// Stores chunk `chunk` (planned with plan_sparse), all zero but for the
+    /// pages in `pages` (ascending) of the chunk's bytes `data`, as the zero
+    /// chunk with those pages stored apart (one page each; none for a page
+    /// that is all zero): memory of which only a few pages are present (a
+    /// CRIU window) costs those pages, not whole chunks.
+    void put_sparse(std::size_t chunk, const std::uint32_t* pages, std::size_t count, const char* data);
     /// Completes every copy of this lane and makes it persistent. Must be
     /// called (on this lane's thread) before the batch publishes.
     void finish();
@@ -247,7 +272,8 @@ class SnapshotWriter {
   bool sealed_ = false;
   bool release_written_ = false;
   // Per chunk: where it came from, and for patched chunks their overlay slots.
-  enum class From : std::uint8_t { none, whole, zero, inherit, patch };
+  enum class From : std::uint8_t { none, whole, zero, inherit, patch, unchanged };
+  bool without_hashes_ = false;  // some chunk came by unchanged(): page_hashes is not valid
   std::vector<From> from_;
   std::vector<std::size_t> base_chunk_;
   std::vector<std::size_t> ov_from_;
@@ -311,6 +337,17 @@ void write_snapshot(SnapshotWriter& writer, const std::vector<RegionSource>& reg
 /// only those in memory (a CRIU page stream).
 std::uint64_t write_regions(SnapshotWriter& writer, const std::vector<RegionSource>& regions, const Manifest* base,
                             ChunkGuard* guard = nullptr, ProgressMeter* progress = nullptr);
+
+/// Writes region `region` of a sealed writer from heap pack `pack` (a sealed
+/// heap file, mapped read-only at `data`), which holds the region at its own
+/// offsets: chunk j at offset j * chunk_size. Chunks inside `holes` (sorted
+/// byte ranges of the file that read zero) or all zero are recorded as zero;
+/// chunks that the writer's base holds at that very place of that pack, with
+/// no pages stored apart, are inherited without being read; the others are
+/// hashed on every core and recorded where they are. Nothing is copied: the
+/// snapshot costs the hashing and its manifest. Returns the chunks read.
+/// Throws corrupt when the file cannot be read (SIGBUS: truncated meanwhile).
+std::uint64_t write_in_place(SnapshotWriter& writer, std::size_t region, std::uint32_t pack, const char* data, const ByteRanges& holes);
 
 // ---- template -----------------------------------------------------------------
 
