@@ -2,7 +2,7 @@
 """Whole-process snapshots: `dvr proc dump` against CRIU alone, and a DVR
 persistent heap against the same data in anonymous memory.
 
-    sudo /usr/bin/python3 bench/proc_bench.py [--size 1G] [--repeat 3] [--json] [--no-redis] [--no-heap] [--build build]
+    sudo /usr/bin/python3 bench/proc_bench.py [--size 1G] [--repeat 3] [--json] [--no-redis] [--no-heap | --heap-only] [--build build]
 
 Three jobs hold --size bytes each, started with `dvr run`: one in anonymous
 memory, two in a DVR persistent heap: one that snapshotted its heap once loaded
@@ -794,6 +794,7 @@ def main():
                     help="the `dvr run --heap` figures (the default when redis-server or memcached, and "
                          "build/preload/libdvr_heap.so exist)")
     ap.add_argument("--no-heap", dest="heap", action="store_false", help="leave out the `dvr run --heap` figures")
+    ap.add_argument("--heap-only", action="store_true", help="only the `dvr run --heap` figures")
     ap.add_argument("--build", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"))
     args = ap.parse_args()
     size = parse_size(args.size)
@@ -803,9 +804,14 @@ def main():
         print("proc_bench: needs root (CRIU does)", file=sys.stderr)
         return 77
     build = os.path.abspath(args.build)
-    if args.heap is None:
+    if args.heap is None and not args.heap_only:
         args.heap = bool(shutil.which("redis-server") or shutil.which("memcached")) and os.path.exists(heap_preload(build))
-    elif args.heap and not os.path.exists(heap_preload(build)):
+    if args.heap_only and args.heap is False:
+        print("proc_bench: --heap-only and --no-heap leave nothing to measure", file=sys.stderr)
+        return 2
+    if args.heap_only:
+        args.heap = True
+    if args.heap and not os.path.exists(heap_preload(build)):
         print(f"proc_bench: --heap needs {heap_preload(build)} (build with libjemalloc-dev installed)", file=sys.stderr)
         return 2
     # A SIGTERM ends the run through the `finally` below, which kills everything it started.
@@ -813,99 +819,101 @@ def main():
     work = tempfile.mkdtemp(prefix="dvr-proc-bench-", dir="/dev/shm")
     b = Bench(build, work)
     try:
-        heap_store = os.path.join(work, "heap-store")
-        anon = b.start(mib, os.path.join(work, "anon.status"))
-        heap = b.start(mib, os.path.join(work, "heap.status"), heap=heap_store, snapshot=True)
-        hheap = b.start(mib, os.path.join(work, "hheap.status"), heap=heap_store)
-        jobs = {"anon": anon, "heap": heap, "hheap": hheap}
+        figures = []
+        if not args.heap_only:
+            heap_store = os.path.join(work, "heap-store")
+            anon = b.start(mib, os.path.join(work, "anon.status"))
+            heap = b.start(mib, os.path.join(work, "heap.status"), heap=heap_store, snapshot=True)
+            hheap = b.start(mib, os.path.join(work, "hheap.status"), heap=heap_store)
+            jobs = {"anon": anon, "heap": heap, "hheap": hheap}
 
-        # First dumps, each into a fresh store (nothing to deduplicate against).
-        first_anon, first_heap, first_hheap, criu_dump, first_bytes = [], [], [], [], []
-        for r in range(repeat):
-            img = os.path.join(work, f"criu-{r}")
+            # First dumps, each into a fresh store (nothing to deduplicate against).
+            first_anon, first_heap, first_hheap, criu_dump, first_bytes = [], [], [], [], []
+            for r in range(repeat):
+                img = os.path.join(work, f"criu-{r}")
+                os.mkdir(img)
+                _, took = b.run("criu", "dump", "-t", anon, "-D", img, "--leave-running", "-o", "dump.log")
+                criu_dump.append(took)
+                shutil.rmtree(img)
+                store = os.path.join(work, f"store-{r}")
+                info, took = b.dvr_json(store, "proc", "dump", anon, "--name", "a0", "--leave-running")
+                first_anon.append(took)
+                first_bytes.append(info["stored_bytes"])
+                info, took = b.dvr_json(store, "proc", "dump", heap, "--name", "h0", "--leave-running")
+                first_heap.append(took)
+                info, took = b.dvr_json(store, "proc", "dump", hheap, "--name", "g0", "--leave-running")
+                first_hheap.append(took)
+                if r + 1 < repeat:
+                    shutil.rmtree(store)
+                    # The heap snapshots live in the heap's own store.
+                    b.run(b.dvr, "--store", heap_store, "rm", "bench-app/proc.h0", "bench-job/proc.g0")
+
+            # Second dumps into the last store, each after 1% of the pages changed.
+            re_anon, re_heap, re_hheap, re_bytes, re_heap_bytes = [], [], [], [], []
+            for r in range(repeat):
+                for job, pid in jobs.items():
+                    os.kill(pid, signal.SIGUSR1)
+                for job in jobs:
+                    b.wait_ready(os.path.join(work, f"{job}.status"), r + 1)
+                info, took = b.dvr_json(store, "proc", "dump", anon, "--name", f"a{r + 1}", "--leave-running")
+                re_anon.append(took)
+                re_bytes.append(info["stored_bytes"])
+                info, took = b.dvr_json(store, "proc", "dump", heap, "--name", f"h{r + 1}", "--leave-running")
+                re_heap.append(took)
+                re_heap_bytes.append(info["stored_bytes"])
+                info, took = b.dvr_json(store, "proc", "dump", hheap, "--name", f"g{r + 1}", "--leave-running")
+                re_hheap.append(took)
+
+            # Restore of the anonymous job: CRIU's own images, then dvr's (best of --repeat each).
+            img = os.path.join(work, "criu-restore")
             os.mkdir(img)
-            _, took = b.run("criu", "dump", "-t", anon, "-D", img, "--leave-running", "-o", "dump.log")
-            criu_dump.append(took)
+            b.run("criu", "dump", "-t", anon, "-D", img, "--leave-running", "-o", "dump.log")
+            os.kill(anon, signal.SIGKILL)
+            time.sleep(0.2)
+            criu_restore, dvr_restore, pipe_restore = [], [], []
+            pipe_env = dict(os.environ, DVR_PROC_PAGE_FILL="0")
+            for r in range(repeat):
+                pidfile = os.path.join(work, f"criu-{r}.pid")
+                _, took = b.run("criu", "restore", "-D", img, "-d", "--pidfile", pidfile, "-o", "restore.log")
+                criu_restore.append(took)
+                restored = int(open(pidfile).read())
+                b.kill_wait(restored)
+                out, took = b.run(b.dvr, "--store", store, "proc", "restore", f"a{repeat}", "--detach")
+                dvr_restore.append(took)
+                b.kill_wait(int(out.strip()))
+                out, took = b.run(b.dvr, "--store", store, "proc", "restore", f"a{repeat}", "--detach", env=pipe_env)
+                pipe_restore.append(took)
+                b.kill_wait(int(out.strip()))
             shutil.rmtree(img)
-            store = os.path.join(work, f"store-{r}")
-            info, took = b.dvr_json(store, "proc", "dump", anon, "--name", "a0", "--leave-running")
-            first_anon.append(took)
-            first_bytes.append(info["stored_bytes"])
-            info, took = b.dvr_json(store, "proc", "dump", heap, "--name", "h0", "--leave-running")
-            first_heap.append(took)
-            info, took = b.dvr_json(store, "proc", "dump", hheap, "--name", "g0", "--leave-running")
-            first_hheap.append(took)
-            if r + 1 < repeat:
-                shutil.rmtree(store)
-                # The heap snapshots live in the heap's own store.
-                b.run(b.dvr, "--store", heap_store, "rm", "bench-app/proc.h0", "bench-job/proc.g0")
 
-        # Second dumps into the last store, each after 1% of the pages changed.
-        re_anon, re_heap, re_hheap, re_bytes, re_heap_bytes = [], [], [], [], []
-        for r in range(repeat):
-            for job, pid in jobs.items():
-                os.kill(pid, signal.SIGUSR1)
-            for job in jobs:
-                b.wait_ready(os.path.join(work, f"{job}.status"), r + 1)
-            info, took = b.dvr_json(store, "proc", "dump", anon, "--name", f"a{r + 1}", "--leave-running")
-            re_anon.append(took)
-            re_bytes.append(info["stored_bytes"])
-            info, took = b.dvr_json(store, "proc", "dump", heap, "--name", f"h{r + 1}", "--leave-running")
-            re_heap.append(took)
-            re_heap_bytes.append(info["stored_bytes"])
-            info, took = b.dvr_json(store, "proc", "dump", hheap, "--name", f"g{r + 1}", "--leave-running")
-            re_hheap.append(took)
+            # Peak resident memory of dvr itself (GNU time), against the job's size.
+            anon2 = b.start(mib, os.path.join(work, "anon2.status"))
+            rss_store = os.path.join(work, "rss-store")
+            dump_rss = b.peak_rss(b.dvr, "--store", rss_store, "proc", "dump", anon2, "--name", "m")
+            restore_rss = b.peak_rss(b.dvr, "--store", rss_store, "proc", "restore", "m", "--detach")
+            b.kill_wait(int(b.last_out.strip()))
+            b.kill_all()
+            shutil.rmtree(rss_store, ignore_errors=True)
+            shutil.rmtree(store, ignore_errors=True)  # the memory the later figures need
+            shutil.rmtree(heap_store, ignore_errors=True)
 
-        # Restore of the anonymous job: CRIU's own images, then dvr's (best of --repeat each).
-        img = os.path.join(work, "criu-restore")
-        os.mkdir(img)
-        b.run("criu", "dump", "-t", anon, "-D", img, "--leave-running", "-o", "dump.log")
-        os.kill(anon, signal.SIGKILL)
-        time.sleep(0.2)
-        criu_restore, dvr_restore, pipe_restore = [], [], []
-        pipe_env = dict(os.environ, DVR_PROC_PAGE_FILL="0")
-        for r in range(repeat):
-            pidfile = os.path.join(work, f"criu-{r}.pid")
-            _, took = b.run("criu", "restore", "-D", img, "-d", "--pidfile", pidfile, "-o", "restore.log")
-            criu_restore.append(took)
-            restored = int(open(pidfile).read())
-            b.kill_wait(restored)
-            out, took = b.run(b.dvr, "--store", store, "proc", "restore", f"a{repeat}", "--detach")
-            dvr_restore.append(took)
-            b.kill_wait(int(out.strip()))
-            out, took = b.run(b.dvr, "--store", store, "proc", "restore", f"a{repeat}", "--detach", env=pipe_env)
-            pipe_restore.append(took)
-            b.kill_wait(int(out.strip()))
-        shutil.rmtree(img)
-
-        # Peak resident memory of dvr itself (GNU time), against the job's size.
-        anon2 = b.start(mib, os.path.join(work, "anon2.status"))
-        rss_store = os.path.join(work, "rss-store")
-        dump_rss = b.peak_rss(b.dvr, "--store", rss_store, "proc", "dump", anon2, "--name", "m")
-        restore_rss = b.peak_rss(b.dvr, "--store", rss_store, "proc", "restore", "m", "--detach")
-        b.kill_wait(int(b.last_out.strip()))
-        b.kill_all()
-        shutil.rmtree(rss_store, ignore_errors=True)
-        shutil.rmtree(store, ignore_errors=True)  # the memory the later figures need
-        shutil.rmtree(heap_store, ignore_errors=True)
-
-        figures = [
-            ("dump_anon", min(first_anon), "s", "criu dump (tmpfs)", min(criu_dump)),
-            ("dump_heap", min(first_heap), "s", "dump_anon", min(first_anon)),
-            ("dump_heap_hash", min(first_hheap), "s", "dump_anon", min(first_anon)),
-            ("redump_anon", min(re_anon), "s", "dump_anon", min(first_anon)),
-            ("redump_heap", min(re_heap), "s", "redump_anon", min(re_anon)),
-            ("redump_heap_hash", min(re_hheap), "s", "redump_anon", min(re_anon)),
-            ("redump_bytes", max(re_bytes), "B", "dump_anon bytes", min(first_bytes)),
-            ("redump_heap_bytes", max(re_heap_bytes), "B", "dump_anon bytes", min(first_bytes)),
-            ("restore_anon", min(dvr_restore), "s", "criu restore (tmpfs)", min(criu_restore)),
-            ("restore_anon_pipe", min(pipe_restore), "s", "criu restore (tmpfs)", min(criu_restore)),
-            ("dump_peak_rss", dump_rss, "B", "job size", size),
-            ("restore_peak_rss", restore_rss, "B", "job size", size),
-        ]
-        if not args.no_redis:
-            figures += redis_figures(b, work, size, repeat)
-        figures = [fig + (None, None) for fig in figures]  # no targets, best of --repeat
+            figures = [
+                ("dump_anon", min(first_anon), "s", "criu dump (tmpfs)", min(criu_dump)),
+                ("dump_heap", min(first_heap), "s", "dump_anon", min(first_anon)),
+                ("dump_heap_hash", min(first_hheap), "s", "dump_anon", min(first_anon)),
+                ("redump_anon", min(re_anon), "s", "dump_anon", min(first_anon)),
+                ("redump_heap", min(re_heap), "s", "redump_anon", min(re_anon)),
+                ("redump_heap_hash", min(re_hheap), "s", "redump_anon", min(re_anon)),
+                ("redump_bytes", max(re_bytes), "B", "dump_anon bytes", min(first_bytes)),
+                ("redump_heap_bytes", max(re_heap_bytes), "B", "dump_anon bytes", min(first_bytes)),
+                ("restore_anon", min(dvr_restore), "s", "criu restore (tmpfs)", min(criu_restore)),
+                ("restore_anon_pipe", min(pipe_restore), "s", "criu restore (tmpfs)", min(criu_restore)),
+                ("dump_peak_rss", dump_rss, "B", "job size", size),
+                ("restore_peak_rss", restore_rss, "B", "job size", size),
+            ]
+            if not args.no_redis:
+                figures += redis_figures(b, work, size, repeat)
+            figures = [fig + (None, None) for fig in figures]  # no targets, best of --repeat
         if args.heap:
             if not args.no_redis:
                 figures += heap_redis_figures(b, work, size, repeat)

@@ -502,8 +502,8 @@ HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegio
   p.path = h.path;
   p.region = &mr;
   ::unlink(note_path(h.path).c_str());  // whatever it said no longer holds
-  // Read-only while it may need nothing (a sealed heap in place, perhaps on
-  // a read-only bind in a clone's view); opened for writing when it must change.
+  // Read-only while it may need nothing (a sealed heap, which is a heap pack:
+  // only read here); opened for writing when it must change.
   p.fd = Fd(::open(h.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!p.fd || file_size(p.fd.get(), h.path) != file_bytes(h)) {
     p.fd = open_or_throw(h.path, O_RDWR | O_CREAT);
@@ -511,9 +511,9 @@ HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegio
     if (::ftruncate(p.fd.get(), static_cast<off_t>(file_bytes(h))) != 0) throw_errno(errno, "cannot size heap file " + h.path);
   }
   p.holes = holes_of(p.fd.get(), h.bytes);
-  // Chunks that lie in holes or are zero in the snapshot are decided without
-  // reading; the others are compared page by page, on every core, through a
-  // read-only mapping (the page cache, no copy).
+  // Chunks that lie in holes are decided without reading; the others (zero
+  // chunks the file holds allocated too) are compared page by page, on
+  // every core, through a read-only mapping (the page cache, no copy).
   const std::uint64_t bytes = file_bytes(h);
   Mapping live = Mapping::file(p.fd.get(), bytes, PROT_READ, MAP_SHARED, "heap file " + h.path);
   const char* base = static_cast<const char*>(live.data());
