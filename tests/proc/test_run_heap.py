@@ -609,18 +609,24 @@ def test_redis_heap_restore_of_the_middle_of_three_dumps(work, tcp_dumps):
     assert alive(restored)
 
 
-def test_redis_heap_bgsave_child_writes_a_consistent_rdb(work, tcp_dumps):
+@pytest.mark.parametrize("sealed", [False, True], ids=["shared", "sealed"])
+def test_redis_heap_bgsave_child_writes_a_consistent_rdb(work, tcp_dumps, sealed):
     """BGSAVE forks redis: while the child writes the RDB, the parent takes
     new keys and rewrites old ones. The RDB (loaded by a plain redis-server)
     has exactly the keys of the fork's time with their old values; the
-    original has everything, its heap is shared again after the child exits,
-    and the heap file holds what it wrote meanwhile (a dump and restore shows)."""
+    original has everything: a shared heap is shared again after the child
+    exits, and the heap file holds what it wrote meanwhile; a heap sealed by
+    a dump before the BGSAVE stays private and its file as the dump left it
+    (a dump and restore shows the original's data either way)."""
     rdb_dir = work.path("rdb")
     rdb_dir.mkdir()
     pid, port = start_redis_heap(work, directory=rdb_dir, extra=("--dbfilename", "bg.rdb"))
     heap = heap_file(work, "redis")
     at_fork = {f"key:{i}": value(i, 0) for i in range(N_KEYS)}
     load(port, at_fork)
+    if sealed:
+        work.dump(pid, "before-bgsave", leave_running=True)
+        sealed_sum = sha256_file(heap)
     # The child takes about a second for the RDB (it sleeps after one key in 4; a negative
     # rdb-key-save-delay is that odds): the writes below happen while it runs.
     assert redis_cli(port, "CONFIG", "SET", "rdb-key-save-delay", "-4") == "OK"
@@ -644,7 +650,10 @@ def test_redis_heap_bgsave_child_writes_a_consistent_rdb(work, tcp_dumps):
         raise
     assert info, "BGSAVE did not finish within 90 s"
     assert info["rdb_last_bgsave_status"] == "ok", info
-    wait_shared(pid, heap, timeout=5)
+    if sealed:
+        assert heap_mode(pid, heap) == "rw-p" and sha256_file(heap) == sealed_sum, "the sealed heap changed"
+    else:
+        wait_shared(pid, heap, timeout=5)
     assert redis_cli(port, "CONFIG", "SET", "rdb-key-save-delay", "0") == "OK"
     now = {**at_fork, **during}
     assert_redis_holds(port, now, "the original after BGSAVE")

@@ -1,19 +1,16 @@
 // Sealing the heaps of `dvr run --heap` programs at a dump (see heap_seal.hpp).
 #include "proc/heap_seal.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <optional>
 #include <random>
 #include <set>
@@ -86,30 +83,6 @@ bool ask_to_seal(const std::vector<pid_t>& tree, const ShimFile& shim, std::stri
   }
   why = "no process of the tree holds its control pipe";
   return false;
-}
-
-// Whether any process maps the file `st` shared and writable: then it can
-// still change, and it is no snapshot.
-bool mapped_shared_writable(const struct stat& st) {
-  DIR* d = ::opendir("/proc");
-  if (!d) return true;
-  bool found = false;
-  for (dirent* e = ::readdir(d); e && !found; e = ::readdir(d)) {
-    char* end = nullptr;
-    long p = std::strtol(e->d_name, &end, 10);
-    if (!end || *end || p <= 0) continue;
-    std::ifstream maps(std::string("/proc/") + e->d_name + "/maps");
-    std::string line;
-    while (!found && std::getline(maps, line)) {
-      unsigned long long lo = 0, hi = 0, offset = 0, inode = 0;
-      unsigned major = 0, minor = 0;
-      char perms[8] = {};
-      if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &offset, &major, &minor, &inode) != 7) continue;
-      found = inode == static_cast<unsigned long long>(st.st_ino) && makedev(major, minor) == st.st_dev && perms[1] == 'w' && perms[3] == 's';
-    }
-  }
-  ::closedir(d);
-  return found;
 }
 
 // The heap pack of `packs` that is the file `st`, or 0.
@@ -241,7 +214,8 @@ std::vector<HeapFile> seal_heaps(Store& store, const std::vector<pid_t>& tree, c
         if (!read_shim(path, shim) || shim.sealed_ino == 0 || ::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
             static_cast<std::uint64_t>(st.st_ino) != shim.sealed_ino)
           throw Error(Errc::io, "the heap file is not the file the program sealed (replaced meanwhile?)");
-        if (mapped_shared_writable(st)) throw Error(Errc::io, "a process still maps the heap file shared and writable");
+        // Mapped shared and writable anywhere, it can still change: no snapshot.
+        if (mapped_writable(st, 0, true)) throw Error(Errc::io, "a process still maps the heap file shared and writable");
         snapshot_in_place(store, h, st, snapshot, base);
         out.push_back(h);
       } catch (const Error& e) {

@@ -117,10 +117,7 @@ std::vector<std::string> processes_mapping(const std::string& path, pid_t except
   return out;
 }
 
-namespace {
-
-// True when a process other than `except` maps the file `st` writably.
-bool written_elsewhere(const struct stat& st, pid_t except) {
+bool mapped_writable(const struct stat& st, pid_t except, bool shared_only) {
   DIR* d = ::opendir("/proc");
   if (!d) return true;
   bool found = false;
@@ -135,12 +132,14 @@ bool written_elsewhere(const struct stat& st, pid_t except) {
       unsigned major = 0, minor = 0;
       char perms[8] = {};
       if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &offset, &major, &minor, &inode) != 7) continue;
-      found = inode == st.st_ino && makedev(major, minor) == st.st_dev && perms[1] == 'w';
+      found = inode == st.st_ino && makedev(major, minor) == st.st_dev && perms[1] == 'w' && (!shared_only || perms[3] == 's');
     }
   }
   ::closedir(d);
   return found;
 }
+
+namespace {
 
 // The region-relative byte ranges of a heap that process `pid` may have
 // written since the note's snapshot, or false when the note does not hold
@@ -168,7 +167,7 @@ bool written_by_note(pid_t pid, const HeapFile& h, const TrackNote& n, std::vect
     else if (perms[1] == 'w')
       ++elsewhere;  // read-only mappings cannot write
   }
-  if (mapped != 1 || elsewhere != 0 || written_elsewhere(st, pid)) return false;
+  if (mapped != 1 || elsewhere != 0 || mapped_writable(st, pid, false)) return false;
   std::vector<AddrRange> pages;
   if (!written_pages_of(pid, {n.start, n.end}, pages)) return false;  // no longer registered there
   // Whole pages outside the tracked range (an unaligned tail) count as written.

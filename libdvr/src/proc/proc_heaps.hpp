@@ -19,6 +19,7 @@
 //   end <number of heap lines>
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -61,6 +62,10 @@ std::vector<std::string> mapped_heaps(pid_t pid);
 
 /// Processes (other than `except`) that map `path` now: "PID (COMM)" each.
 std::vector<std::string> processes_mapping(const std::string& path, pid_t except = 0);
+
+/// True when a process other than `except` (0: none) maps the file `st`
+/// writably (`shared_only`: shared and writable), or /proc cannot be read.
+bool mapped_writable(const struct stat& st, pid_t except, bool shared_only);
 
 /// How a heap was captured (for reports and tests).
 struct HeapStats {
