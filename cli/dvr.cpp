@@ -805,8 +805,8 @@ void print_dump(const proc::ProcInfo& p, const proc::DumpOptions& o) {
             << " of CRIU images, " << bytes(p.stored_bytes) << " added to the store"
             << (p.parent.empty() ? "" : " (compared with proc/" + printable(p.parent) + ")") << "\n";
   for (auto& h : p.heaps)
-    std::cout << "  heap " << printable(h.path) << " (" << bytes(h.bytes) << ") snapshotted as " << printable(h.session) << "/" << proc::kHeapPrefix
-              << printable(p.name) << "\n";
+    std::cout << "  heap " << printable(h.path) << " (" << bytes(h.bytes) << ") " << (h.sealed ? "sealed, stored in place" : "snapshotted")
+              << " as " << printable(h.session) << "/" << proc::kHeapPrefix << printable(p.name) << "\n";
   std::cout << (o.leave_running ? "the process keeps running\n" : "the process was stopped\n");
   if (o.tcp_established)
     std::cout << "its established TCP connections were dumped (their peers' packets wait until they are restored); `dvr proc restore "

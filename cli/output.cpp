@@ -124,7 +124,7 @@ json to_json(const StoreStats& s) {
 json to_json(const proc::ProcInfo& p) {
   json heaps = json::array();
   for (auto& h : p.heaps)
-    heaps.push_back({{"path", jstr(h.path)}, {"bytes", h.bytes}, {"store", jstr(h.store)}, {"session", jstr(h.session)}});
+    heaps.push_back({{"path", jstr(h.path)}, {"bytes", h.bytes}, {"store", jstr(h.store)}, {"session", jstr(h.session)}, {"sealed", h.sealed}});
   json files = json::array();
   for (auto& f : p.files)
     files.push_back({{"path", jstr(f.path)}, {"size", f.size}, {"mtime_ns", f.mtime_ns}});

@@ -694,7 +694,7 @@ def test_damaged_heap_snapshot_is_refused_and_the_heap_file_left_alone(work, pro
     p.wait_line("idle")
     data = p.regions()["data"]
     assert p.in_heap(*data[:2])
-    work.dump(p.pid, "dmg", env=COPY_HEAP)
+    assert [h["sealed"] for h in work.dump(p.pid, "dmg", env=COPY_HEAP)["heaps"]] == [False]
     assert wait_gone(p.pid)
     with open(p.heap, "rb") as f:
         f.seek(data[0] - HEAP_BASE)
@@ -894,6 +894,7 @@ def test_a_dump_seals_the_heap_in_place_and_the_program_goes_on(work, probe_bin)
     kept = p.regions()["kept"]
     assert p.in_heap(*kept[:2])
     first = work.dump(p.pid, "s1", leave_running=True)
+    assert [h["sealed"] for h in first["heaps"]] == [True], first
     assert heap_mode(p.pid, p.heap) == "rw-p", heap_mappings(p.pid, p.heap)
     assert p.heap.stat().st_ino in heap_packs(work), f"the heap file is no heap pack of the store: {heap_packs(work)}"
     assert first["stored_bytes"] >= 64 * MIB, f"the sealed heap's data should count as stored: {first}"

@@ -41,6 +41,9 @@ struct HeapRef {
   std::uint64_t bytes = 0;  // its size
   std::string store;        // STORE
   std::string session;      // SESSION; the snapshot is SESSION/proc.NAME
+  /// The heap was sealed at the dump (`dvr run --heap`, docs/criu.md): its
+  /// snapshot is the heap file itself, linked into the store, not a copy.
+  bool sealed = false;
 };
 
 struct ProcInfo {

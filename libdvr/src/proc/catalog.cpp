@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dvr/clone.hpp"
+#include "proc/heap_seal.hpp"
 #include "proc/metadata.hpp"
 #include "store/reader.hpp"
 #include "store/store_impl.hpp"
@@ -37,15 +38,21 @@ heaps::HeapImage heap_image_in(const Store& store, const ProcInfo& p) {
   return img;
 }
 
-std::uint64_t heap_bytes(const Store& store, const ProcInfo& p) {
+std::uint64_t account_heaps(const Store& store, ProcInfo& p) {
   std::uint64_t n = 0;
   std::vector<std::pair<std::string, std::string>> seen;
   heaps::HeapImage img = heap_image_in(store, p);
-  for (auto& h : img.heaps) {
-    if (std::find(seen.begin(), seen.end(), std::make_pair(h.store, h.session)) != seen.end()) continue;
-    seen.emplace_back(h.store, h.session);
+  for (std::size_t k = 0; k < img.heaps.size(); ++k) {
+    const heaps::HeapFile& h = img.heaps[k];
     try {
-      n += Store::open(h.store, {.create = false}).info(h.session, img.snapshot).stored_bytes;
+      Store s = Store::open(h.store, {.create = false});
+      if (std::find(seen.begin(), seen.end(), std::make_pair(h.store, h.session)) == seen.end()) {
+        seen.emplace_back(h.store, h.session);
+        n += s.info(h.session, img.snapshot).stored_bytes;
+      }
+      detail::StoreImpl& si = detail::impl_of(s);
+      const detail::Manifest m = si.load_manifest(h.session, img.snapshot, nullptr, false);
+      p.heaps[k].sealed = heaps::in_place_pack(m, h.path.substr(h.path.find_last_of('/') + 1), h.bytes, *si.packs) != 0;
     } catch (const Error&) {
     }
   }
@@ -78,7 +85,7 @@ ProcInfo read_info(const Store& store, const SnapshotInfo& si, bool verify) {
   p.seq = si.seq;
   p.origin_time_ns = si.origin_time_ns;
   p.parent = si.parent;
-  p.stored_bytes = si.stored_bytes + heap_bytes(store, p);
+  p.stored_bytes = si.stored_bytes + account_heaps(store, p);
   return p;
 }
 

@@ -239,7 +239,7 @@ void store_images(Store& store, const std::string& name, const WorkDir& work, Me
   info.time_ns = si.time_ns;
   info.seq = si.seq;
   info.origin_time_ns = si.origin_time_ns;
-  info.stored_bytes = si.stored_bytes + heap_bytes(store, info);
+  info.stored_bytes = si.stored_bytes + account_heaps(store, info);
 }
 
 // The same after a dump whose pages went to `stream`: the other image files
@@ -259,7 +259,7 @@ void store_streamed_images(Store& store, PageStream& stream, const WorkDir& work
   info.time_ns = si.time_ns;
   info.seq = si.seq;
   info.origin_time_ns = si.origin_time_ns;
-  info.stored_bytes = si.stored_bytes + heap_bytes(store, info);
+  info.stored_bytes = si.stored_bytes + account_heaps(store, info);
 }
 
 }  // namespace
