@@ -31,13 +31,20 @@ bool StoreImpl::range_free(std::uint32_t pack, std::uint64_t offset, std::uint64
   return true;
 }
 
-StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Placement> hint) {
+StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Placement> hint, unsigned writer) {
   auto ids = packs->ids();
+  // New space (a pack's end) goes to packs of the writer's own on memory
+  // media: a tmpfs file is copied into by one writer at a time (its inode
+  // lock), so two writers appending to one pack take as long as one
+  // (docs/format.md, "Pack files"). Elsewhere, and while some manifest cannot
+  // be read (new data then goes to the quarantine pack alone), one pack grows.
+  const unsigned ways = medium == Medium::dram && unreadable_.empty() ? std::max(1u, threads) : 1u;
+  auto mine = [&](std::uint32_t id) { return (id - 1) % ways == writer % ways; };  // writer 0: pack 1
   // Heap packs (sealed heaps, mapped copy-on-write by their programs) never
-  // take new data; the newest pack that may grow is the newest of the others.
+  // take new data; the pack that may grow is the writer's newest of the others.
   std::uint32_t newest = 0;
   for (auto id : ids)
-    if (!packs->is_heap(id)) newest = id;
+    if (!packs->is_heap(id) && mine(id)) newest = id;
   const std::uint64_t first = std::max(kPackHeaderSize, round_up_page(test_first_offset));
   const std::uint64_t max_size = kMaxPackSize + (first - kPackHeaderSize);
   auto usable = [&](std::uint32_t id) { return !packs->is_heap(id) && (unreadable_.empty() || id == quarantine_pack_); };
@@ -81,9 +88,9 @@ StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Pla
     return found.has_value();
   });
   if (found) return *found;
-  // Then the space after each pack's last data, growing the newest pack.
+  // Then the space after each of the writer's packs' last data, growing its newest.
   for (auto id : ids) {
-    if (!usable(id)) continue;
+    if (!usable(id) || !mine(id)) continue;
     const std::uint64_t size = packs->size_of(id);
     if (auto at = fit_in(id, live_.end_of(id, first), id == newest ? max_size : size)) {
       if (*at + length > size) packs->grow(id, std::min(max_size, std::max(*at + length, 2 * size)));
@@ -91,6 +98,8 @@ StoreImpl::Placement StoreImpl::allocate(std::uint64_t length, std::optional<Pla
     }
   }
   std::uint32_t id = ids.empty() ? 1 : ids.back() + 1;
+  while (!mine(id))
+    ++id;  // the writer's own (pack ids need not be consecutive)
   packs->create(id, std::max(kInitialPackSize, first + length), first + length);
   if (!unreadable_.empty()) quarantine_pack_ = id;
   return {id, first};
@@ -108,11 +117,12 @@ StoreImpl::AllocationScope::~AllocationScope() {
   store_.packs->end_writes();
 }
 
-std::pair<StoreImpl::Placement, PackWriter> StoreImpl::AllocationScope::take(std::uint64_t length) {
+std::pair<StoreImpl::Placement, PackWriter> StoreImpl::AllocationScope::take(std::uint64_t length, unsigned writer) {
   std::lock_guard<std::mutex> lock(mu_);
-  Placement p = store_.allocate(length, next_);
+  if (next_.size() <= writer) next_.resize(writer + 1);
+  Placement p = store_.allocate(length, next_[writer], writer);
   store_.in_flight_.push_back({p.pack, p.offset, length});
-  next_ = Placement{p.pack, p.offset + length};
+  next_[writer] = Placement{p.pack, p.offset + length};
   return {p, store_.packs->writer(p.pack, p.offset, length)};
 }
 

@@ -137,7 +137,10 @@ class StoreImpl {
   /// interrupted writes), growing the newest pack or creating one when no free
   /// range is large enough. Call after refresh_index() with the exclusive lock
   /// held, through an AllocationScope.
-  Placement allocate(std::uint64_t length, std::optional<Placement> hint = std::nullopt);
+  /// `writer`: which of a snapshot's concurrent writers asks (0, 1, ...).
+  /// On memory media each grows packs of its own ((id - 1) % threads ==
+  /// writer % threads), because tmpfs copies into one file one writer at a time.
+  Placement allocate(std::uint64_t length, std::optional<Placement> hint = std::nullopt, unsigned writer = 0);
   /// For tests only (tests/unit/aged_store_test.cpp; nothing public sets it):
   /// new data goes at or beyond this offset of a pack, and packs may grow to
   /// it plus kMaxPackSize, so that data lies past 4 GiB in a sparse pack
@@ -154,7 +157,9 @@ class StoreImpl {
     ~AllocationScope();
     AllocationScope(const AllocationScope&) = delete;
     AllocationScope& operator=(const AllocationScope&) = delete;
-    std::pair<Placement, PackWriter> take(std::uint64_t length);
+    /// Space for writer `writer` (Lane::index), right after the last block
+    /// that writer took when that is free.
+    std::pair<Placement, PackWriter> take(std::uint64_t length, unsigned writer = 0);
     /// The snapshot was published: the space taken is now live.
     void commit() { committed_ = true; }
 
@@ -162,7 +167,7 @@ class StoreImpl {
     StoreImpl& store_;
     std::mutex mu_;
     bool committed_ = false;
-    std::optional<Placement> next_;
+    std::vector<std::optional<Placement>> next_;  // per writer
   };
 
   /// A stored range a manifest uses: a chunk, or a page stored apart.

@@ -322,6 +322,7 @@ void SnapshotWriter::assemble() {
 
 SnapshotWriter::Lane::Lane(SnapshotWriter& writer, std::uint64_t expected, bool stable_sources, bool keep_mapped)
     : w_(writer),
+      index_(writer.lanes_++),
       stable_(stable_sources),
       keep_mapped_(keep_mapped),
       left_(expected),
@@ -360,7 +361,7 @@ PageLoc SnapshotWriter::Lane::place(const char* from, std::uint64_t len, const s
     close_block();
     std::uint64_t size = std::max(need, std::min(block_size_, std::max(left_, need)));
     block_size_ = std::min(block_size_ * 2, kMaxBlock);
-    auto placed = w_.batch_.space().take(size);
+    auto placed = w_.batch_.space().take(size, index_);
     block_.at = placed.first;
     block_.length = size;
     block_.used = block_.reserved = 0;

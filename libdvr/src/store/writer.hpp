@@ -240,6 +240,7 @@ class SnapshotWriter {
     void apply_patch(std::size_t chunk, const std::vector<std::uint32_t>& changed, const char* const* now);
 
     SnapshotWriter& w_;
+    unsigned index_;  // which of the writer's lanes: where it takes new space
     bool stable_;
     bool keep_mapped_;
     std::uint64_t left_, block_size_, step_;
@@ -280,6 +281,7 @@ class SnapshotWriter {
   std::vector<std::uint32_t> ov_count_;
   std::vector<Overlay> patched_;
   std::atomic<std::uint64_t> stored_{0};
+  std::atomic<unsigned> lanes_{0};  // lanes made so far (numbers them)
 };
 
 /// One region of memory that is all present while a snapshot is written.
