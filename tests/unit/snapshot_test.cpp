@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -671,12 +672,16 @@ TEST_CASE("snapshot: on tmpfs each writer grows a pack of its own; the data read
       Session s(store, "lanes");
       s.track("r", live.data(), size);
       CHECK(s.snapshot("a").stored_bytes >= size);
-      // tmpfs: two writers, each appending to its own pack (1 and 2); a disk
+      // tmpfs: two writers, each appending to a pack of its own (which ids
+      // depends on which writer came first), each holding about half; a disk
       // file system: one pack grows.
       auto packs = dvrtest::pack_files(store);
       CHECK(packs.size() == (memory ? 2u : 1u));
-      for (std::size_t i = 0; i < packs.size(); ++i)
-        CHECK_THAT(packs[i], Catch::EndsWith("/packs/0000000" + std::to_string(i + 1) + ".pack"));
+      for (auto& pack : packs) {
+        struct stat st {};
+        REQUIRE(::stat(pack.c_str(), &st) == 0);
+        CHECK(static_cast<std::uint64_t>(st.st_blocks) * 512 >= size / packs.size() - (8u << 20));
+      }
       CHECK(store.verify().ok());
       dvrtest::fill_random(live.data(), size, 1851);
       const auto b0 = live;

@@ -490,6 +490,7 @@ struct HeapPlan {
   std::string path;
   Fd fd;
   bool writable = false;  // fd opened for writing (else read-only: a heap pack needs no write)
+  bool created = false;   // there was no file: the restore made it
   ByteRanges holes;  // of the file before the restore
   const ManifestRegion* region = nullptr;
   std::vector<std::size_t> fetch;                               // chunks with pages that differ
@@ -505,7 +506,8 @@ HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegio
   // only read here); opened for writing when it must change.
   p.fd = Fd(::open(h.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!p.fd || file_size(p.fd.get(), h.path) != file_bytes(h)) {
-    p.fd = open_or_throw(h.path, O_RDWR | O_CREAT);
+    p.created = !p.fd && errno == ENOENT;
+    p.fd = open_or_throw(h.path, O_RDWR | O_CREAT | (p.created ? O_EXCL : 0));
     p.writable = true;
     if (::ftruncate(p.fd.get(), static_cast<off_t>(file_bytes(h))) != 0) throw_errno(errno, "cannot size heap file " + h.path);
   }
@@ -555,6 +557,14 @@ HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegio
 }
 
 void apply_heap_plan(SnapshotReader& reader, const Manifest& m, HeapPlan& p, std::vector<char>& buf, HeapUndo* undo) {
+  if (p.created && undo) {
+    // Nothing to keep of it: undone, it goes again.
+    std::uint64_t bytes = 0;
+    for (std::size_t i : p.fetch)
+      bytes += m.chunks[i].length;
+    undo->created(p.path, bytes);
+    undo = nullptr;
+  }
   if (p.fetch.empty() && p.punch.empty()) return;  // intact: only read
   if (!p.writable) {
     p.fd = open_or_throw(p.path, O_RDWR);
@@ -651,6 +661,8 @@ void HeapUndo::save(int fd, const std::string& path, std::uint64_t offset, std::
   used_ += len;
 }
 
+void HeapUndo::created(const std::string& path, std::uint64_t bytes) { created_.emplace_back(path, bytes); }
+
 std::vector<std::pair<std::string, std::uint64_t>> HeapUndo::rewritten() const {
   std::vector<std::pair<std::string, std::uint64_t>> out;
   for (auto& p : pieces_) {
@@ -665,6 +677,8 @@ std::vector<std::pair<std::string, std::uint64_t>> HeapUndo::rewritten() const {
 
 void HeapUndo::revert() noexcept {
   revert_pieces();
+  for (auto it = created_.rbegin(); it != created_.rend(); ++it)
+    (void)::unlink(it->first.c_str());
   for (auto it = aside_.rbegin(); it != aside_.rend(); ++it)
     (void)::rename(it->second.c_str(), it->first.c_str());
 }

@@ -177,11 +177,16 @@ class HeapUndo {
   /// Moves heap file `path` aside (a rename into the undo's directory), for
   /// a new file or a link to take its name; revert() moves it back.
   void set_aside(const std::string& path);
+  /// Heap file `path` did not exist: the restore created it and wrote
+  /// `bytes` of the snapshot into it (the rest reads zero); revert() removes it.
+  void created(const std::string& path, std::uint64_t bytes);
   /// Best effort, newest first; throws nothing.
   void revert() noexcept;
   /// Heap file → bytes the restore rewrote there (pages that differed from
   /// the snapshot: written after the dump, or changed behind dvr's back).
   std::vector<std::pair<std::string, std::uint64_t>> rewritten() const;
+  /// Heap files the restore created → bytes written into them.
+  const std::vector<std::pair<std::string, std::uint64_t>>& created_files() const { return created_; }
 
  private:
   struct Piece {
@@ -193,6 +198,7 @@ class HeapUndo {
   std::uint64_t used_ = 0;
   std::vector<Piece> pieces_;
   std::vector<std::pair<std::string, std::string>> aside_;  // heap file -> where it was moved
+  std::vector<std::pair<std::string, std::uint64_t>> created_;  // heap files made by the restore
   void revert_pieces() noexcept;
 };
 

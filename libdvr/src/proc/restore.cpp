@@ -173,10 +173,12 @@ class HeapRestore {
   /// One line per heap file the restore had to rewrite.
   std::vector<std::string> notes() const {
     std::vector<std::string> out;
-    if (undo_)
-      for (auto& [path, bytes] : undo_->rewritten())
-        out.push_back("heap " + path + ": " + std::to_string(bytes) +
-                      " bytes differed from the dump (written after it, or changed behind dvr's back) and were put back");
+    if (!undo_) return out;
+    for (auto& [path, bytes] : undo_->created_files())
+      out.push_back("heap " + path + ": was missing; created from the dump (" + std::to_string(bytes) + " bytes written, the rest reads zero)");
+    for (auto& [path, bytes] : undo_->rewritten())
+      out.push_back("heap " + path + ": " + std::to_string(bytes) +
+                    " bytes differed from the dump (written after it, or changed behind dvr's back) and were put back");
     return out;
   }
 
