@@ -18,6 +18,7 @@
 
 #include "base/codec.hpp"
 #include "base/hash.hpp"
+#include "base/os.hpp"
 #include "base/sigbus.hpp"
 #include "dvr/transfer.hpp"
 #include "format/chunks.hpp"
@@ -506,4 +507,42 @@ TEST_CASE("defects: a short stream claiming a huge snapshot is refused before th
     CHECK(receive_bytes(store, zero_stream(64u << 20, 16u << 20), o, true).what == "(returned normally)");
   }
   CHECK(store.verify().ok());
+}
+
+TEST_CASE("defects: a write past the file-size limit is EFBIG inside a file-size guard, nested ones too, and the signal is left as it was",
+          "[defects][no_space]") {
+  // In a child: SIGXFSZ keeps its default action (it would kill the child).
+  TempDir dir;
+  const std::string path = dir / "f";
+  pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
+    struct rlimit lim {};
+    ::getrlimit(RLIMIT_FSIZE, &lim);
+    lim.rlim_cur = 8192;
+    if (fd < 0 || ::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(10);
+    char page[4096] = {1};
+    int code = 0;
+    {
+      detail::FileSizeSignalGuard outer;
+      {
+        detail::FileSizeSignalGuard inner;  // nested: costs nothing, undoes nothing
+        if (::pwrite(fd, page, sizeof page, 16384) != -1 || errno != EFBIG) code = 11;
+      }
+      // Still guarded after the inner guard is gone.
+      if (::pwrite(fd, page, sizeof page, 32768) != -1 || errno != EFBIG) code = 12;
+    }
+    sigset_t now, pending;
+    ::pthread_sigmask(SIG_BLOCK, nullptr, &now);
+    ::sigpending(&pending);
+    if (sigismember(&now, SIGXFSZ)) code = 13;      // unblocked again
+    if (sigismember(&pending, SIGXFSZ)) code = 14;  // and the signals raised consumed
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  INFO("child status " << status);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }

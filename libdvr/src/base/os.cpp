@@ -237,7 +237,14 @@ void write_file_atomic(const std::string& tmp_dir, const std::string& final_path
   fsync_dir(final_path.substr(0, final_path.find_last_of('/')));
 }
 
+namespace {
+thread_local unsigned t_file_size_guards = 0;  // FileSizeSignalGuards alive in this thread
+}
+
 FileSizeSignalGuard::FileSizeSignalGuard() {
+  // Inside another guard of this thread: that one has done it (a write of
+  // each page would otherwise cost four more system calls).
+  if (t_file_size_guards++ > 0) return;
   sigset_t set, old;
   sigemptyset(&set);
   sigaddset(&set, SIGXFSZ);
@@ -254,6 +261,7 @@ FileSizeSignalGuard::FileSizeSignalGuard() {
 }
 
 FileSizeSignalGuard::~FileSizeSignalGuard() {
+  --t_file_size_guards;
   if (!active_) return;
   sigset_t set;
   sigemptyset(&set);

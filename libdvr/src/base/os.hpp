@@ -76,6 +76,8 @@ void write_file_atomic(const std::string& tmp_dir, const std::string& final_path
 /// While alive, a write beyond RLIMIT_FSIZE fails with EFBIG (reported as
 /// no_space) in this thread instead of killing the process with SIGXFSZ: the
 /// signal is blocked, and one raised meanwhile is consumed on destruction.
+/// Guards nest: one inside another of the same thread costs nothing, so a
+/// loop of many small writes can hold one for all of them.
 class FileSizeSignalGuard {
  public:
   FileSizeSignalGuard();

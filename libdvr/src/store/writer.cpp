@@ -671,6 +671,7 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
   parallel_for(w.store().threads, todo.size(), total, [&](std::size_t b, std::size_t e) {
     // Guarded memory may change after a chunk is read: each copy is made
     // before the next chunk is read (sources not stable).
+    FileSizeSignalGuard file_size_guard;  // one for all this slice's pack writes
     SnapshotWriter::Lane lane(w, slot[e] - slot[b], guard == nullptr, true);
     std::optional<RacyReads> racy;  // guarded memory is written by the program meanwhile
     if (guard) racy.emplace();

@@ -371,6 +371,8 @@ void read_item(Incoming& in, RecordReader& rd, StoreImpl& si, Stats& st, detail:
   RecordContext cx{si, st};
   std::string payload;
   std::uint64_t seen = rd.bytes();
+  // One for all the pack writes below (pages stored apart are one pwrite each).
+  detail::FileSizeSignalGuard file_size_guard;
   for (;;) {
     if (rd.bytes() - seen >= (64u << 20)) {
       si.packs->drop_resident();  // base chunks read need not stay mapped here
