@@ -20,6 +20,10 @@ takes a snapshot in store A and measures, in the same run:
   push_1pct_kept   (noise) the same 1% push through a connection kept open by
                    an earlier one (--keep-ssh)      vs push_full_noise, and vs
                    `ssh HOST true` through that connection (a session's own cost)
+  push_full_nologin, push_1pct_nologin
+                   (noise) the same pushes to a third store with --ssh a script
+                   that runs the far command here (no ssh, no login, no
+                   encryption): dvr's own part   the 1% push vs the full one
 With --json, one object per line: {"name", "value", "unit", "peer",
 "peer_value", "ratio", "bytes", "data"}: value and peer_value are costs
 (seconds, bytes) and ratio = peer_value / value, so above 1 means ours is
@@ -191,12 +195,31 @@ def main():
                     kept_true = min(run(f"{ssh} {control} root@127.0.0.1 true", shell=True)[1] for _ in range(3))
                 finally:
                     subprocess.run(f"{ssh} {control} -O exit root@127.0.0.1", shell=True, capture_output=True)
+                # dvr alone: the far command run here by a stand-in for ssh.
+                local = os.path.join(work, "local-ssh")
+                with open(local, "w") as f:
+                    f.write("#!/bin/sh\n# ssh's options and the host are skipped; the command runs here.\n"
+                            "while [ $# -gt 0 ]; do case \"$1\" in -[pioFlSO]) shift 2;; -*) shift;; *) shift; break;; esac; done\n"
+                            "exec sh -c \"$*\"\n")
+                os.chmod(local, 0o700)
+                c_url = f"ssh://root@127.0.0.1{os.path.join(work, 'c')}"
+                c_opts = ["--ssh", local, "--remote-dvr", dvr, "--json"]
+                n = 2 * repeat + 1
+                nologin_full = run([dvr, "--store", a, "push", f"{data}/v{n}", c_url] + c_opts)[1]
+                nologin_s = []
+                for r in range(n, n + repeat):
+                    pages[r % 100::100, 7] ^= np.uint8(1 + r)
+                    s.snapshot(f"v{r + 1}")
+                    out, took = run([dvr, "--store", a, "push", f"{data}/v{r + 1}", c_url] + c_opts)
+                    assert json.loads(out)["base"] == f"v{r}", out
+                    nologin_s.append(took)
                 del pages
                 figures += [("push_1pct", min(pct_s), "s", "push_full_noise", min(full_s), data),
                             ("push_1pct", min(pct_s), "s", "ssh HOST true", ssh_s, data),
                             ("push_1pct_bytes", max(pct_bytes), "B", "push_full_noise bytes", full_bytes, data),
                             ("push_1pct_kept", min(kept_s), "s", "push_full_noise", min(full_s), data),
-                            ("push_1pct_kept", min(kept_s), "s", "ssh HOST true (kept connection)", kept_true, data)]
+                            ("push_1pct_kept", min(kept_s), "s", "ssh HOST true (kept connection)", kept_true, data),
+                            ("push_1pct_nologin", min(nologin_s), "s", "push_full_nologin", nologin_full, data)]
             del arr
             s.close()
 
