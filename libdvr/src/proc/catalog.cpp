@@ -2,6 +2,7 @@
 #include "proc/catalog.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,19 +41,27 @@ heaps::HeapImage heap_image_in(const Store& store, const ProcInfo& p) {
 
 std::uint64_t account_heaps(const Store& store, ProcInfo& p) {
   std::uint64_t n = 0;
-  std::vector<std::pair<std::string, std::string>> seen;
+  // Each heap snapshot (one per store and session, holding every heap of
+  // that session) is read once: its bytes counted, its regions checked.
+  struct Loaded {
+    std::string store, session;
+    Store handle;
+    detail::Manifest m;
+  };
+  std::vector<Loaded> loaded;
   heaps::HeapImage img = heap_image_in(store, p);
   for (std::size_t k = 0; k < img.heaps.size(); ++k) {
     const heaps::HeapFile& h = img.heaps[k];
     try {
-      Store s = Store::open(h.store, {.create = false});
-      if (std::find(seen.begin(), seen.end(), std::make_pair(h.store, h.session)) == seen.end()) {
-        seen.emplace_back(h.store, h.session);
-        n += s.info(h.session, img.snapshot).stored_bytes;
+      auto it = std::find_if(loaded.begin(), loaded.end(), [&](const Loaded& l) { return l.store == h.store && l.session == h.session; });
+      if (it == loaded.end()) {
+        Store s = Store::open(h.store, {.create = false});
+        detail::Manifest m = detail::impl_of(s).load_manifest(h.session, img.snapshot, nullptr, false);
+        n += m.stored_bytes;
+        loaded.push_back({h.store, h.session, std::move(s), std::move(m)});
+        it = std::prev(loaded.end());
       }
-      detail::StoreImpl& si = detail::impl_of(s);
-      const detail::Manifest m = si.load_manifest(h.session, img.snapshot, nullptr, false);
-      p.heaps[k].sealed = heaps::in_place_pack(m, h.path.substr(h.path.find_last_of('/') + 1), h.bytes, *si.packs) != 0;
+      p.heaps[k].sealed = heaps::in_place_pack(it->m, h.path.substr(h.path.find_last_of('/') + 1), h.bytes, *detail::impl_of(it->handle).packs) != 0;
     } catch (const Error&) {
     }
   }
