@@ -177,10 +177,10 @@ def autosave_kill_loop(store, rng, seed, iterations, worker_args, kill_point, ke
             assert lines[:2] in ([f"> restore {latest}"], [f"> restore {latest}", f"recovered {latest}"]), (
                 f"{context}: `dvr recover` named {latest}, the worker began with {lines[:3]}")
 
-        if not before and not any(store.path.iterdir()):
-            # Killed before the worker created the store (its directory is
-            # still empty): nothing can have been committed. dvr refuses an
-            # empty directory ("no store at ..."), so there is nothing to list.
+        if not before and (not store.path.exists() or not any(store.path.iterdir())):
+            # Killed before the worker created the store (no directory yet, or
+            # one still empty): nothing can have been committed. dvr refuses
+            # an empty directory ("no store at ..."), so there is nothing to list.
             assert not any(l.startswith("committed") for l in lines), f"{context}: {lines}"
             evidence["killed in"]["(before the store)"] += 1
             continue
