@@ -15,12 +15,15 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/codec.hpp"
 #include "dvr/transfer.hpp"
 #include "test_support.hpp"
+#include "transfer/stream.hpp"
 
 using namespace dvr;
 using dvrtest::catch_error;
@@ -197,6 +200,36 @@ TEST_CASE("pipeline: auto compresses a chunk that compresses and sends noise raw
   CHECK(m.restored_diff(b, "v") == "");
 }
 
+TEST_CASE("pipeline: auto stops sampling a run of data that does not compress, and starts again when it does", "[transfer][compress]") {
+  using transfer::internal::Compressor;
+  Compressor z(transfer::Compress::automatic, 1);
+  transfer::Stats st;
+  auto seal = [&](const Bytes& data) {
+    detail::Writer b;
+    std::memcpy(Compressor::reserve(b, data.size()), data.data(), data.size());
+    z.seal(b, data.size(), st);
+    return b.size() - 9;  // the bytes that travel
+  };
+  const Bytes page_noise = dvrtest::random_bytes(4096, 21), page_text = text_bytes(4096, 22);
+  // One page of noise between text pages: each text page still compressed.
+  CHECK(seal(page_text) < 4096);
+  CHECK(seal(page_noise) == 4096);
+  CHECK(seal(page_text) < 4096);
+  CHECK(z.samples() == 3);
+  // 10 MiB of noise pages (a 1% push of float data): a few samples, not 2560.
+  for (int i = 0; i < 2560; ++i) CHECK(seal(page_noise) == 4096);
+  CHECK(z.samples() < 20);
+  CHECK(st.chunks_raw == 2561);
+  // Text after it: raw for at most the 4 MiB still unsampled, then compressed again.
+  std::size_t raw = 0;
+  for (int i = 0; i < 2048; ++i) raw += seal(page_text) == 4096 ? 1 : 0;
+  CHECK(raw <= (Compressor::kMaxBackoff >> 12));
+  CHECK(st.chunks_compressed == 2 + 2048 - raw);
+  const std::size_t before = z.samples();
+  CHECK(seal(page_text) < 4096);
+  CHECK(z.samples() == before + 1);  // every chunk sampled again
+}
+
 TEST_CASE("pipeline: --compress=zstd compresses every chunk that shrinks, none compresses nothing", "[transfer][compress]") {
   TempDir d;
   Store a = Store::open(d / "a");
@@ -279,6 +312,44 @@ TEST_CASE("pipeline: a push after a 1 percent change reads and sends only the pa
   auto& r = s.alloc("x", big.data.size());
   s.restore("v1");
   CHECK(dvrtest::diff(r.data(), big.data.data(), big.data.size()) == "");
+}
+
+TEST_CASE("pipeline: the newest base both sides hold intact is chosen; a damaged manifest on either side is passed over", "[transfer][pipeline]") {
+  TempDir d;
+  Store a = Store::open(d / "a"), b = Store::open(d / "b");
+  Big big(512);  // 2 MiB, 8 chunks
+  for (int v = 0; v <= 4; ++v) {
+    big.data[static_cast<std::size_t>(v) * 4096 * 64 + 11] ^= 1;  // one page of chunk v changes
+    big.snapshot(a, "v" + std::to_string(v));
+  }
+  auto push = [&](const std::string& ref) {
+    transfer::Stats st;
+    auto r = duplex([&](int in, int out) { st = transfer::send_negotiated(a, ref, in, out); },
+                    [&](int in, int out) { transfer::receive_negotiated(b, in, out); });
+    REQUIRE(r.sent.what == "(returned normally)");
+    REQUIRE(r.received.what == "(returned normally)");
+    return st;
+  };
+  CHECK(push("big/v0").base == "");
+  CHECK(push("big/v1").base == "v0");
+  CHECK(push("big/v2").base == "v1");
+  // The sender's v2 and the receiver's v1 damaged: v3 is not there, v2 is
+  // not offered, v1 is not accepted: v0 is the base.
+  const std::string a_v2 = d / "a/sessions/big/v2.snap", b_v1 = d / "b/sessions/big/v1.snap";
+  dvrtest::flip_byte(a_v2, std::filesystem::file_size(a_v2) / 2);
+  dvrtest::flip_byte(b_v1, std::filesystem::file_size(b_v1) / 2);
+  transfer::Stats st = push("big/v4");
+  CHECK(st.base == "v0");
+  CHECK(st.chunks_skipped == 8 - 4);  // chunks 1-4 changed since v0
+  Session s(b, "big");
+  auto& r = s.alloc("x", big.data.size());
+  s.restore("v4");
+  CHECK(dvrtest::diff(r.data(), big.data.data(), big.data.size()) == "");
+  // The damaged manifest on the receiving side is left as it was, reported.
+  bool reported = false;
+  for (auto& i : b.list("big"))
+    reported = reported || (i.name == "v1" && i.damaged);
+  CHECK(reported);
 }
 
 TEST_CASE("pipeline: a damaged chunk in the middle of the sender's store stops both ends, nothing published, no thread left", "[transfer][pipeline]") {

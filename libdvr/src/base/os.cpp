@@ -157,17 +157,23 @@ void fsync_dir(const std::string& dir) {
 
 std::string read_file(const std::string& path) {
   Fd fd = open_or_throw(path, O_RDONLY);
-  std::string out;
-  char buf[65536];
+  // Read straight into a string of the file's size (one more byte, to see
+  // the end in the same pass); it grows if the file does.
+  struct stat st {};
+  std::size_t cap = ::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) ? static_cast<std::size_t>(st.st_size) + 1 : 65536;
+  std::string out(cap, '\0');
+  std::size_t len = 0;
   for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (len == out.size()) out.resize(out.size() * 2);
+    ssize_t n = ::read(fd.get(), out.data() + len, out.size() - len);
     if (n < 0) {
       if (errno == EINTR) continue;
       throw_errno(errno, "cannot read " + path);
     }
     if (n == 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
+    len += static_cast<std::size_t>(n);
   }
+  out.resize(len);
   return out;
 }
 

@@ -335,6 +335,14 @@ std::vector<std::string> StoreImpl::snapshot_names(const std::string& session) c
   return out;
 }
 
+bool StoreImpl::has_manifest(const std::string& session, const std::string& name) const {
+  check_name("session", session);
+  if (!valid_name(name) || !path_exists(session_dir(session))) return false;
+  require_real_dir(session_dir(session));
+  struct stat st {};
+  return ::lstat(manifest_path(session, name).c_str(), &st) == 0;
+}
+
 std::string StoreImpl::read_epoch() const {
   try {
     return read_file(path + "/epoch");

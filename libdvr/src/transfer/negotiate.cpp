@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 
 #include "base/os.hpp"
 #include "store/store_impl.hpp"
@@ -60,22 +61,28 @@ Stats send_negotiated(const Store& store, const std::string& ref, int in, int ou
   std::string hello;
   for (auto& it : items) {
     hello += "item " + it.session + " " + it.name + "\n";
-    auto snaps = it.store.list(it.session);
-    std::reverse(snaps.begin(), snaps.end());  // newest (highest seq) first
-    int n = 0;
-    for (auto& s : snaps) {
-      if (s.damaged || s.name == it.name || n >= 32) continue;
-      if (!options.base.empty()) {  // only the base asked for
-        std::string want =
-            split_ref(ref).first == proc::kImageSession && it.session != proc::kImageSession ? proc::kHeapPrefix + options.base : options.base;
-        if (s.name != want) continue;
-      }
+    // Candidate bases, newest (highest seq) first, each manifest read once
+    // (without page hashes) for both its place in the order and its
+    // fingerprint; damaged ones are not offered.
+    const detail::StoreImpl& si = detail::impl_of(it.store);
+    std::string want;  // only the base asked for, when one was
+    if (!options.base.empty())
+      want = split_ref(ref).first == proc::kImageSession && it.session != proc::kImageSession ? proc::kHeapPrefix + options.base : options.base;
+    std::vector<SnapshotInfo> snaps;
+    std::map<std::string, Hash128> prints;
+    for (auto& name : si.snapshot_names(it.session)) {
+      if (name == it.name || (!want.empty() && name != want)) continue;
       try {
-        hello += "have " + s.name + " " + hex(fingerprint(load(it.store, it.session, s.name))) + "\n";
-        ++n;
+        Manifest m = si.load_manifest(it.session, name, nullptr, false);
+        prints[name] = fingerprint(m);
+        snaps.push_back(detail::info_from_manifest(m));
       } catch (const Error&) {
       }
     }
+    detail::order_snapshots(snaps);
+    std::reverse(snaps.begin(), snaps.end());
+    for (std::size_t n = 0; n < snaps.size() && n < 32; ++n)
+      hello += "have " + snaps[n].name + " " + hex(prints[snaps[n].name]) + "\n";
   }
   write_fd(out, kNegotiateMagic, 8);
   send_text(out, hello);
@@ -163,7 +170,7 @@ Stats receive_negotiated(Store& store, int in, int out, const ReceiveOptions& op
       std::string b, fp;
       f >> b >> fp;
       try {
-        if (has_snapshot(store, session, b) && hex(fingerprint(load(store, session, b))) == fp) {
+        if (has_snapshot(store, session, b) && hex(fingerprint_of(store, session, b)) == fp) {
           answer += "base " + b + "\n";
           chosen = true;
         }

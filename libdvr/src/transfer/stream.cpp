@@ -78,10 +78,24 @@ bool Compressor::worth_trying(const char* data, std::size_t n) {
   sample_size_ = 0;
   if (mode_ == Compress::none) return false;
   if (mode_ == Compress::zstd) return true;
+  // After two samples in a row that did not shrink, the data that follows
+  // travels raw unsampled for a while (64 KiB, doubling with each further
+  // failure to 4 MiB): sampling every page of a 1% push of noise cost more
+  // than sending it. One odd chunk between compressible ones costs nothing.
+  if (skip_ >= n) {
+    skip_ -= n;
+    return false;
+  }
+  skip_ = 0;
+  ++samples_;
   const std::size_t s = std::min(n, kSample);
   out_.resize(ZSTD_compressBound(s));
   std::size_t c = ZSTD_compressCCtx(ctx_, out_.data(), out_.size(), data, s, level_);
-  if (ZSTD_isError(c) || c * 8 > s * 7) return false;
+  if (ZSTD_isError(c) || c * 8 > s * 7) {
+    if (++failed_ >= 2) skip_ = std::min<std::size_t>(kFirstBackoff << std::min<unsigned>(failed_ - 2, 16), kMaxBackoff);
+    return false;
+  }
+  failed_ = 0;
   sample_size_ = c;
   return true;
 }
@@ -426,9 +440,7 @@ Kind RecordReader::record(std::string& payload) {
 }
 
 bool has_snapshot(const Store& s, const std::string& session, const std::string& name) {
-  for (auto& i : s.list(session))
-    if (i.name == name) return true;
-  return false;
+  return detail::impl_of(s).has_manifest(session, name);
 }
 
 std::vector<Item> items_of(const Store& store, const std::string& ref) {
@@ -469,6 +481,10 @@ Hash128 fingerprint(const Manifest& m) {
 Manifest load(const Store& s, const std::string& session, const std::string& name) {
   StoreImpl& si = detail::impl_of(s);
   return detail::SnapshotReader(si).load(session, name);
+}
+
+Hash128 fingerprint_of(const Store& s, const std::string& session, const std::string& name) {
+  return fingerprint(detail::impl_of(s).load_manifest(session, name, nullptr, false));
 }
 
 }  // namespace dvr::transfer::internal

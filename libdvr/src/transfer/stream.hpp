@@ -166,6 +166,10 @@ std::vector<Item> items_of(const Store& store, const std::string& ref);
 Hash128 fingerprint(const Manifest& m);
 /// A manifest, read under the store's shared lock.
 Manifest load(const Store& s, const std::string& session, const std::string& name);
+/// fingerprint() of session/name, read without its page hashes (which the
+/// fingerprint does not need) and without the store's lock (manifests are
+/// replaced whole). Throws not_found, corrupt.
+Hash128 fingerprint_of(const Store& s, const std::string& session, const std::string& name);
 
 // send.cpp / receive.cpp, for the negotiation.
 /// The stream's first 16 bytes: magic, version, flags (docs/format.md);
@@ -179,11 +183,15 @@ void write_stream_head(RecordWriter& w, const std::optional<SigningKey>& key = s
 /// kSample bytes: data that does not shrink by 1/8 there (noise, floats, data
 /// compressed already) travels raw and costs no compression time, which on a
 /// wire slower than memory but faster than zstd (ssh: ~0.6 GB/s here, zstd -1
-/// on float data ~0.7 GB/s) is what makes a push at wire speed. Level <= 0
-/// means none. Throws no_space when zstd cannot allocate its context.
+/// on float data ~0.7 GB/s) is what makes a push at wire speed. After two
+/// such samples in a row the next kFirstBackoff bytes travel raw unsampled
+/// (doubling with each further failure up to kMaxBackoff; a sample that
+/// shrinks ends it): sampling each page of a push of scattered pages cost
+/// more than sending them. Level <= 0 means none. Throws no_space when zstd cannot allocate its context.
 class Compressor {
  public:
   static constexpr std::size_t kSample = 8192;
+  static constexpr std::size_t kFirstBackoff = 64 << 10, kMaxBackoff = 4 << 20;
   Compressor(Compress mode, int level);
   ~Compressor();
   Compressor(const Compressor&) = delete;
@@ -195,6 +203,8 @@ class Compressor {
   /// filled in, compressed when that pays; counted in st (data_bytes,
   /// chunks_compressed or chunks_raw).
   void seal(detail::Writer& b, std::size_t n, Stats& st);
+  /// Samples compressed so far (Compress::automatic).
+  std::size_t samples() const { return samples_; }
 
  private:
   // Compress::automatic: whether the first kSample bytes shrink by at least
@@ -206,6 +216,9 @@ class Compressor {
   ::ZSTD_CCtx_s* ctx_;
   std::string out_;
   std::size_t sample_size_ = 0;
+  unsigned failed_ = 0;      // samples in a row that did not shrink
+  std::size_t skip_ = 0;     // bytes still to send raw unsampled
+  std::size_t samples_ = 0;
 };
 
 Stats send_with(const Store& store, const std::string& ref, int fd, const Options& opt, const std::vector<std::string>& bases);
