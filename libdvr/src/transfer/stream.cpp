@@ -140,6 +140,32 @@ void write_fdv(int fd, iovec* iov, std::size_t count) {
   }
 }
 
+// read_fd of several buffers in order: readv, resumed after a short read.
+void read_fdv(int fd, iovec* iov, std::size_t count) {
+  while (count > 0 && iov->iov_len == 0) {
+    ++iov;
+    --count;
+  }
+  while (count > 0) {
+    ssize_t r = ::readv(fd, iov, static_cast<int>(std::min<std::size_t>(count, IOV_MAX)));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      detail::throw_errno(errno, "cannot read the stream");
+    }
+    if (r == 0) throw Error(Errc::corrupt, "the stream is truncated (it ended in the middle of a record); nothing was stored (send it again)");
+    auto left = static_cast<std::size_t>(r);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+}
+
 bool read_fd(int fd, char* p, std::size_t n, bool eof_ok) {
   std::size_t got = 0;
   while (got < n) {
@@ -371,13 +397,24 @@ void RecordReader::run() {
       char head[8], tail[8];
       std::uint32_t k, n;
       auto read_record = [&](std::string& into, std::uint32_t limit) {
-        read_fd(fd_, head, 8);
+        if (have_next_) {
+          std::memcpy(head, next_head_, 8);
+          have_next_ = false;
+        } else {
+          read_fd(fd_, head, 8);
+        }
         std::memcpy(&k, head, 4);
         std::memcpy(&n, head + 4, 4);
         if (n > limit) bad_stream("a record claims " + std::to_string(n) + " bytes");
         into.resize(n);
-        read_fd(fd_, into.data(), n);
-        read_fd(fd_, tail, 8);
+        // One read for the payload, the checksum and the next record's head,
+        // which a record other than the last (the stream's end; the
+        // signature after it when signed) always has: nothing past the
+        // stream is read.
+        const bool last = k == kSignature || (k == kStreamEnd && !signed_);
+        iovec v[3] = {{into.data(), n}, {tail, 8}, {next_head_, 8}};
+        read_fdv(fd_, v, last ? 2 : 3);
+        have_next_ = !last;
         std::uint64_t want;
         std::memcpy(&want, tail, 8);
         if (detail::hash64_of_two(head, 8, into.data(), n) != want) bad_stream("a record fails its checksum (a flipped or missing byte)");

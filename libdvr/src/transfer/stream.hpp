@@ -58,6 +58,8 @@ void write_fdv(int fd, struct iovec* iov, std::size_t count);
 /// Reads exactly n bytes; false at a clean end of input before the first
 /// byte when eof_ok, else a truncation is corrupt.
 bool read_fd(int fd, char* p, std::size_t n, bool eof_ok = false);
+/// read_fd of several buffers in order (readv); a truncation is corrupt.
+void read_fdv(int fd, struct iovec* iov, std::size_t count);
 
 /// Records out: [u32 kind][u32 length][payload][u64 XXH3-64 of the three
 /// before]. The producer (the sender's thread: reading, checking,
@@ -145,6 +147,8 @@ class RecordReader {
   int fd_;
   std::uint64_t bytes_ = 0;
   bool signed_ = false;
+  char next_head_[8];      // the next record's head, read with the one before (thread)
+  bool have_next_ = false;
   StreamHash hash_;        // of the bytes read, while signed_
   std::string signature_;  // set by the reader's thread before it queues the stream-end record
   Digest digest_{};
