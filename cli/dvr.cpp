@@ -3,7 +3,9 @@
 // stderr (progress.hpp). docs/cli.md documents every verb, its JSON document
 // and its exit status.
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,7 +15,9 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <functional>
@@ -1730,9 +1734,36 @@ int run(int argc, char** argv) {
   return rc;
 }
 
+// The heap of this short-lived process (docs/performance.md, "The dvr
+// command's heap"): a command reads many manifests and builds the store's
+// index, all in memory it has not touched before, and on a VM a first touch
+// costs several microseconds a page. So glibc keeps what is freed for reuse
+// instead of giving it back (mmap threshold 32 MiB, trim at 128 MiB), grows
+// the heap 64 MiB at a time, and the first 64 MiB are asked to be
+// transparent huge pages (where THP is "madvise", as on Debian): building the
+// index of a store of 18 snapshots took 23-26 ms instead of 105-148 ms.
+// Memory it does not touch costs nothing; a program dvr starts (exec) keeps
+// none of this.
+void tune_heap() {
+#ifdef __GLIBC__
+  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 128 << 20);
+  ::mallopt(M_TOP_PAD, 64 << 20);
+  char* before = static_cast<char*>(::sbrk(0));
+  void* volatile grow = std::malloc(1 << 20);  // volatile: not optimised away
+  std::free(grow);
+  char* after = static_cast<char*>(::sbrk(0));
+  const std::uintptr_t huge = 2u << 20;
+  const std::uintptr_t from = (reinterpret_cast<std::uintptr_t>(before) + huge - 1) & ~(huge - 1);
+  if (before != reinterpret_cast<char*>(-1) && reinterpret_cast<std::uintptr_t>(after) > from)
+    ::madvise(reinterpret_cast<void*>(from), reinterpret_cast<std::uintptr_t>(after) - from, MADV_HUGEPAGE);  // advice: failure is harmless
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  tune_heap();
   ::signal(SIGPIPE, SIG_IGN);  // a closed pipe is an error message, not a silent death
   try {
     return run(argc, argv);
