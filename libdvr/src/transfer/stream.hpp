@@ -117,7 +117,7 @@ class RecordWriter {
 /// the fd (nothing, or the next message of a negotiation) stays unread.
 class RecordReader {
  public:
-  static constexpr std::size_t kQueueBytes = 32u << 20;
+  static constexpr std::size_t kQueueBytes = 4u << 20;
   explicit RecordReader(int fd);
   ~RecordReader();
   RecordReader(const RecordReader&) = delete;
