@@ -118,6 +118,28 @@ void write_fd(int fd, const char* p, std::size_t n) {
   }
 }
 
+namespace {
+
+// Past the first `done` bytes of iov[0..count): whole buffers (and empty
+// ones) dropped, the next one trimmed.
+void advance(iovec*& iov, std::size_t& count, std::size_t done) {
+  while (count > 0 && done >= iov->iov_len) {
+    done -= iov->iov_len;
+    ++iov;
+    --count;
+  }
+  if (count > 0) {
+    iov->iov_base = static_cast<char*>(iov->iov_base) + done;
+    iov->iov_len -= done;
+  }
+}
+
+[[noreturn]] void truncated() {
+  throw Error(Errc::corrupt, "the stream is truncated (it ended in the middle of a record); nothing was stored (send it again)");
+}
+
+}  // namespace
+
 // write_fd over several buffers: writev, resumed after a partial write.
 void write_fdv(int fd, iovec* iov, std::size_t count) {
   while (count > 0) {
@@ -127,42 +149,21 @@ void write_fdv(int fd, iovec* iov, std::size_t count) {
       if (errno == EPIPE) throw Error(Errc::io, "the receiving end closed the connection (see its error message)");
       detail::throw_errno(errno, "cannot write the stream");
     }
-    auto left = static_cast<std::size_t>(w);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    advance(iov, count, static_cast<std::size_t>(w));
   }
 }
 
 // read_fd of several buffers in order: readv, resumed after a short read.
 void read_fdv(int fd, iovec* iov, std::size_t count) {
-  while (count > 0 && iov->iov_len == 0) {
-    ++iov;
-    --count;
-  }
+  advance(iov, count, 0);  // leading empty buffers
   while (count > 0) {
     ssize_t r = ::readv(fd, iov, static_cast<int>(std::min<std::size_t>(count, IOV_MAX)));
     if (r < 0) {
       if (errno == EINTR) continue;
       detail::throw_errno(errno, "cannot read the stream");
     }
-    if (r == 0) throw Error(Errc::corrupt, "the stream is truncated (it ended in the middle of a record); nothing was stored (send it again)");
-    auto left = static_cast<std::size_t>(r);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    if (r == 0) truncated();
+    advance(iov, count, static_cast<std::size_t>(r));
   }
 }
 
@@ -176,7 +177,7 @@ bool read_fd(int fd, char* p, std::size_t n, bool eof_ok) {
     }
     if (r == 0) {
       if (got == 0 && eof_ok) return false;
-      throw Error(Errc::corrupt, "the stream is truncated (it ended in the middle of a record); nothing was stored (send it again)");
+      truncated();
     }
     got += static_cast<std::size_t>(r);
   }
