@@ -352,6 +352,33 @@ TEST_CASE("pipeline: the newest base both sides hold intact is chosen; a damaged
   CHECK(reported);
 }
 
+TEST_CASE("pipeline: the sender offers its 32 newest snapshots as bases, newest by commit order, not by name", "[transfer][pipeline]") {
+  TempDir d;
+  Store a = Store::open(d / "a"), b = Store::open(d / "b"), c = Store::open(d / "c");
+  Big big(128);  // 512 KiB
+  for (int v = 0; v < 40; ++v) {
+    big.data[static_cast<std::size_t>(v) * 4096 + 5] ^= 1;
+    big.snapshot(a, "v" + std::to_string(v));
+  }
+  auto push = [&](const std::string& ref, Store& to) {
+    transfer::Stats st;
+    auto r = duplex([&](int in, int out) { st = transfer::send_negotiated(a, ref, in, out); },
+                    [&](int in, int out) { transfer::receive_negotiated(to, in, out); });
+    REQUIRE(r.sent.what == "(returned normally)");
+    REQUIRE(r.received.what == "(returned normally)");
+    return st;
+  };
+  CHECK(push("big/v8", b).base == "");
+  CHECK(push("big/v0", c).base == "");
+  // Offered for v39: v38 down to v7 (by name, v8 would sort after v39 and v0 before v1).
+  CHECK(push("big/v39", b).base == "v8");
+  CHECK(push("big/v39", c).base == "");  // v0 is not among the 32 newest
+  Session s(c, "big");
+  auto& r = s.alloc("x", big.data.size());
+  s.restore("v39");
+  CHECK(dvrtest::diff(r.data(), big.data.data(), big.data.size()) == "");
+}
+
 TEST_CASE("pipeline: a damaged chunk in the middle of the sender's store stops both ends, nothing published, no thread left", "[transfer][pipeline]") {
   TempDir d;
   Store a = Store::open(d / "a"), b = Store::open(d / "b");

@@ -158,9 +158,10 @@ void fsync_dir(const std::string& dir) {
 std::string read_file(const std::string& path) {
   Fd fd = open_or_throw(path, O_RDONLY);
   // Read straight into a string of the file's size (one more byte, to see
-  // the end in the same pass); it grows if the file does.
+  // the end in the same pass); it grows if the file does, or was said to be
+  // empty (/proc files).
   struct stat st {};
-  std::size_t cap = ::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) ? static_cast<std::size_t>(st.st_size) + 1 : 65536;
+  std::size_t cap = ::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 ? static_cast<std::size_t>(st.st_size) + 1 : 65536;
   std::string out(cap, '\0');
   std::size_t len = 0;
   for (;;) {

@@ -98,9 +98,10 @@ class StoreImpl {
   std::string loosened_at_open;  // the warning open logged, or ""
   /// Snapshot names of a session, unsorted (from the directory).
   std::vector<std::string> snapshot_names(const std::string& session) const;
-  /// Whether session/name has a manifest (damaged or not, any kind of file),
-  /// without reading it: whether snapshot_names would list it. Throws invalid_argument for
-  /// a bad session name, false for a bad snapshot name.
+  /// Whether session/name has a manifest (damaged or not, any kind of
+  /// file), without reading it: whether snapshot_names would list it.
+  /// Throws invalid_argument for a bad session name; false for a bad
+  /// snapshot name.
   bool has_manifest(const std::string& session, const std::string& name) const;
 
   /// Publishes `m` atomically (replacing an existing one of that name) and

@@ -2,12 +2,12 @@
 // snapshots it holds, so that only what it lacks travels.
 #include <sstream>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <map>
 
 #include "base/os.hpp"
 #include "store/store_impl.hpp"
@@ -48,6 +48,19 @@ std::string recv_text(int fd) {
 
 std::string hex(const Hash128& h) { return detail::to_hex(h); }
 
+// The commit number session/name's manifest header records; 0 when it
+// records none (format < 4) or cannot be read.
+std::uint64_t seq_of(const detail::StoreImpl& si, const std::string& session, const std::string& name) {
+  try {
+    detail::Fd fd = detail::open_or_throw(si.manifest_path(session, name), O_RDONLY);
+    char head[128];
+    const ssize_t n = ::pread(fd.get(), head, sizeof head, 0);
+    return n > 0 ? detail::manifest_seq_hint(std::string_view(head, static_cast<std::size_t>(n))) : 0;
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
 std::string stats_json(const Stats& st) {
   std::ostringstream o;
   o << "{\"stored_bytes\":" << st.stored_bytes << ",\"chunks\":" << st.chunks << ",\"chunks_skipped\":" << st.chunks_skipped << "}";
@@ -61,28 +74,45 @@ Stats send_negotiated(const Store& store, const std::string& ref, int in, int ou
   std::string hello;
   for (auto& it : items) {
     hello += "item " + it.session + " " + it.name + "\n";
-    // Candidate bases, newest (highest seq) first, each manifest read once
-    // (without page hashes) for both its place in the order and its
-    // fingerprint; damaged ones are not offered.
+    // Candidate bases, newest first: ordered by the commit number each
+    // manifest's header records, and only the newest 32 read whole (without
+    // page hashes) for their fingerprints; damaged ones are not offered.
+    // Manifests older than format 4 record no number: then all are read and
+    // ordered as Store::list orders them.
     const detail::StoreImpl& si = detail::impl_of(it.store);
     std::string want;  // only the base asked for, when one was
     if (!options.base.empty())
       want = split_ref(ref).first == proc::kImageSession && it.session != proc::kImageSession ? proc::kHeapPrefix + options.base : options.base;
-    std::vector<SnapshotInfo> snaps;
-    std::map<std::string, Hash128> prints;
+    std::vector<std::pair<std::uint64_t, std::string>> newest;  // (seq, name)
+    bool numbered = true;
     for (auto& name : si.snapshot_names(it.session)) {
       if (name == it.name || (!want.empty() && name != want)) continue;
+      const std::uint64_t seq = seq_of(si, it.session, name);
+      numbered = numbered && seq != 0;
+      newest.emplace_back(seq, name);
+    }
+    if (!numbered) {
+      std::vector<SnapshotInfo> infos;
+      for (auto& [seq, name] : newest)
+        try {
+          infos.push_back(detail::info_from_manifest(si.load_manifest(it.session, name, nullptr, false)));
+        } catch (const Error&) {
+        }
+      detail::order_snapshots(infos);
+      newest.clear();
+      for (auto& i : infos)
+        newest.emplace_back(i.seq, i.name);
+    }
+    std::sort(newest.begin(), newest.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    int offered = 0;
+    for (auto& [seq, name] : newest) {
+      if (offered == 32) break;
       try {
-        Manifest m = si.load_manifest(it.session, name, nullptr, false);
-        prints[name] = fingerprint(m);
-        snaps.push_back(detail::info_from_manifest(m));
+        hello += "have " + name + " " + hex(fingerprint_of(it.store, it.session, name)) + "\n";
+        ++offered;
       } catch (const Error&) {
       }
     }
-    detail::order_snapshots(snaps);
-    std::reverse(snaps.begin(), snaps.end());
-    for (std::size_t n = 0; n < snaps.size() && n < 32; ++n)
-      hello += "have " + snaps[n].name + " " + hex(prints[snaps[n].name]) + "\n";
   }
   write_fd(out, kNegotiateMagic, 8);
   send_text(out, hello);

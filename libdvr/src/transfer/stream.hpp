@@ -191,7 +191,8 @@ void write_stream_head(RecordWriter& w, const std::optional<SigningKey>& key = s
 /// such samples in a row the next kFirstBackoff bytes travel raw unsampled
 /// (doubling with each further failure up to kMaxBackoff; a sample that
 /// shrinks ends it): sampling each page of a push of scattered pages cost
-/// more than sending them. Level <= 0 means none. Throws no_space when zstd cannot allocate its context.
+/// more than sending them. Level <= 0 means none. Throws no_space when zstd
+/// cannot allocate its context.
 class Compressor {
  public:
   static constexpr std::size_t kSample = 8192;
