@@ -178,6 +178,17 @@ Duplex duplex(Sender sender, Receiver receiver) {
   return d;
 }
 
+// dvr push of `ref` from `from` to `to` (send_negotiated | receive_negotiated
+// through duplex); both sides must succeed. The sender's figures.
+transfer::Stats push_negotiated(const Store& from, const std::string& ref, Store& to) {
+  transfer::Stats st;
+  auto r = duplex([&](int in, int out) { st = transfer::send_negotiated(from, ref, in, out); },
+                  [&](int in, int out) { transfer::receive_negotiated(to, in, out); });
+  REQUIRE(r.sent.what == "(returned normally)");
+  REQUIRE(r.received.what == "(returned normally)");
+  return st;
+}
+
 }  // namespace
 
 TEST_CASE("pipeline: auto compresses a chunk that compresses and sends noise raw, judged on its first bytes", "[transfer][compress]") {
@@ -322,14 +333,7 @@ TEST_CASE("pipeline: the newest base both sides hold intact is chosen; a damaged
     big.data[static_cast<std::size_t>(v) * 4096 * 64 + 11] ^= 1;  // one page of chunk v changes
     big.snapshot(a, "v" + std::to_string(v));
   }
-  auto push = [&](const std::string& ref) {
-    transfer::Stats st;
-    auto r = duplex([&](int in, int out) { st = transfer::send_negotiated(a, ref, in, out); },
-                    [&](int in, int out) { transfer::receive_negotiated(b, in, out); });
-    REQUIRE(r.sent.what == "(returned normally)");
-    REQUIRE(r.received.what == "(returned normally)");
-    return st;
-  };
+  auto push = [&](const std::string& ref) { return push_negotiated(a, ref, b); };
   CHECK(push("big/v0").base == "");
   CHECK(push("big/v1").base == "v0");
   CHECK(push("big/v2").base == "v1");
@@ -360,14 +364,7 @@ TEST_CASE("pipeline: the sender offers its 32 newest snapshots as bases, newest 
     big.data[static_cast<std::size_t>(v) * 4096 + 5] ^= 1;
     big.snapshot(a, "v" + std::to_string(v));
   }
-  auto push = [&](const std::string& ref, Store& to) {
-    transfer::Stats st;
-    auto r = duplex([&](int in, int out) { st = transfer::send_negotiated(a, ref, in, out); },
-                    [&](int in, int out) { transfer::receive_negotiated(to, in, out); });
-    REQUIRE(r.sent.what == "(returned normally)");
-    REQUIRE(r.received.what == "(returned normally)");
-    return st;
-  };
+  auto push = [&](const std::string& ref, Store& to) { return push_negotiated(a, ref, to); };
   CHECK(push("big/v8", b).base == "");
   CHECK(push("big/v0", c).base == "");
   // Offered for v39: v38 down to v7 (by name, v8 would sort after v39 and v0 before v1).
