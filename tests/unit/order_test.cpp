@@ -59,26 +59,6 @@ void transfer_one(const Store& from, const std::string& ref, Store& to) {
   ::close(fd);
 }
 
-// Rewrites the manifest of session/name as format version 3 (no seq, no
-// origin time): what a dvr before manifest v4 wrote.
-void make_legacy(const Store& store, const std::string& session, const std::string& name) {
-  const std::string file = store.path() + "/sessions/" + session + "/" + name + ".snap";
-  std::string m = detail::read_file(file);
-  std::uint32_t version = 0;
-  std::memcpy(&version, m.data() + 8, 4);
-  REQUIRE(version == 4);
-  // Header 24, time 8, chunk size 4, region count 4, chunk count, logical,
-  // stored, chunks read 8 each: seq and origin time follow at 72.
-  m.erase(72, 16);
-  version = 3;
-  std::memcpy(m.data() + 8, &version, 4);
-  const std::uint64_t body = m.size() - 16;
-  std::memcpy(m.data() + 16, &body, 8);
-  const std::uint64_t sum = detail::hash64(m.data(), body);
-  std::memcpy(m.data() + body, &sum, 8);
-  detail::write_file_atomic(store.path() + "/tmp", file, m);
-}
-
 }  // namespace
 
 TEST_CASE("order: after the clock steps back, newest is the last committed (list, latest, prune)", "[order]") {
@@ -194,7 +174,7 @@ TEST_CASE("order: manifests without a seq (before v4) open, numbered by time and
   clock.set(kT0 + 3 * kHour);
   take(store, "s", "r");
   for (auto n : {"p", "q", "r"})
-    make_legacy(store, "s", n);
+    dvrtest::make_legacy_manifest(store, "s", n);
   Store old = Store::open(t.store());
   auto listed = old.list("s");
   CHECK(names(listed) == std::vector<std::string>{"q", "p", "r"});  // by their times

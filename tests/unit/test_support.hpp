@@ -30,6 +30,8 @@
 #include <typeinfo>
 #include <vector>
 
+#include "base/hash.hpp"
+#include "base/os.hpp"
 #include "dvr/dvr.hpp"
 
 namespace Catch {
@@ -317,6 +319,26 @@ inline std::vector<std::string> tree(const std::string& dir) {
 
 inline std::string manifest_path(const dvr::Store& store, const std::string& session, const std::string& snap) {
   return store.path() + "/sessions/" + session + "/" + snap + ".snap";
+}
+
+// Rewrites the manifest of session/name as format version 3 (no seq, no
+// origin time): what a dvr before manifest v4 wrote.
+inline void make_legacy_manifest(const dvr::Store& store, const std::string& session, const std::string& name) {
+  const std::string file = manifest_path(store, session, name);
+  std::string m = dvr::detail::read_file(file);
+  std::uint32_t version = 0;
+  std::memcpy(&version, m.data() + 8, 4);
+  REQUIRE(version == 4);
+  // Header 24, time 8, chunk size 4, region count 4, chunk count, logical,
+  // stored, chunks read 8 each: seq and origin time follow at 72.
+  m.erase(72, 16);
+  version = 3;
+  std::memcpy(m.data() + 8, &version, 4);
+  const std::uint64_t body = m.size() - 16;
+  std::memcpy(m.data() + 16, &body, 8);
+  const std::uint64_t sum = dvr::detail::hash64(m.data(), body);
+  std::memcpy(m.data() + body, &sum, 8);
+  dvr::detail::write_file_atomic(store.path() + "/tmp", file, m);
 }
 
 /// The store's pack files (full paths), sorted.

@@ -376,6 +376,36 @@ TEST_CASE("pipeline: the sender offers its 32 newest snapshots as bases, newest 
   CHECK(dvrtest::diff(r.data(), big.data.data(), big.data.size()) == "");
 }
 
+TEST_CASE("pipeline: with manifests older than format 4 in the session, bases are offered in Store::list's order", "[transfer][pipeline]") {
+  // Store::list puts the manifests that record no commit number (format < 4)
+  // first and numbers them 1, 2, ...; those numbers equal real ones here, and
+  // must not reorder the offer: o2 is older than s1 and s2.
+  TempDir d;
+  Store a = Store::open(d / "a"), b = Store::open(d / "b");
+  Big big(16);
+  for (auto name : {"s1", "s2", "o1", "o2"}) {
+    big.data[static_cast<std::size_t>(name[1] - '0') * 4096 + static_cast<std::size_t>(name[0])] ^= 1;
+    big.snapshot(a, name);
+  }
+  dvrtest::make_legacy_manifest(a, "big", "o1");
+  dvrtest::make_legacy_manifest(a, "big", "o2");
+  Store old = Store::open(d / "a");
+  std::vector<std::string> listed;
+  for (auto& i : old.list("big"))
+    listed.push_back(i.name + ":" + std::to_string(i.seq));
+  REQUIRE(listed == std::vector<std::string>{"o1:1", "o2:2", "s1:1", "s2:2"});
+  big.data[7] ^= 1;
+  big.snapshot(old, "x");
+  CHECK(push_negotiated(old, "big/o2", b).base == "");
+  CHECK(push_negotiated(old, "big/s1", b).base == "o2");
+  // Offered for x: s2, s1, o2, o1; b holds s1 and o2 and takes the first.
+  CHECK(push_negotiated(old, "big/x", b).base == "s1");
+  Session s(b, "big");
+  auto& r = s.alloc("x", big.data.size());
+  s.restore("x");
+  CHECK(dvrtest::diff(r.data(), big.data.data(), big.data.size()) == "");
+}
+
 TEST_CASE("pipeline: a damaged chunk in the middle of the sender's store stops both ends, nothing published, no thread left", "[transfer][pipeline]") {
   TempDir d;
   Store a = Store::open(d / "a"), b = Store::open(d / "b");

@@ -99,9 +99,11 @@ Stats send_negotiated(const Store& store, const std::string& ref, int in, int ou
         } catch (const Error&) {
         }
       detail::order_snapshots(infos);
+      // Keyed by place in that order: order_snapshots numbers the unnumbered
+      // 1, 2, ..., which may equal a numbered snapshot's seq.
       newest.clear();
-      for (auto& i : infos)
-        newest.emplace_back(i.seq, i.name);
+      for (std::size_t k = 0; k < infos.size(); ++k)
+        newest.emplace_back(k + 1, infos[k].name);
     }
     std::sort(newest.begin(), newest.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     int offered = 0;
