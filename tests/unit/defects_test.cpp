@@ -8,10 +8,12 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -253,13 +255,17 @@ void check_names_pack(const dvrtest::Caught& e, const std::string& pack) {
 
 }  // namespace
 
-TEST_CASE("defects: a pack truncated while mapped is a corrupt error naming it, for checks, copies and page hashes", "[defects][sigbus]") {
+TEST_CASE("defects: a pack truncated while mapped or open is a corrupt error naming it, for checks, copies and page hashes", "[defects][sigbus]") {
   TruncatedWhileMapped t;
   auto v = detail::view_of(t.m, t.beyond());
   check_names_pack(catch_error([&] { (void)detail::check_chunk(*t.si.packs, v); }), t.pack);
+  // Copies read with pread (no SIGBUS): the file's end found early.
   std::vector<char> out(v.ref->length);
-  check_names_pack(catch_error([&] { detail::read_chunk(*t.si.packs, v, out.data(), "snapshot 's/a'"); }), t.pack);
-  check_names_pack(catch_error([&] { detail::copy_out(*t.si.packs, v.ref->pack, v.ref->offset, out.data(), out.size()); }), t.pack);
+  for (auto& e : {catch_error([&] { detail::read_chunk(*t.si.packs, v, out.data(), "snapshot 's/a'"); }),
+                  catch_error([&] { t.si.packs->copy(v.ref->pack, v.ref->offset, out.data(), out.size()); })}) {
+    CHECK(e.code == Errc::corrupt);
+    CHECK_THAT(e.what, Catch::Contains(t.pack) && Catch::Contains("truncated while in use") && Catch::Contains("now ends at byte 8192"));
+  }
   auto e = catch_error([&] { (void)detail::check_chunk(*t.si.packs, v); });
   CHECK(e.code == Errc::corrupt);
   // The process carries on: SIGBUS unblocked, later guarded reads work.
@@ -269,6 +275,56 @@ TEST_CASE("defects: a pack truncated while mapped is a corrupt error naming it, 
   std::uint64_t h = 0;
   CHECK(detail::guarded(page, 4096, [&] { h = detail::page_hash(page, 4096); }));
   CHECK(h == detail::page_hash(expect.data(), 4096));
+}
+
+// pread is interposed here (the unit tests link libdvr's objects, so this
+// definition is the one they call): while g_fail_pack_reads is set, a read
+// of a .pack file fails with EIO, as a failing device's would.
+namespace {
+std::atomic<bool> g_fail_pack_reads{false};
+}  // namespace
+
+extern "C" ssize_t pread(int fd, void* buf, std::size_t len, off_t offset) {
+  if (g_fail_pack_reads.load()) {
+    char target[4096];
+    const ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), target, sizeof target - 1);
+    if (n > 5 && std::string(target, static_cast<std::size_t>(n)).ends_with(".pack")) {
+      errno = EIO;
+      return -1;
+    }
+  }
+  return static_cast<ssize_t>(::syscall(SYS_pread64, fd, buf, len, offset));
+}
+
+TEST_CASE("defects: a pack that cannot be read (EIO) fails a send with an io error naming it; nothing is left half-sent", "[defects]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  auto data = snapshot_random(store, 2u << 20, 11);
+  const std::string pack = dvrtest::pack_path(store, 1);
+  int fd = ::memfd_create("eio-stream", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  g_fail_pack_reads = true;
+  auto e = catch_error([&] { transfer::send(store, "s/a", fd); });
+  g_fail_pack_reads = false;
+  CHECK(e.code == Errc::io);
+  CHECK_THAT(e.what, Catch::Contains("cannot read pack file " + pack) && Catch::Contains("Input/output error") && Catch::Contains("dmesg"));
+  // What was written of the stream is refused by a receiver.
+  Store other = Store::open(dir / "other");
+  REQUIRE(::lseek(fd, 0, SEEK_SET) == 0);
+  CHECK(catch_error([&] { transfer::receive(other, fd); }).threw_dvr());
+  CHECK(other.list().empty());
+  // The device back: the same send goes through, bit-exact.
+  REQUIRE(::ftruncate(fd, 0) == 0);
+  REQUIRE(::lseek(fd, 0, SEEK_SET) == 0);
+  transfer::send(store, "s/a", fd);
+  REQUIRE(::lseek(fd, 0, SEEK_SET) == 0);
+  transfer::receive(other, fd);
+  ::close(fd);
+  std::vector<unsigned char> back(data.size());
+  Session s(other, "s");
+  s.track("data", back.data(), back.size());
+  s.restore("a");
+  CHECK(dvrtest::diff(back, data) == "");
 }
 
 TEST_CASE("defects: verify and restore of a pack truncated behind their mappings report it, no crash", "[defects][sigbus]") {

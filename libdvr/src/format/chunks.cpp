@@ -56,11 +56,6 @@ std::string page_problem(const Packs& packs, const ChunkView& c, std::uint32_t p
 
 }  // namespace
 
-void copy_out(Packs& packs, std::uint32_t pack, std::uint64_t offset, char* out, std::size_t len) {
-  const char* from = packs.read(pack, offset, len);
-  if (!guarded(from, len, [&] { std::memcpy(out, from, len); })) throw packs.unreadable(pack, offset, from);
-}
-
 std::string check_chunk(const Packs& packs, const ChunkView& c) {
   const ChunkRef& ref = *c.ref;
   auto where = [&](PageLoc at) { return packs.path_of(at.pack) + " at offset " + std::to_string(at.offset); };
@@ -84,25 +79,41 @@ std::string check_chunk(const Packs& packs, const ChunkView& c) {
   return "";
 }
 
+// Reads are copies into the caller's buffer (Packs::copy), checked there:
+// what is checked is what the caller gets.
+
 void read_chunk(Packs& packs, const ChunkView& c, char* out, const std::string& what) {
-  map_chunk(packs, c);
-  if (std::string why = check_chunk(packs, c); !why.empty()) throw Error(Errc::corrupt, what + " is damaged: " + why + "; run `dvr verify`");
+  auto damaged = [&](const std::string& why) { throw Error(Errc::corrupt, what + " is damaged: " + why + "; run `dvr verify`"); };
   const ChunkRef& ref = *c.ref;
   if (!c.paged) {
-    if (ref.is_zero())
+    if (ref.is_zero()) {
+      if (!is_zero_chunk(ref.hash, ref.length)) damaged("an all-zero chunk has the wrong checksum in its manifest");
       std::memset(out, 0, ref.length);
-    else
-      copy_out(packs, ref.pack, ref.offset, out, ref.length);
+      return;
+    }
+    packs.copy(ref.pack, ref.offset, out, ref.length);
+    if (hash128(out, ref.length) != ref.hash) damaged("checksum mismatch in " + packs.path_of(ref.pack) + " at offset " + std::to_string(ref.offset));
     return;
   }
-  for (std::uint32_t p = 0; p < c.page_count(); ++p) {
-    PageLoc at = c.location(p);
-    std::uint32_t len = c.page_length(p);
+  if (const char* why = page_table_problem(c); *why) damaged(why);
+  // Pages that lie one after the other in a pack: one copy.
+  const std::uint32_t n = c.page_count();
+  for (std::uint32_t p = 0; p < n;) {
+    const PageLoc at = c.location(p);
+    std::uint64_t len = c.page_length(p);
+    std::uint32_t q = p + 1;
+    for (; at.pack && q < n && len == std::uint64_t{q - p} * kPageSize; ++q) {
+      const PageLoc next = c.location(q);
+      if (next.pack != at.pack || next.offset != at.offset + len) break;
+      len += c.page_length(q);
+    }
     char* to = out + std::uint64_t{p} * kPageSize;
-    if (at.pack == 0)
-      std::memset(to, 0, len);
+    if (at.pack)
+      packs.copy(at.pack, at.offset, to, len);
     else
-      copy_out(packs, at.pack, at.offset, to, len);
+      std::memset(to, 0, len);
+    for (; p < q; ++p)
+      if (std::string why = page_problem(packs, c, p, c.location(p), out + std::uint64_t{p} * kPageSize); !why.empty()) damaged(why);
   }
 }
 
@@ -113,13 +124,12 @@ void read_pages(Packs& packs, const ChunkView& c, const std::uint32_t* pages, st
   for (std::size_t k = 0; k < count; ++k) {
     const std::uint32_t p = pages[k];
     const std::uint32_t len = c.page_length(p);
-    PageLoc at = c.location(p);
-    const char* from = at.pack ? packs.read(at.pack, at.offset, len) : nullptr;
-    if (std::string why = page_problem(packs, c, p, at, from); !why.empty()) damaged(why);
-    if (from)
-      copy_out(packs, at.pack, at.offset, out, len);
+    const PageLoc at = c.location(p);
+    if (at.pack)
+      packs.copy(at.pack, at.offset, out, len);
     else
       std::memset(out, 0, len);
+    if (std::string why = page_problem(packs, c, p, at, out); !why.empty()) damaged(why);
     out += len;
   }
 }

@@ -52,17 +52,14 @@ void map_chunk(Packs& packs, const ChunkView& c);
 /// they are). Thread-safe; call map_chunk() first.
 std::string check_chunk(const Packs& packs, const ChunkView& c);
 
-/// Copies `len` bytes at `offset` of pack `pack` into `out`; a read that takes
-/// SIGBUS (a pack truncated while mapped, a failing medium) throws corrupt or
-/// io naming the pack (Packs::unreadable), like every read of pack data here.
-void copy_out(Packs& packs, std::uint32_t pack, std::uint64_t offset, char* out, std::size_t len);
-
-/// Copies the chunk's bytes (ref->length of them) into `out` after checking
-/// them; throws corrupt, naming `what`, when they fail their checksum.
+/// Copies the chunk's bytes (ref->length of them) into `out` (Packs::copy:
+/// pread, not the pack's mapping) and checks them there: what is checked is
+/// what the caller gets. Throws corrupt, naming `what`, when they fail their
+/// checksum; what Packs::copy throws for a pack it cannot read.
 void read_chunk(Packs& packs, const ChunkView& c, char* out, const std::string& what);
 
 /// Copies only the pages `pages[0..count)` (ascending) of a chunk of a
-/// paged, hydrated manifest into `out`, back to back, after checking each
+/// paged, hydrated manifest into `out`, back to back, checking each there
 /// against its page hash (and the page hashes against the chunk's hash): a
 /// sender of what differs reads nothing else. Throws corrupt, naming `what`.
 void read_pages(Packs& packs, const ChunkView& c, const std::uint32_t* pages, std::size_t count, char* out, const std::string& what);

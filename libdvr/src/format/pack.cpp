@@ -628,7 +628,7 @@ const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t 
     auto size = static_cast<std::uint64_t>(st.st_size);
     if (!heap) check_header(fd, size, path, pack);
     ReadMap rm{size ? Mapping::file(fd, size, PROT_READ, MAP_SHARED, path) : Mapping(), static_cast<std::uint64_t>(st.st_ino),
-               heap ? 0 : kPackHeaderSize};
+               heap ? 0 : kPackHeaderSize, std::move(owner)};
     it = reads_.emplace(pack, std::move(rm)).first;
   }
   if (offset < it->second.start || offset > it->second.size() || length > it->second.size() - offset)
@@ -638,9 +638,45 @@ const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t 
   return it->second.addr() + offset;
 }
 
+namespace {
+// The error for a read of pack file `path` at byte `at` that failed with `err`.
+Error read_failed(const std::string& path, std::uint64_t at, int err) {
+  return Error(Errc::io, "cannot read pack file " + path + " at byte " + std::to_string(at) + ": " + std::strerror(err) +
+                             "; check the device (dmesg), then run `dvr verify`");
+}
+}  // namespace
+
+void Packs::copy(std::uint32_t pack, std::uint64_t offset, char* out, std::uint64_t length) {
+  read(pack, offset, length);  // opened and bounds checked; no page of the mapping is touched
+  const int fd = reads_.at(pack).fd.get();
+  for (std::uint64_t done = 0; done < length;) {
+    const ssize_t n = ::pread(fd, out + done, length - done, static_cast<off_t>(offset + done));
+    if (n > 0) {
+      done += static_cast<std::uint64_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    const std::string path = path_of(pack);
+    const std::uint64_t at = offset + done;
+    if (n == 0) {
+      struct stat st {};
+      throw Error(Errc::corrupt, "pack file " + path + " was truncated while in use (reading byte " + std::to_string(at) +
+                                     (::fstat(fd, &st) == 0 ? ", but it now ends at byte " + std::to_string(st.st_size) : std::string()) +
+                                     "); the snapshots stored there cannot be restored — run `dvr verify` to list them");
+    }
+    throw read_failed(path, at, errno);
+  }
+}
+
 void Packs::check_header(int fd, std::uint64_t size, const std::string& path, std::uint32_t pack) const {
   char header[48] = {};
-  if (size < kPackHeaderSize || ::pread(fd, header, sizeof header, 0) != sizeof header || std::memcmp(header, kPackMagic, 8) != 0)
+  ssize_t got = -1;
+  if (size >= kPackHeaderSize)
+    while ((got = ::pread(fd, header, sizeof header, 0)) < 0 && errno == EINTR) {
+    }
+  if (got < 0 && size >= kPackHeaderSize)
+    throw read_failed(path, 0, errno);
+  if (got != sizeof header || std::memcmp(header, kPackMagic, 8) != 0)
     throw Error(Errc::corrupt, "pack file " + path + " has no valid header; it is damaged or not a Memory DVR pack");
   if (uuid_.size() == 32 && std::memcmp(header + 16, uuid_.data(), 32) != 0)
     throw Error(Errc::corrupt, "pack file " + path + " belongs to another store (its store id differs); it was copied in by mistake");

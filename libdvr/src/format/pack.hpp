@@ -117,6 +117,14 @@ class Packs {
   /// refresh_mappings() at the start of each operation (under the store lock).
   const char* read(std::uint32_t pack, std::uint64_t offset, std::uint64_t length);
 
+  /// Copies [offset, offset+length) of pack `pack` into `out` with pread,
+  /// touching no page of the pack's mapping (whose first touch, on a VM with
+  /// shadow page tables, costs more than the copy; docs/performance.md,
+  /// "Reading packs"). Bounds and errors as read(); a file shorter than when
+  /// it was opened throws corrupt (truncated while in use), a failing medium
+  /// io, each naming the pack.
+  void copy(std::uint32_t pack, std::uint64_t offset, char* out, std::uint64_t length);
+
   /// The error for a read of pack `pack` at `offset` that took SIGBUS
   /// (base/sigbus.hpp): corrupt when the file now ends before `offset` (it
   /// was truncated while mapped), else io (the medium failed); names the pack.
@@ -144,6 +152,7 @@ class Packs {
     Mapping map;  // the whole pack file, read-only
     std::uint64_t ino = 0;
     std::uint64_t start = kPackHeaderSize;  // data_start()
+    Fd fd;                                  // the file mapped, for copy()
     const char* addr() const { return map.bytes(); }
     std::uint64_t size() const { return map.size(); }
   };
