@@ -27,9 +27,6 @@ using detail::StoreImpl;
 
 namespace {
 
-// A sender drops the page-table entries of what it read every 64 MiB.
-constexpr std::uint64_t kDropEvery = 64u << 20;
-
 // ---- sending ---------------------------------------------------------------
 
 // Sends one snapshot, against `base` of the same session if given.
@@ -67,15 +64,9 @@ void send_item(const Item& it, const std::string& base, RecordWriter& w, const O
         if (!c.is_zero() && b->trusted(b->regions[r].first_chunk + j)) in_base.emplace(c.hash, std::make_pair(r, j));
       }
   Compressor z(opt.compress, opt.level);
-  std::uint64_t read_bytes = 0;
-  auto note_read = [&](std::uint64_t n) {
-    st.read_bytes += n;
-    if ((read_bytes += n) >= kDropEvery) {
-      // The snapshot's pages need not stay mapped in this process.
-      reader.packs().drop_resident();
-      read_bytes = 0;
-    }
-  };
+  // Chunks are read with pread (read_chunk, read_pages): no page of a pack
+  // is mapped into this process, however much is sent.
+  auto note_read = [&](std::uint64_t n) { st.read_bytes += n; };
   const std::string what = "snapshot '" + it.ref() + "'";
   std::vector<std::uint32_t> diff;
   for (std::uint32_t r = 0; r < m.regions.size(); ++r) {
