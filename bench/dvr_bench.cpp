@@ -13,7 +13,9 @@
 //   {"name":..., "value":..., "unit":"s", "peer":"memcpy", "peer_value":...,
 //    "ratio":...}   ratio = peer time / our time (above 1: faster than the peer)
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,6 +53,31 @@ struct Figure {
 };
 
 // Private (anonymous or copied-on-write) memory of this process, in bytes.
+// What a run creates in /dev/shm is named dvr-bench.PID.WHAT.XXXXXX. A run
+// removes what runs that are gone left there (killed by a timeout or a signal
+// before they cleaned up): gigabytes of tmpfs files fill memory, and then
+// every allocation of every later measurement pays for reclaim.
+constexpr const char* kTempRoot = "/dev/shm";
+
+std::string temp_template(const std::string& what) {
+  return std::string(kTempRoot) + "/dvr-bench." + std::to_string(::getpid()) + "." + what + ".XXXXXX";
+}
+
+void remove_leftovers_of_gone_runs() {
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(kTempRoot, ec); !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int pid = 0;
+    if (std::sscanf(name.c_str(), "dvr-bench.%d.", &pid) != 1 || pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // that run is still there (or not ours to judge)
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0 || st.st_uid != ::geteuid() || !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode))) continue;
+    std::fprintf(stderr, "dvr-bench: removing %s, left by run %d, which is gone\n", it->path().c_str(), pid);
+    std::error_code rm;
+    std::filesystem::remove_all(it->path(), rm);
+  }
+}
+
 std::uint64_t rss_anon() {
   std::FILE* f = std::fopen("/proc/self/status", "r");
   if (!f) return 0;
@@ -329,10 +356,11 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  remove_leftovers_of_gone_runs();
   bool own_store = store_dir.empty();
   if (own_store) {
-    char tmpl[] = "/dev/shm/dvr-bench-XXXXXX";
-    if (!::mkdtemp(tmpl)) {
+    std::string tmpl = temp_template("store");
+    if (!::mkdtemp(tmpl.data())) {
       std::perror("dvr-bench: mkdtemp");
       return 1;
     }
@@ -593,10 +621,9 @@ int main(int argc, char** argv) {
       std::memcpy(disk, data, n);
       touch_every_page(disk, n, 0xD15C0000ull);
       std::memcpy(scratch, disk, n);
-      char src_tmpl[] = "/dev/shm/dvr-bench-src-XXXXXX";
-      int src_fd = ::mkostemp(src_tmpl, O_CLOEXEC);
+      std::string src = temp_template("src");
+      int src_fd = ::mkostemp(src.data(), O_CLOEXEC);
       if (src_fd < 0) throw std::runtime_error("cannot create a tmpfs file for dd's input");
-      const std::string src = src_tmpl;
       struct Cleanup {
         std::vector<std::string> paths;
         ~Cleanup() {

@@ -12,7 +12,10 @@ Starts an sshd on 127.0.0.1 with throw-away keys and, for each data set of
           text-like words (Zipf-distributed from a vocabulary), float32 noise
 takes a snapshot in store A and measures, in the same run:
   push_full_DATA   dvr push of it to store B      vs cat of its bytes through ssh,
-                                                     and zstd -1 | ssh | zstd -d
+                                                     and zstd -1 | ssh | zstd -d;
+                                                     (noise) vs cat | ssh 'cat > FILE',
+                                                     FILE new beside store B: the
+                                                     bytes kept, as a push keeps them
   push_1pct        (noise) push again after 1% of the pages changed (scattered:
                    every 100th page)               vs push_full_noise (target: <= 3%)
   push_1pct        the same                        vs `ssh HOST true` (the cost of the connection alone)
@@ -156,6 +159,14 @@ def main():
             cat_s = min(run(f"cat {raw} | {ssh} root@127.0.0.1 'cat > /dev/null'", shell=True)[1] for _ in range(repeat))
             zstd_s = min(run(f"zstd -1 -q -c {raw} | {ssh} root@127.0.0.1 'zstd -d -q -c > /dev/null'", shell=True)[1]
                          for _ in range(repeat))
+            if data == "noise":
+                # The bytes kept at the far end, in a new file on the medium of
+                # store B (a push stores what it moves; cat > /dev/null does not).
+                far = os.path.join(work, "far.bin")
+                cat_file_s = []
+                for _ in range(repeat):
+                    cat_file_s.append(run(f"cat {raw} | {ssh} root@127.0.0.1 'cat > {far}'", shell=True)[1])
+                    os.unlink(far)
             os.unlink(raw)
 
             full_s, full_bytes = [], 0
@@ -168,6 +179,8 @@ def main():
                     run([dvr, "--store", b, "gc"])
             figures += [(f"push_full_{data}", min(full_s), "s", "cat | ssh", cat_s, data),
                         (f"push_full_{data}", min(full_s), "s", "zstd -1 | ssh | zstd -d", zstd_s, data)]
+            if data == "noise":
+                figures.append((f"push_full_{data}", min(full_s), "s", "cat | ssh 'cat > FILE' (far end keeps it)", min(cat_file_s), data))
             if data == "noise":
                 pct_s, pct_bytes = [], []
                 pages = arr.reshape(-1, 4096)
