@@ -82,6 +82,32 @@ void all_or_throw(MPI_Comm comm, int size, const std::string& what, const std::f
   if (!all) fail_all(comm, size, ok, mine, what);
 }
 
+// Waiting on MPI without taking a core: a few yields, then short sleeps,
+// longer once nothing has happened for a while. Ranks are often
+// oversubscribed (more ranks and stream threads than cores), and MPI's own
+// waits poll and yield on the core that the ranks still working need.
+struct Backoff {
+  int idle = 0;
+  void reset() { idle = 0; }
+  void wait() {
+    if (++idle < 3)
+      sched_yield();
+    else
+      ::usleep(idle < 256 ? 20 : 200);
+  }
+};
+
+// MPI_Wait for `req`, waiting as Backoff does.
+void wait_quietly(MPI_Request& req) {
+  Backoff b;
+  for (;;) {
+    int done = 0;
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    b.wait();
+  }
+}
+
 // Sends what `produce` writes into an fd to rank `dest`, and gives what
 // arrives from rank `source` to `consume` as an fd; either may be empty
 // (nothing to send / receive). Both directions run at once, so that pairs of
@@ -123,7 +149,7 @@ std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& 
   bool send_done = !produce, recv_done = !consume, final_sent = !produce;
   std::vector<char> sbuf(1 << 20), rbuf;
   MPI_Request sreq = MPI_REQUEST_NULL;
-  int idle = 0;
+  Backoff idle;
   while (!send_done || !recv_done || sreq != MPI_REQUEST_NULL) {
     bool progress = false;
     if (sreq != MPI_REQUEST_NULL) {
@@ -170,14 +196,11 @@ std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& 
         progress = true;
       }
     }
-    // Waiting: yield at first, then sleep a little, so that this loop does
-    // not take the CPU the stream's own threads (and other ranks) need.
+    // Waiting leaves the CPU to the stream's own threads and other ranks.
     if (progress)
-      idle = 0;
-    else if (++idle < 64)
-      sched_yield();
+      idle.reset();
     else
-      ::usleep(idle < 1024 ? 50 : 500);
+      idle.wait();
   }
   if (producer.joinable()) producer.join();
   if (consumer.joinable()) consumer.join();
@@ -411,7 +434,10 @@ GlobalInfo Session::snapshot(const std::string& name) {
   // The vote on the local parts.
   int ok = took ? 1 : 0, all = 0;
   const auto tv = std::chrono::steady_clock::now();
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, st.comm);
+  // Ranks done early wait here for the others without taking their cores.
+  MPI_Request vote;
+  MPI_Iallreduce(&ok, &all, 1, MPI_INT, MPI_MIN, st.comm, &vote);
+  wait_quietly(vote);
   info.vote_seconds = since(tv);
   if (!all) {
     // Not committed anywhere: the parts that were taken go again, and the
