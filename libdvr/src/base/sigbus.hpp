@@ -7,7 +7,7 @@
 // guarded(), which turns such a SIGBUS into a false return; the caller throws
 // a dvr::Error naming the pack (Packs::unreadable()).
 //
-// How (docs/format.md, "Reading packs: SIGBUS"): the first guarded() call
+// How (docs/format.md, "Reading packs: pread, and SIGBUS"): the first guarded() call
 // installs one process-wide SIGBUS handler (SA_SIGINFO, SA_ONSTACK), keeping
 // the handler that was there before. Each thread owns a slot of a global
 // table (claimed at its first guarded read, by its kernel thread id); guarded()
