@@ -52,7 +52,6 @@ struct Figure {
   std::string json_extra;  // more ",\"key\":value" fields for the JSON line
 };
 
-// Private (anonymous or copied-on-write) memory of this process, in bytes.
 // What a run creates in /dev/shm is named dvr-bench.PID.WHAT.XXXXXX. A run
 // removes what runs that are gone left there (killed by a timeout or a signal
 // before they cleaned up): gigabytes of tmpfs files fill memory, and then
@@ -78,6 +77,7 @@ void remove_leftovers_of_gone_runs() {
   }
 }
 
+// Private (anonymous or copied-on-write) memory of this process, in bytes.
 std::uint64_t rss_anon() {
   std::FILE* f = std::fopen("/proc/self/status", "r");
   if (!f) return 0;

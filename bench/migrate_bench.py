@@ -181,7 +181,6 @@ def main():
                         (f"push_full_{data}", min(full_s), "s", "zstd -1 | ssh | zstd -d", zstd_s, data)]
             if data == "noise":
                 figures.append((f"push_full_{data}", min(full_s), "s", "cat | ssh 'cat > FILE' (far end keeps it)", min(cat_file_s), data))
-            if data == "noise":
                 pct_s, pct_bytes = [], []
                 pages = arr.reshape(-1, 4096)
                 for r in range(repeat):

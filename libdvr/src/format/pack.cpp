@@ -639,10 +639,18 @@ const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t 
 }
 
 namespace {
-// The error for a read of pack file `path` at byte `at` that failed with `err`.
-Error read_failed(const std::string& path, std::uint64_t at, int err) {
-  return Error(Errc::io, "cannot read pack file " + path + " at byte " + std::to_string(at) + ": " + std::strerror(err) +
-                             "; check the device (dmesg), then run `dvr verify`");
+// The error for a read of pack file `path` at byte `at` that the medium
+// failed; `why` follows the offset (": Input/output error", " (SIGBUS: ...)").
+Error read_failed(const std::string& path, std::uint64_t at, const std::string& why) {
+  return Error(Errc::io, "cannot read pack file " + path + " at byte " + std::to_string(at) + why + "; check the device (dmesg), then run `dvr verify`");
+}
+
+// The error for pack file `path` found shorter than a read of it needed:
+// `how` the read ("reading byte N"), `now` the file as it is now (nullptr: gone).
+Error truncated_in_use(const std::string& path, const std::string& how, const struct stat* now) {
+  return Error(Errc::corrupt, "pack file " + path + " was truncated while in use (" + how +
+                                  (now ? ", but it now ends at byte " + std::to_string(now->st_size) : std::string(", and it is gone now")) +
+                                  "); the snapshots stored there cannot be restored — run `dvr verify` to list them");
 }
 }  // namespace
 
@@ -656,28 +664,22 @@ void Packs::copy(std::uint32_t pack, std::uint64_t offset, char* out, std::uint6
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    const std::string path = path_of(pack);
     const std::uint64_t at = offset + done;
-    if (n == 0) {
-      struct stat st {};
-      throw Error(Errc::corrupt, "pack file " + path + " was truncated while in use (reading byte " + std::to_string(at) +
-                                     (::fstat(fd, &st) == 0 ? ", but it now ends at byte " + std::to_string(st.st_size) : std::string()) +
-                                     "); the snapshots stored there cannot be restored — run `dvr verify` to list them");
-    }
-    throw read_failed(path, at, errno);
+    if (n < 0) throw read_failed(path_of(pack), at, std::string(": ") + std::strerror(errno));
+    struct stat st {};
+    throw truncated_in_use(path_of(pack), "reading byte " + std::to_string(at), ::fstat(fd, &st) == 0 ? &st : nullptr);
   }
 }
 
 void Packs::check_header(int fd, std::uint64_t size, const std::string& path, std::uint32_t pack) const {
+  auto no_header = [&] { return Error(Errc::corrupt, "pack file " + path + " has no valid header; it is damaged or not a Memory DVR pack"); };
+  if (size < kPackHeaderSize) throw no_header();
   char header[48] = {};
-  ssize_t got = -1;
-  if (size >= kPackHeaderSize)
-    while ((got = ::pread(fd, header, sizeof header, 0)) < 0 && errno == EINTR) {
-    }
-  if (got < 0 && size >= kPackHeaderSize)
-    throw read_failed(path, 0, errno);
-  if (got != sizeof header || std::memcmp(header, kPackMagic, 8) != 0)
-    throw Error(Errc::corrupt, "pack file " + path + " has no valid header; it is damaged or not a Memory DVR pack");
+  ssize_t got;
+  while ((got = ::pread(fd, header, sizeof header, 0)) < 0 && errno == EINTR) {
+  }
+  if (got < 0) throw read_failed(path, 0, std::string(": ") + std::strerror(errno));
+  if (got != sizeof header || std::memcmp(header, kPackMagic, 8) != 0) throw no_header();
   if (uuid_.size() == 32 && std::memcmp(header + 16, uuid_.data(), 32) != 0)
     throw Error(Errc::corrupt, "pack file " + path + " belongs to another store (its store id differs); it was copied in by mistake");
   std::uint32_t version = 0, id = 0;
@@ -696,12 +698,10 @@ void Packs::check_header(int fd, std::uint64_t size, const std::string& path, st
 Error Packs::unreadable(std::uint32_t pack, std::uint64_t offset) const {
   const std::string path = path_of(pack);
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) <= offset)
-    return Error(Errc::corrupt, "pack file " + path + " was truncated while in use (SIGBUS reading byte " + std::to_string(offset) +
-                                    (::stat(path.c_str(), &st) == 0 ? ", but it now ends at byte " + std::to_string(st.st_size) : std::string(", and it is gone now")) +
-                                    "); the snapshots stored there cannot be restored — run `dvr verify` to list them");
-  return Error(Errc::io, "cannot read pack file " + path + " at byte " + std::to_string(offset) +
-                             " (SIGBUS: the medium reported an error); check the device (dmesg), then run `dvr verify`");
+  const bool there = ::stat(path.c_str(), &st) == 0;
+  if (!there || static_cast<std::uint64_t>(st.st_size) <= offset)
+    return truncated_in_use(path, "SIGBUS reading byte " + std::to_string(offset), there ? &st : nullptr);
+  return read_failed(path, offset, " (SIGBUS: the medium reported an error)");
 }
 
 Error Packs::unreadable(std::uint32_t pack, std::uint64_t offset, const char* at) const {
