@@ -20,9 +20,11 @@ takes a snapshot in store A and measures, in the same run:
                    every 100th page)               vs push_full_noise (target: <= 3%)
   push_1pct        the same                        vs `ssh HOST true` (the cost of the connection alone)
   push_1pct_bytes  bytes that second push sent     vs the first push's
-  push_1pct_kept   (noise) the same 1% push through a connection kept open by
-                   an earlier one (--keep-ssh)      vs push_full_noise, and vs
-                   `ssh HOST true` through that connection (a session's own cost)
+  push_1pct_kept   (noise) the same 1% push through a connection and a far
+                   receiver kept by an earlier one (--keep-ssh: no login, no
+                   dvr start there)                 vs push_full_noise, and vs
+                   `ssh HOST true` through that connection (what a session
+                   that logs in costs)
   push_full_nologin, push_1pct_nologin
                    (noise) the same pushes to a third store with --ssh a script
                    that runs the far command here (no ssh, no login, no
@@ -87,6 +89,32 @@ def start_sshd(root):
         time.sleep(0.05)
     sshd.kill()
     raise RuntimeError("sshd did not start")
+
+
+def stop_kept_receivers(work):
+    """Ends the kept receivers (`dvr receive --listen`, left by the pushes
+    with --keep-ssh) of the stores under WORK, and removes their sockets and
+    logs; alone they would wait out their idle time."""
+    for pid in os.listdir("/proc"):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"--listen" in argv and any(a.startswith(work.encode()) for a in argv):
+            try:
+                log = os.readlink(f"/proc/{pid}/fd/2")  # its stderr is its log, beside its socket
+            except OSError:
+                log = ""
+            try:
+                os.kill(int(pid), 9)
+            except (OSError, ValueError):
+                pass
+            if log.endswith(".log"):
+                for leftover in (log, log[:-len(".log")] + ".sock"):
+                    try:
+                        os.unlink(leftover)
+                    except OSError:
+                        pass
 
 
 def fill(np, arr, data):
@@ -249,6 +277,7 @@ def main():
         if sshd:
             sshd.kill()
             sshd.wait()
+        stop_kept_receivers(work)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

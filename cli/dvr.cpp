@@ -40,6 +40,7 @@
 #include "dvr/transfer.hpp"
 #include "output.hpp"
 #include "progress.hpp"
+#include "remote.hpp"
 
 namespace {
 
@@ -454,7 +455,8 @@ struct TransferArgs {
   std::vector<std::string> require_keys;   // --require-signature PUBKEY...
   std::string remote_sign;                 // pull --remote-sign KEY: the far side's secret key file
   std::string keep_ssh;                    // push/pull --keep-ssh DURATION (empty: $DVR_KEEP_SSH, else not kept)
-  bool no_compress = false, negotiate = false, json = false;
+  std::string idle;                        // receive --listen --idle DURATION
+  bool no_compress = false, negotiate = false, listen = false, json = false;
 };
 
 // --require-signature's public keys, loaded (a bad file fails before the transfer starts).
@@ -511,152 +513,6 @@ transfer::Stats receive_counted(Store& store, int fd, const char* op, std::vecto
   return st;
 }
 
-struct SshTarget {
-  std::string host;  // [user@]host
-  std::string port;
-  std::string path;
-};
-
-SshTarget parse_ssh_url(const std::string& url) {
-  const std::string scheme = "ssh://";
-  if (url.rfind(scheme, 0) != 0) throw Error(Errc::invalid_argument, "'" + url + "' is not an ssh://[USER@]HOST[:PORT]/STORE address");
-  std::string rest = url.substr(scheme.size());
-  auto slash = rest.find('/');
-  if (slash == std::string::npos || slash == 0 || slash + 1 == rest.size())
-    throw Error(Errc::invalid_argument, "'" + url + "' names no store path; write ssh://HOST/ABSOLUTE/PATH");
-  SshTarget t;
-  std::string authority = rest.substr(0, slash);
-  t.path = rest.substr(slash);
-  auto at = authority.rfind('@');
-  auto colon = authority.find(':', at == std::string::npos ? 0 : at);
-  if (colon != std::string::npos) {
-    t.port = authority.substr(colon + 1);
-    authority = authority.substr(0, colon);
-    if (t.port.empty() || t.port.find_first_not_of("0123456789") != std::string::npos)
-      throw Error(Errc::invalid_argument, "'" + url + "' has a bad port");
-  }
-  t.host = authority;
-  if (t.host.empty() || t.host[0] == '-') throw Error(Errc::invalid_argument, "'" + url + "' has a bad host");
-  return t;
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s)
-    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// Where --keep-ssh's connections keep their control sockets: a directory of
-// this user's alone ($XDG_RUNTIME_DIR/dvr-ssh, else /tmp/dvr-ssh-UID), made
-// if missing. Anything else there (another owner, other users' access, a
-// link) is refused: whoever could reach the socket could run commands on the
-// far machine as this user.
-std::string ssh_control_dir() {
-  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
-  // The socket's path (DIR/ + 40 hex digits) must fit a sockaddr_un.
-  std::string dir = xdg && xdg[0] == '/' && std::strlen(xdg) <= 48 ? std::string(xdg) + "/dvr-ssh" : "/tmp/dvr-ssh-" + std::to_string(::geteuid());
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    throw Error(Errc::io, "cannot create " + printable(dir) + " for --keep-ssh's connections: " + std::strerror(errno));
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0) throw Error(Errc::io, "cannot inspect " + printable(dir) + ": " + std::strerror(errno));
-  std::string wrong = !S_ISDIR(st.st_mode)       ? "it is not a directory"
-                      : st.st_uid != ::geteuid() ? "it belongs to user " + std::to_string(st.st_uid)
-                      : (st.st_mode & 077) != 0  ? "other users may use it"
-                                                 : "";
-  if (!wrong.empty())
-    throw Error(Errc::permission, "refusing to keep ssh connections in " + printable(dir) + ": " + wrong +
-                                      " (it must be a private directory of this user: remove it, or set XDG_RUNTIME_DIR)");
-  return dir;
-}
-
-// --keep-ssh DURATION (else $DVR_KEEP_SSH): seconds an idle connection stays
-// open for the next push or pull; 0 = closed at once (ssh's own default).
-long keep_ssh_seconds(const std::string& option) {
-  std::string text = option;
-  const char* from = "--keep-ssh";
-  if (text.empty()) {
-    const char* env = std::getenv("DVR_KEEP_SSH");
-    if (!env || !*env) return 0;
-    text = env;
-    from = "DVR_KEEP_SSH";
-  }
-  double s = 0;
-  try {
-    s = parse_duration(text);  // never negative
-  } catch (const std::exception& e) {
-    throw Error(Errc::invalid_argument, std::string(from) + ": " + e.what());
-  }
-  if (s > 7 * 86400) throw Error(Errc::invalid_argument, std::string(from) + ": '" + printable(text) + "' is not a duration up to 7d");
-  return static_cast<long>(s + 0.5);
-}
-
-// Runs `ssh ... HOST REMOTE-COMMAND` with its stdin and stdout connected to
-// us; its stderr (the far dvr's messages) goes to ours.
-struct SshChild {
-  pid_t pid = -1;
-  int to = -1, from = -1;
-  // keep_s > 0: share one connection between pushes and pulls to the same
-  // host (OpenSSH's ControlMaster), kept open for keep_s seconds after the
-  // last one; the first one opens it.
-  SshChild(const std::string& ssh, const SshTarget& t, const std::vector<std::string>& remote, long keep_s = 0) {
-    std::vector<std::string> argv;
-    std::istringstream in(ssh);
-    for (std::string w; in >> w;)
-      argv.push_back(w);
-    if (argv.empty()) throw Error(Errc::invalid_argument, "--ssh is empty");
-    if (keep_s > 0) {
-      // ssh's %C: a hash of the local host, the far host, port and user.
-      argv.insert(argv.begin() + 1, {"-o", "ControlMaster=auto", "-o", "ControlPath=" + ssh_control_dir() + "/%C", "-o",
-                                     "ControlPersist=" + std::to_string(keep_s)});
-    }
-    if (!t.port.empty()) {
-      argv.push_back("-p");
-      argv.push_back(t.port);
-    }
-    argv.push_back(t.host);
-    std::string cmd;
-    for (auto& r : remote)
-      cmd += (cmd.empty() ? "" : " ") + shell_quote(r);
-    argv.push_back(cmd);
-    int a[2], b[2];
-    if (::pipe2(a, O_CLOEXEC) != 0 || ::pipe2(b, O_CLOEXEC) != 0) throw Error(Errc::io, "cannot create pipes for ssh");
-    pid = ::fork();
-    if (pid < 0) throw Error(Errc::io, "cannot start ssh");
-    if (pid == 0) {
-      ::dup2(a[0], 0);
-      ::dup2(b[1], 1);
-      std::vector<char*> args;
-      for (auto& x : argv)
-        args.push_back(const_cast<char*>(x.c_str()));
-      args.push_back(nullptr);
-      ::execvp(args[0], args.data());
-      std::fprintf(stderr, "dvr: cannot run %s: %s\n", args[0], std::strerror(errno));
-      ::_exit(127);
-    }
-    ::close(a[0]);
-    ::close(b[1]);
-    to = a[1];
-    from = b[0];
-  }
-  int finish() {
-    if (to >= 0) ::close(to);
-    if (from >= 0) ::close(from);
-    to = from = -1;
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  ~SshChild() {
-    if (pid > 0) {
-      ::kill(pid, SIGTERM);
-      finish();
-    }
-  }
-};
-
 int cmd_send(const TransferArgs& a) {
   transfer::Options o = transfer_options(a);
   if (!a.negotiate && ::isatty(1))
@@ -677,6 +533,16 @@ int cmd_receive(const TransferArgs& a) {
   Store store = open_store(true);
   transfer::ReceiveOptions ro;
   ro.require_signature = keys;
+  if (a.listen) {
+    double idle = 0;
+    try {
+      idle = a.idle.empty() ? 0 : parse_duration(a.idle);
+    } catch (const std::exception& e) {
+      throw Error(Errc::invalid_argument, std::string("--idle: ") + e.what());
+    }
+    if (idle > 7 * 86400) throw Error(Errc::invalid_argument, "--idle: '" + printable(a.idle) + "' is not a duration up to 7d");
+    return listen_kept_receiver(store, static_cast<long>(idle + 0.5), ro);
+  }
   transfer::Stats st = a.negotiate ? transfer::receive_negotiated(store, 0, 1, ro) : receive_counted(store, 0, "receive", keys);
   print_transfer(st, false, a.json, a.negotiate ? std::cerr : std::cout);
   return 0;
@@ -757,7 +623,28 @@ int cmd_push_pull(const TransferArgs& a, bool push) {
       remote.insert(remote.end(), {"--level", std::to_string(o.level)});
     }
   }
-  SshChild child(ssh, t, remote, keep_ssh_seconds(a.keep_ssh));
+  const long keep_s = keep_ssh_seconds(a.keep_ssh);
+  if (push && keep_s > 0) {
+    // Through the kept receiver a push before left at the far end, if it
+    // is still there (remote.hpp).
+    if (int fd = connect_kept_receiver(t, a.remote_dvr); fd >= 0) {
+      ProgressReporter progress("push", progress_mode());
+      o.progress = progress.callback();
+      transfer::Stats st;
+      try {
+        st = transfer::send_negotiated(store, a.ref, fd, fd, o);
+      } catch (...) {
+        progress.finish();
+        ::close(fd);
+        throw;
+      }
+      progress.finish();
+      ::close(fd);
+      print_transfer(st, push, a.json, std::cout);
+      return 0;
+    }
+  }
+  SshChild child(ssh, t, remote, keep_s);
   ProgressReporter progress(push ? "push" : "pull", progress_mode());
   o.progress = progress.callback();
   transfer::Stats st;
@@ -780,6 +667,8 @@ int cmd_push_pull(const TransferArgs& a, bool push) {
   int rc = child.finish();
   if (rc != 0) throw Error(Errc::io, "the far side (ssh " + t.host + ") exited with status " + std::to_string(rc) + " after the transfer");
   print_transfer(st, push, a.json, std::cout);
+  std::cout.flush();
+  if (push && keep_s > 0) keep_receiver(ssh, t, a.remote_dvr, keep_s);
   return 0;
 }
 
@@ -1353,7 +1242,8 @@ void add_ssh_options(CLI::App* sub, TransferArgs& t) {
   sub->add_option("--remote-dvr", t.remote_dvr, "the far dvr (default dvr)")->type_name("PATH");
   sub->add_option("--keep-ssh", t.keep_ssh,
                   "keep the ssh connection open this long after the transfer, for the next push or pull to the same host "
-                  "(OpenSSH's ControlPersist; default $DVR_KEEP_SSH, else 0: closed)")
+                  "(OpenSSH's ControlPersist), and for push a receiver at the far end that later pushes reach through it "
+                  "without a login (default $DVR_KEEP_SSH, else 0: closed)")
       ->type_name("DURATION");
 }
 
@@ -1580,6 +1470,8 @@ int run(int argc, char** argv) {
   TransferArgs recv;
   auto* c_recv = app.add_subcommand("receive", "read such a stream from stdin into the store; nothing is stored unless all of it checks out");
   c_recv->add_flag("--negotiate", recv.negotiate, "(the far side of push)")->group("");
+  c_recv->add_flag("--listen", recv.listen, "(the far side of push --keep-ssh: start or find this store's kept receiver)")->group("");
+  c_recv->add_option("--idle", recv.idle, "(with --listen: how long the kept receiver waits for the next push)")->group("");
   add_require_option(c_recv, recv);
   add_json(c_recv, recv.json);
   c_recv->footer("Examples:\n  dvr receive < loaded.dvr\n  dvr receive --require-signature alice.pub < loaded.dvr");

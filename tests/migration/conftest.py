@@ -10,9 +10,11 @@ something.
 
 `sshd` (one per test session) is a real OpenSSH server on 127.0.0.1 with a
 throw-away host key, a throw-away client key authorized for root and a config
-of its own; push and pull talk to it as they would to another server. It needs
-root (sshd must run as root) and /usr/sbin/sshd; tests using it skip with the
-reason otherwise.
+of its own; push and pull talk to it as they would to another server. It
+forwards nothing; `sshd_forwarding`, a second one, lets clients connect to unix
+sockets on its side (push --keep-ssh's kept receiver). They need root (sshd
+must run as root) and /usr/sbin/sshd; tests using them skip with the reason
+otherwise.
 
 Region snapshots come from `dvr-test-worker` ($DVR_WORKER,
 tests/helpers/snapshot_worker.cpp), whose content is a pure function of the
@@ -153,8 +155,8 @@ def _banner(port, timeout=1.0):
         return False
 
 
-@pytest.fixture(scope="session")
-def sshd():
+def _start_sshd(forwarding):
+    """Starts a test sshd (see Sshd); yields it, stops it after."""
     reason = _sshd_unavailable()
     if reason:
         pytest.skip(reason)
@@ -186,7 +188,10 @@ def sshd():
                 "UsePAM no",
                 "StrictModes no",
                 "X11Forwarding no",
-                "AllowTcpForwarding no",
+                # Forwarding: a unix socket of the far side only (the kept
+                # receiver of push --keep-ssh), else none.
+                "AllowTcpForwarding local" if forwarding else "AllowTcpForwarding no",
+                "AllowStreamLocalForwarding local" if forwarding else "AllowStreamLocalForwarding no",
                 "PrintMotd no",
                 "PrintLastLog no",
                 "MaxStartups 50",
@@ -222,6 +227,21 @@ def sshd():
                 popen.kill()
                 popen.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sshd():
+    """The test sshd; it forwards nothing (AllowTcpForwarding no,
+    AllowStreamLocalForwarding no)."""
+    yield from _start_sshd(forwarding=False)
+
+
+@pytest.fixture(scope="session")
+def sshd_forwarding():
+    """A second test sshd that lets clients connect to unix sockets on its
+    side (AllowStreamLocalForwarding local), as push --keep-ssh's kept
+    receiver needs."""
+    yield from _start_sshd(forwarding=True)
 
 
 # --- whole processes (real CRIU; root)

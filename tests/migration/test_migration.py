@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dvrtest import MIB, WORKER_BYTES, alive, assert_failed, describe, parse_json, run
+from dvrtest import MIB, WORKER_BYTES, alive, assert_failed, cmdline, describe, parse_json, processes_naming, run
 
 # --- moving snapshots
 
@@ -146,8 +146,8 @@ def push(store, ref, sshd, target, dvr_bin, *opts, expect=0, env=None):
     return store.dvr("push", ref, sshd.url(target.path), *ssh_opts(sshd, dvr_bin), *opts, expect=expect, env=env)
 
 
-def push_json(store, ref, sshd, target, dvr_bin, *opts):
-    proc = push(store, ref, sshd, target, dvr_bin, *opts, "--json")
+def push_json(store, ref, sshd, target, dvr_bin, *opts, env=None):
+    proc = push(store, ref, sshd, target, dvr_bin, *opts, "--json", env=env)
     no_progress(proc, "push")
     summary = parse_json(proc.stdout, "the summary push --json prints on stdout", proc)
     check_fields(summary, PUSH_FIELDS, "push --json")
@@ -765,6 +765,45 @@ def _accepted(sshd):
     return sshd.log.read_text(errors="replace").count("Accepted publickey")
 
 
+def _kept_receivers(store, settle=10):
+    """PIDs of the kept receivers (`dvr receive --listen`) of STORE. The
+    processes they fork per connection carry the same command line and end on
+    their own once their push (or a check that the receiver is there) is
+    done, so this waits up to `settle` s for those to go."""
+    deadline = time.monotonic() + settle
+    while True:
+        found = {pid for pid in processes_naming(str(store.path)) if "--listen" in cmdline(pid).split()}
+        if len(found) <= 1 or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def _kept_log(store):
+    """The log of STORE's kept receiver on the test sshd's side (root, no
+    $XDG_RUNTIME_DIR there): `receive --listen` finds the running one and
+    names its socket; the log is beside it."""
+    proc = store.dvr("receive", "--listen", "--idle", "60", env={"XDG_RUNTIME_DIR": ""})
+    sock = proc.stdout.strip().removeprefix("listening ")
+    assert sock.endswith(".sock") and Path(sock).is_socket(), describe(proc)
+    return Path(sock[:-len(".sock")] + ".log")
+
+
+def _stop_kept(sshd, control, store):
+    """Ends the kept connection and STORE's kept receivers, and removes the
+    receivers' sockets and logs (outside the scratch directory: in
+    /tmp/dvr-receive-0 on the test sshd's side)."""
+    run([*shlex.split(sshd.ssh), "-o", f"ControlPath={control}/%C", "-O", "exit", "root@127.0.0.1"])
+    for pid in _kept_receivers(store, settle=0):
+        try:
+            log = os.readlink(f"/proc/{pid}/fd/2")  # a receiver's stderr is its log
+        except OSError:
+            log = ""
+        os.kill(pid, 9)
+        if log.endswith(".log"):
+            for leftover in (log, log[:-len(".log")] + ".sock"):
+                Path(leftover).unlink(missing_ok=True)
+
+
 def test_keep_ssh_shares_one_connection_between_pushes_and_pulls(store_a, store_b, make_store, sshd, dvr_bin,
                                                                  scratch):
     """--keep-ssh 60: the first push opens the connection and leaves it open
@@ -778,7 +817,8 @@ def test_keep_ssh_shares_one_connection_between_pushes_and_pulls(store_a, store_
     store_a.snap("s", "n1", "n2")
     try:
         push(store_a, "s/n1", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env)
-        sockets = list(control.iterdir())
+        # The connection's control socket, and the kept receiver's forwarded one.
+        sockets = [p for p in control.iterdir() if not p.name.startswith("recv-")]
         assert len(sockets) == 1 and sockets[0].is_socket(), f"one control socket expected in {control}: {sockets}"
         assert control.stat().st_mode & 0o777 == 0o700, oct(control.stat().st_mode)
         before = _accepted(sshd)
@@ -791,7 +831,156 @@ def test_keep_ssh_shares_one_connection_between_pushes_and_pulls(store_a, store_
         c.check("s", "n2")
         store_b.verify()
     finally:
-        run([*shlex.split(sshd.ssh), "-o", f"ControlPath={control}/%C", "-O", "exit", "root@127.0.0.1"])
+        _stop_kept(sshd, control, store_b)
+
+
+def test_keep_ssh_leaves_a_kept_receiver_that_later_pushes_reach_without_a_login(store_a, store_b, sshd_forwarding,
+                                                                                 dvr_bin, scratch):
+    """--keep-ssh: the first push also starts a kept receiver at the far end
+    (`dvr receive --listen`, one process) and forwards a private local socket
+    to it; the next pushes go through it (its log records them, sshd
+    authenticates nothing new, no second receiver starts) and arrive intact.
+    A kept receiver that is gone, or a connection that is gone, costs the next
+    push a session of its own, nothing else; the push after goes through a
+    kept receiver again."""
+    sshd = sshd_forwarding
+    runtime = scratch / "run"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": runtime}
+    control = runtime / "dvr-ssh"
+    names = [f"n{k}" for k in range(1, 8)]
+    store_a.snap("s", *names)
+    try:
+        push(store_a, "s/n1", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env)
+        kept = _kept_receivers(store_b)
+        assert len(kept) == 1, f"one kept receiver of {store_b.path} expected: {kept}"
+        forwarded = [p for p in control.iterdir() if p.name.startswith("recv-")]
+        assert len(forwarded) == 1 and forwarded[0].is_socket(), forwarded
+        assert forwarded[0].stat().st_mode & 0o077 == 0, oct(forwarded[0].stat().st_mode)
+        log = _kept_log(store_b)
+        assert log.stat().st_mode & 0o077 == 0 and log.parent.stat().st_mode & 0o777 == 0o700, oct(log.parent.stat().st_mode)
+        before = _accepted(sshd)
+        for name in ("n2", "n3"):
+            summary = push_json(store_a, f"s/{name}", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env)
+            assert summary["ref"] == [f"s/{name}"] and summary["sent_bytes"] > 0, summary
+        assert _accepted(sshd) == before, f"pushes through the kept receiver logged in:\n{sshd.log_text()}"
+        text = log.read_text()
+        assert "received s/n2" in text and "received s/n3" in text, f"the kept receiver did not receive them:\n{text}"
+        assert _kept_receivers(store_b) == kept, "a second kept receiver started"
+
+        # The far receiver is gone: the next push opens a session (and starts
+        # a receiver again), the one after goes through the new receiver.
+        for pid in kept:
+            os.kill(pid, 9)
+        push(store_a, "s/n4", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env)
+        assert len(_kept_receivers(store_b)) == 1
+        push(store_a, "s/n5", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env)
+        assert "received s/n5" in _kept_log(store_b).read_text()
+
+        # The connection is gone (its forwarded socket stays behind, nobody
+        # listening): the same.
+        run([*shlex.split(sshd.ssh), "-o", f"ControlPath={control}/%C", "-O", "exit", "root@127.0.0.1"], expect=0)
+        push(store_a, "s/n6", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env)
+        push(store_a, "s/n7", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env)
+        assert "received s/n7" in _kept_log(store_b).read_text()
+        store_b.check("s", *names)
+        same_shape(store_a, store_b, "s/n7")
+        store_b.verify()
+    finally:
+        _stop_kept(sshd, control, store_b)
+
+
+def test_a_push_the_kept_receiver_refuses_says_why_and_changes_nothing(store_a, store_b, sshd_forwarding, dvr_bin,
+                                                                      scratch):
+    """Through the kept receiver a refusal reads as without it: a snapshot B
+    holds is named, nothing is sent, B is as it was."""
+    sshd = sshd_forwarding
+    runtime = scratch / "run"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": runtime}
+    store_a.snap("s", "n1", "n2")
+    try:
+        push(store_a, "s/n1", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env)
+        push(store_a, "s/n2", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env)
+        assert "received s/n2" in _kept_log(store_b).read_text()
+        before = store_b.state()
+        proc = push(store_a, "s/n2", sshd, store_b, dvr_bin, "--keep-ssh", "60", env=env, expect=None)
+        assert_failed(proc, r"holds snapshot 's/n2' already", r"nothing was sent", context="a push of a snapshot B holds")
+        store_b.assert_unchanged(before, "after a refused push through the kept receiver")
+        store_b.check("s", "n1", "n2")
+    finally:
+        _stop_kept(sshd, runtime / "dvr-ssh", store_b)
+
+
+@pytest.mark.parametrize("why", ["older far dvr", "forwarding refused"])
+def test_a_far_side_without_a_kept_receiver_costs_a_note_once_and_pushes_go_on(store_a, store_b, sshd, sshd_forwarding,
+                                                                               dvr_bin, scratch, why):
+    """A far side that cannot keep a receiver: a far dvr without `receive
+    --listen` (an older one; here a wrapper refusing it), or an sshd that
+    forwards nothing (the `sshd` fixture). Every push still arrives, the first
+    says once on stderr why the next ones start a dvr there again, and no
+    forwarded socket is left."""
+    runtime = scratch / "run"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": runtime}
+    far_dvr, server, reason = dvr_bin, sshd, r"refuses forwarded connections.*sshd_config"
+    if why == "older far dvr":
+        far_dvr, server, reason = scratch / "old-dvr", sshd_forwarding, r"started no kept receiver.*--listen"
+        far_dvr.write_text("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = --listen ] && "
+                           "{ echo 'The following argument was not expected: --listen' >&2; exit 109; }; done\n"
+                           f"exec {dvr_bin} \"$@\"\n")
+        far_dvr.chmod(0o755)
+    store_a.snap("s", "n1", "n2", "n3")
+    try:
+        first = push(store_a, "s/n1", server, store_b, far_dvr, "--keep-ssh", "60", env=env)
+        assert re.search(r"each push there starts a dvr again: .*" + reason, first.stderr), describe(first)
+        for name in ("n2", "n3"):
+            proc = push(store_a, f"s/{name}", server, store_b, far_dvr, "--keep-ssh", "60", env=env)
+            assert "starts a dvr again" not in proc.stderr, f"the note came again:\n{describe(proc)}"
+        left = [p.name for p in (runtime / "dvr-ssh").iterdir() if p.name.endswith(".sock")]
+        assert not left, f"a forwarded socket was left: {left}"
+        store_b.check("s", "n1", "n2", "n3")
+    finally:
+        _stop_kept(server, runtime / "dvr-ssh", store_b)
+
+
+def test_receive_listen_keeps_one_receiver_per_store_and_ends_when_idle(store_b, scratch):
+    """`dvr receive --listen --idle 2` (what push --keep-ssh runs at the far
+    end): it prints the socket it listens on (in a private directory) and
+    returns; a second call finds the same receiver; with no push for 2 s the
+    receiver ends and removes its socket."""
+    runtime = scratch / "run"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": runtime}
+    first = store_b.dvr("receive", "--listen", "--idle", "2", env=env)
+    sock = Path(first.stdout.strip().removeprefix("listening "))
+    assert sock.parent == runtime / "dvr-receive" and sock.is_socket(), describe(first)
+    assert sock.parent.stat().st_mode & 0o777 == 0o700
+    kept = _kept_receivers(store_b)
+    assert len(kept) == 1, kept
+    second = store_b.dvr("receive", "--listen", "--idle", "2", env=env)
+    assert second.stdout == first.stdout and _kept_receivers(store_b) == kept, describe(second)
+    deadline = time.monotonic() + 20
+    while (_kept_receivers(store_b) or sock.exists()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _kept_receivers(store_b) and not sock.exists(), "the kept receiver outlived its idle time"
+    assert "idle for 2 s; stopping" in Path(str(sock)[:-len(".sock")] + ".log").read_text()
+
+
+@pytest.mark.parametrize("wrong", ["shared", "no idle"])
+def test_receive_listen_refuses_a_shared_directory_and_a_missing_idle_time(store_b, scratch, wrong):
+    runtime = scratch / "run"
+    runtime.mkdir(mode=0o700)
+    if wrong == "shared":
+        (runtime / "dvr-receive").mkdir()
+        os.chmod(runtime / "dvr-receive", 0o777)
+        proc = store_b.dvr("receive", "--listen", "--idle", "5", env={"XDG_RUNTIME_DIR": runtime}, expect=None)
+        assert_failed(proc, re.escape(str(runtime / "dvr-receive")), r"other users may use it", r"private",
+                      context="receive --listen with a shared directory")
+    else:
+        proc = store_b.dvr("receive", "--listen", env={"XDG_RUNTIME_DIR": runtime}, expect=None)
+        assert_failed(proc, r"--idle", context="receive --listen without --idle")
+    assert not _kept_receivers(store_b)
 
 
 @pytest.mark.parametrize("wrong", ["shared", "link"])
