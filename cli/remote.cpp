@@ -120,7 +120,9 @@ std::pair<int, std::string> run_collected(const std::vector<std::string>& argv, 
       break;
     }
     pollfd f{p[0], POLLIN, 0};
-    if (::poll(&f, 1, static_cast<int>(left)) < 0 && errno != EINTR) break;
+    const int ready = ::poll(&f, 1, static_cast<int>(left));
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;  // interrupted, or the time is up (checked above)
     char b[4096];
     const ssize_t n = ::read(p[0], b, sizeof b);
     if (n > 0 && out.size() < (1u << 16)) out.append(b, static_cast<std::size_t>(n));
@@ -511,6 +513,9 @@ int listen_kept_receiver(Store& store, long idle_s, const transfer::ReceiveOptio
   // The daemon: out of the ssh session (which ends when we close its
   // descriptors), its messages in a log beside the socket.
   ::setsid();
+  if (store.path().rfind('/', 0) == 0) {
+    [[maybe_unused]] const int moved = ::chdir("/");  // keeps no mount busy; where it fails, staying put is harmless
+  }
   const std::string log = sock.substr(0, sock.size() - 5) + ".log";
   int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   int lf = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
