@@ -325,7 +325,7 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-std::string ssh_control_dir() { return private_dir("dvr-ssh", "--keep-ssh's connections"); }
+std::string ssh_control_dir() { return private_dir("dvr-ssh", "ssh connections"); }
 
 long keep_ssh_seconds(const std::string& option) {
   std::string text = option;
@@ -468,7 +468,7 @@ void keep_receiver(const std::string& ssh, const SshTarget& t, const std::string
 
 int listen_kept_receiver(Store& store, long idle_s, const transfer::ReceiveOptions& ro) {
   if (idle_s <= 0) throw Error(Errc::invalid_argument, "--listen needs --idle DURATION above 0 (how long the receiver waits for the next push)");
-  const std::string dir = private_dir("dvr-receive", "the kept receiver's socket");
+  const std::string dir = private_dir("dvr-receive", "receiver sockets");
   char* real = ::realpath(store.path().c_str(), nullptr);
   const std::string key = real ? real : store.path();
   std::free(real);

@@ -175,6 +175,43 @@ TEST_CASE("page stream: a second dump stores only the pages that changed", "[pro
   CHECK(dvrtest::diff(w.data(), data.data(), procpages::kWindow) == "");
 }
 
+TEST_CASE("page stream: scattered pages over many windows, buffers populated and reused, land exactly where they belong",
+          "[proc][page-stream]") {
+  // 40 windows with a third of their pages each (1.3 MiB): buffers made after
+  // the first 16 MiB are populated at once (PageStream::kPopulateAfter), and
+  // after 2 * kBatchWindows windows the buffers are reused, so every window
+  // must read zero where nothing came, whatever an earlier one left there.
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  const std::uint64_t base = 0x7f0000000000, windows = 40, per_window = procpages::kWindow / kPage;
+  static_assert(PageStream::kPopulateAfter < 16 * (procpages::kWindow / 3));
+  std::vector<std::vector<unsigned char>> sent(windows);
+  PageStream ps(store, "scattered", "", "process 1: job");
+  serve(ps, [&](FakeCriu& c) {
+    c.open(1);
+    for (std::uint64_t w = 0; w < windows; ++w) {
+      sent[w] = dvrtest::random_bytes(procpages::kWindow, 100 + static_cast<unsigned>(w));
+      for (std::uint64_t p = w % 3; p < per_window; p += 3)
+        c.pages(base + w * procpages::kWindow + p * kPage,
+                std::vector<unsigned char>(sent[w].begin() + static_cast<std::ptrdiff_t>(p * kPage),
+                                           sent[w].begin() + static_cast<std::ptrdiff_t>((p + 1) * kPage)));
+    }
+    c.close();
+  });
+  REQUIRE(ps.complete());
+  REQUIRE_FALSE(ps.error());
+  ps.finish({});
+  for (std::uint64_t w = 0; w < windows; ++w) {
+    auto got = region_bytes(store, "scattered", procpages::window_region(1, base + w * procpages::kWindow));
+    REQUIRE(got.size() == procpages::kWindow);
+    std::vector<unsigned char> expect(procpages::kWindow, 0);
+    for (std::uint64_t p = w % 3; p < per_window; p += 3)
+      std::memcpy(expect.data() + p * kPage, sent[w].data() + p * kPage, kPage);
+    INFO("window " << w);
+    CHECK(dvrtest::diff(got.data(), expect.data(), procpages::kWindow) == "");
+  }
+}
+
 TEST_CASE("page stream: malformed streams are refused, read to their end, and publish nothing", "[proc][page-stream]") {
   TempDir dir;
   Store store = Store::open(dir.store());

@@ -3,6 +3,7 @@
 #include "proc/page_stream.hpp"
 
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -196,7 +197,13 @@ PageStream::Window& PageStream::window_for(std::uint64_t start) {
     }
   }
   if (!data) {
-    buffers_.push_back(detail::Mapping::anonymous(procpages::kWindow, "for a window of CRIU's pages"));
+    // In a dump that has brought 16 MiB already, the buffers will be written
+    // over and over (pages scattered over many windows land at scattered
+    // places of each): populating a new one at once costs a fraction of a
+    // page fault per page, which on a VM with shadow page tables costs
+    // 5-10 us (docs/performance.md, "Unmodified programs").
+    const int populate = page_bytes_ >= kPopulateAfter ? MAP_POPULATE : 0;
+    buffers_.push_back(detail::Mapping::anonymous(procpages::kWindow, "for a window of CRIU's pages", PROT_READ | PROT_WRITE, populate));
     data = static_cast<char*>(buffers_.back().data());
   }
   pending_.push_back({start, 0, data, {}});

@@ -48,6 +48,8 @@ class PageStream {
   /// Windows in one batch (64 MiB): one batch is written on a thread of its
   /// own while the next is received.
   static constexpr std::size_t kBatchWindows = 16;
+  /// Window buffers made after this many bytes of pages are populated at once.
+  static constexpr std::uint64_t kPopulateAfter = 16u << 20;
 
   /// Snapshot proc/`name` of `store` with `label`, compared with
   /// proc/`parent` ("" none). Makes the socket pair; nothing is locked until
