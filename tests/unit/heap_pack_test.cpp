@@ -60,8 +60,7 @@ dvr::SnapshotInfo seal_in_place(dvr::Store& store, const std::string& file, std:
   w.add_region("heap", kHeap, false);
   w.seal();
   Fd fd = open_or_throw(si.packs->heap_path_of(id), O_RDONLY);
-  Mapping map = Mapping::file(fd.get(), kHeap, PROT_READ, MAP_SHARED, "heap");
-  w.set_provenance(false, write_in_place(w, 0, id, map.bytes(), heaps::holes_of(fd.get(), kHeap)));
+  w.set_provenance(false, write_in_place(w, 0, id, fd.get(), heaps::holes_of(fd.get(), kHeap)));
   return batch.publish({&w}).front();
 }
 
@@ -93,6 +92,33 @@ TEST_CASE("heap packs: a sealed file described in place reads back bit-exact and
   for (auto& c : m.chunks)
     offset_zero_or_low = offset_zero_or_low || (!c.is_zero() && c.offset < kPage * 2 + (1 << 20));
   CHECK(offset_zero_or_low);  // the data at 1 MiB is referenced at 1 MiB: no header before it
+}
+
+TEST_CASE("heap packs: a heap file cut short while it is hashed fails the snapshot by name, and nothing is published",
+          "[store][heap-pack]") {
+  dvrtest::TempDir dir;
+  dvr::Store store = dvr::Store::open(dir.store());
+  const std::string file = dir / "heapfile";
+  make_heap_file(file);
+  StoreImpl& si = impl_of(store);
+  REQUIRE(::link(file.c_str(), si.packs->heap_path_of(7).c_str()) == 0);
+  {
+    WriteBatch batch(si);
+    SnapshotWriter w(batch, "h", "cut", {.label = "a sealed heap"});
+    w.add_region("heap", kHeap, false);
+    w.seal();
+    Fd fd = open_or_throw(si.packs->heap_path_of(7), O_RDWR);
+    const auto holes = heaps::holes_of(fd.get(), kHeap);  // taken while whole, as a dump does
+    REQUIRE(::ftruncate(fd.get(), 3 << 20) == 0);           // then cut in the middle of the data
+    try {
+      write_in_place(w, 0, 7, fd.get(), holes);
+      FAIL("a heap file cut short was hashed without an error");
+    } catch (const dvr::Error& e) {
+      CHECK(e.code() == dvr::Errc::corrupt);
+      CHECK_THAT(e.what(), Catch::Matchers::Contains(si.packs->heap_path_of(7)) && Catch::Matchers::Contains("truncated while in use"));
+    }
+  }
+  CHECK(store.list("h").empty());
 }
 
 TEST_CASE("heap packs: new data never goes into one, gc never punches one, and drops it once no snapshot uses it", "[store][heap-pack][gc]") {

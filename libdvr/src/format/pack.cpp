@@ -664,11 +664,14 @@ void Packs::copy(std::uint32_t pack, std::uint64_t offset, char* out, std::uint6
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    const std::uint64_t at = offset + done;
-    if (n < 0) throw read_failed(path_of(pack), at, std::string(": ") + std::strerror(errno));
-    struct stat st {};
-    throw truncated_in_use(path_of(pack), "reading byte " + std::to_string(at), ::fstat(fd, &st) == 0 ? &st : nullptr);
+    throw pread_failed(pack, fd, offset + done, n < 0 ? errno : 0);
   }
+}
+
+Error Packs::pread_failed(std::uint32_t pack, int fd, std::uint64_t at, int err) const {
+  if (err != 0) return read_failed(path_of(pack), at, std::string(": ") + std::strerror(err));
+  struct stat st {};
+  return truncated_in_use(path_of(pack), "reading byte " + std::to_string(at), ::fstat(fd, &st) == 0 ? &st : nullptr);
 }
 
 void Packs::check_header(int fd, std::uint64_t size, const std::string& path, std::uint32_t pack) const {

@@ -125,6 +125,10 @@ class Packs {
   /// io, each naming the pack.
   void copy(std::uint32_t pack, std::uint64_t offset, char* out, std::uint64_t length);
 
+  /// The error for a pread of pack `pack` (open as `fd`) that stopped at
+  /// byte `at`: io naming errno `err` when it failed, else (it read 0: the
+  /// file ends there) corrupt, "truncated while in use".
+  Error pread_failed(std::uint32_t pack, int fd, std::uint64_t at, int err) const;
   /// The error for a read of pack `pack` at `offset` that took SIGBUS
   /// (base/sigbus.hpp): corrupt when the file now ends before `offset` (it
   /// was truncated while mapped), else io (the medium failed); names the pack.

@@ -157,8 +157,7 @@ void snapshot_in_place(Store& store, HeapFile& h, const struct stat& st, const s
   } else {
     const std::string file = si.packs->heap_path_of(pack);
     Fd fd = open_or_throw(file, O_RDONLY);
-    Mapping map = Mapping::file(fd.get(), h.bytes, PROT_READ, MAP_SHARED, "sealed heap " + file);
-    read = write_in_place(writer, 0, pack, map.bytes(), holes_of(fd.get(), h.bytes));
+    read = write_in_place(writer, 0, pack, fd.get(), holes_of(fd.get(), h.bytes));
   }
   writer.set_provenance(false, read);
   batch.publish({&writer});

@@ -13,6 +13,8 @@
 #include <optional>
 #include <cstdio>
 #include <fstream>
+#include <atomic>
+#include <cerrno>
 #include <memory>
 #include <random>
 #include <set>
@@ -514,10 +516,9 @@ HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegio
   p.holes = holes_of(p.fd.get(), h.bytes);
   // Chunks that lie in holes are decided without reading; the others (zero
   // chunks the file holds allocated too) are compared page by page, on
-  // every core, through a read-only mapping (the page cache, no copy).
-  const std::uint64_t bytes = file_bytes(h);
-  Mapping live = Mapping::file(p.fd.get(), bytes, PROT_READ, MAP_SHARED, "heap file " + h.path);
-  const char* base = static_cast<const char*>(live.data());
+  // every core, each read with pread into a buffer of the thread's: on a VM
+  // with shadow page tables the first touch of a page through a new mapping
+  // costs more than copying it (docs/performance.md, "Reading packs").
   std::vector<char> differs(mr.chunk_count, 0);
   std::vector<std::uint64_t> compare;
   for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
@@ -530,22 +531,31 @@ HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegio
   }
   const bool by_page = m.paged && m.hydrated();
   // (An old manifest without page hashes: every chunk is fetched.)
+  std::atomic<int> failed{0};
   parallel_for(threads, compare.size(), compare.size() * m.chunk_size, [&](std::size_t b, std::size_t e) {
-    for (std::size_t k = b; k < e; ++k) {
+    std::unique_ptr<char[]> data(new char[m.chunk_size]);
+    for (std::size_t k = b; k < e && !failed; ++k) {
       const std::uint64_t j = compare[k];
       const std::size_t i = mr.first_chunk + j;
-      const std::uint64_t len = m.chunks[i].length;
-      const char* data = base + j * m.chunk_size;
-      // Its page-table entries in one call, not a fault every few pages.
-      if (!overlaps_any(p.holes, j * m.chunk_size, j * m.chunk_size + len)) (void)::madvise(const_cast<char*>(data), round_up_page(len), 22 /* MADV_POPULATE_READ */);
+      const std::uint64_t len = m.chunks[i].length, off = j * m.chunk_size;
       bool same = by_page;
+      std::uint64_t got = 0;
+      while (same && got < len) {
+        const ssize_t n = ::pread(p.fd.get(), data.get() + got, len - got, static_cast<off_t>(off + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) failed = errno;
+        if (n <= 0) break;  // (ends early: cut meanwhile; what is missing differs, and is fetched)
+        got += static_cast<std::uint64_t>(n);
+      }
+      same = same && got == len;
       for (std::uint32_t pg = 0; same && pg < m.pages_of(i); ++pg) {
         const std::uint64_t plen = std::min<std::uint64_t>(kPageSize, len - pg * kPageSize);
-        same = page_hash(data + pg * kPageSize, plen) == m.hashes_of(i)[pg];
+        same = page_hash(data.get() + pg * kPageSize, plen) == m.hashes_of(i)[pg];
       }
       differs[j] = !same;
     }
   });
+  if (failed) throw_errno(failed, "cannot read heap file " + h.path + " to check it against the snapshot");
   for (std::uint64_t j = 0; j < mr.chunk_count; ++j) {
     if (!differs[j]) continue;
     if (m.zero_chunk(mr.first_chunk + j))

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <memory>
 #include <cstring>
 #include <exception>
 
@@ -17,8 +19,6 @@
 namespace dvr::detail {
 
 namespace {
-
-constexpr int kPopulateRead = 22;  // MADV_POPULATE_READ (Linux 5.14; older headers lack it)
 
 // Blocks of pack space a lane takes: from an eighth of what it could need (at
 // least 1 MiB), doubling up to 64 MiB. Reservations on the file system grow
@@ -716,7 +716,7 @@ std::uint64_t write_regions(SnapshotWriter& w, const std::vector<RegionSource>& 
 
 // ---- in place -------------------------------------------------------------------
 
-std::uint64_t write_in_place(SnapshotWriter& writer, std::size_t region, std::uint32_t pack, const char* data, const ByteRanges& holes) {
+std::uint64_t write_in_place(SnapshotWriter& writer, std::size_t region, std::uint32_t pack, int fd, const ByteRanges& holes) {
   const Manifest& m = writer.manifest();
   const ManifestRegion& reg = m.regions.at(region);
   const std::uint64_t cs = m.chunk_size;
@@ -749,49 +749,40 @@ std::uint64_t write_in_place(SnapshotWriter& writer, std::size_t region, std::ui
   StoreImpl& store = writer.store();
   std::atomic<bool> unreadable{false};
   std::atomic<std::uint64_t> at{0};
+  std::atomic<int> err{0};
   parallel_for(store.threads, read.size(), bytes, [&](std::size_t b, std::size_t e) {
     std::vector<std::uint64_t> hashes(cs / kPageSize + 1);
+    // Each chunk is read into a buffer of this thread's with pread, not
+    // through a mapping of the heap: on a VM with shadow page tables the
+    // first touch of a page through a new mapping costs more than copying
+    // it (docs/performance.md, "Reading packs"). Holes read zero and
+    // allocate nothing.
+    std::unique_ptr<char[]> chunk(new char[cs]);
     for (std::size_t k = b; k < e && !unreadable; ++k) {
       const std::uint64_t j = read[k];
       const std::size_t i = reg.first_chunk + j;
       const std::uint64_t off = j * cs, len = m.chunks[i].length;
-      const char* chunk = data + off;
       const std::uint32_t pages = m.pages_of(i);
-      // Its page-table entries in one call rather than a page fault every
-      // few pages (a sealed heap is mapped afresh for this).
-      if (!overlaps_any(holes, off, off + len)) (void)::madvise(const_cast<char*>(chunk), round_up_page(len), kPopulateRead);
-      // Pages in holes are not read (through a mapping that would allocate them).
-      const bool partly_holes = overlaps_any(holes, off, off + len);
-      bool zero = false;
-      if (!guarded(chunk, len, [&] {
-            if (!partly_holes) {
-              hash_pages(chunk, len, hashes.data());
-              zero = is_zero_tree(tree_hash(hashes.data(), pages), len) && all_zero(chunk, len);
-              return;
-            }
-            zero = true;
-            for (std::uint32_t p = 0; p < pages; ++p) {
-              const std::uint64_t plen = std::min<std::uint64_t>(kPageSize, len - std::uint64_t{p} * kPageSize);
-              const std::uint64_t at_page = off + std::uint64_t{p} * kPageSize;
-              if (inside(holes, at_page, at_page + plen)) {
-                hashes[p] = zero_page_hash(plen);
-              } else {
-                hashes[p] = page_hash(chunk + std::uint64_t{p} * kPageSize, plen);
-                zero = zero && all_zero(chunk + std::uint64_t{p} * kPageSize, plen);
-              }
-            }
-          })) {
-        at = off;
-        unreadable = true;
-        return;
+      std::uint64_t got = 0;
+      while (got < len) {
+        const ssize_t n = ::pread(fd, chunk.get() + got, len - got, static_cast<off_t>(off + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {  // an error, or the file ends early (truncated meanwhile)
+          err = n < 0 ? errno : 0;
+          at = off + got;
+          unreadable = true;
+          return;
+        }
+        got += static_cast<std::uint64_t>(n);
       }
-      if (zero)
+      hash_pages(chunk.get(), len, hashes.data());
+      if (is_zero_tree(tree_hash(hashes.data(), pages), len) && all_zero(chunk.get(), len))
         writer.zero(i);
       else
         writer.in_place(i, pack, off, hashes.data());
     }
   });
-  if (unreadable) throw store.packs->unreadable(pack, at.load());
+  if (unreadable) throw store.packs->pread_failed(pack, fd, at.load(), err.load());
   return read.size();
 }
 

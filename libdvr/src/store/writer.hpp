@@ -341,15 +341,16 @@ std::uint64_t write_regions(SnapshotWriter& writer, const std::vector<RegionSour
                             ChunkGuard* guard = nullptr, ProgressMeter* progress = nullptr);
 
 /// Writes region `region` of a sealed writer from heap pack `pack` (a sealed
-/// heap file, mapped read-only at `data`), which holds the region at its own
+/// heap file, open for reading as `fd`), which holds the region at its own
 /// offsets: chunk j at offset j * chunk_size. Chunks inside `holes` (sorted
 /// byte ranges of the file that read zero) or all zero are recorded as zero;
 /// chunks that the writer's base holds at that very place of that pack, with
 /// no pages stored apart, are inherited without being read; the others are
 /// hashed on every core and recorded where they are. Nothing is copied: the
-/// snapshot costs the hashing and its manifest. Returns the chunks read.
-/// Throws corrupt when the file cannot be read (SIGBUS: truncated meanwhile).
-std::uint64_t write_in_place(SnapshotWriter& writer, std::size_t region, std::uint32_t pack, const char* data, const ByteRanges& holes);
+/// snapshot costs the hashing (each chunk read with pread) and its manifest.
+/// Returns the chunks read. Throws what Packs::unreadable says when the file
+/// cannot be read (an I/O error, or truncated meanwhile).
+std::uint64_t write_in_place(SnapshotWriter& writer, std::size_t region, std::uint32_t pack, int fd, const ByteRanges& holes);
 
 // ---- template -----------------------------------------------------------------
 
