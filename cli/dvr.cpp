@@ -533,16 +533,7 @@ int cmd_receive(const TransferArgs& a) {
   Store store = open_store(true);
   transfer::ReceiveOptions ro;
   ro.require_signature = keys;
-  if (a.listen) {
-    double idle = 0;
-    try {
-      idle = a.idle.empty() ? 0 : parse_duration(a.idle);
-    } catch (const std::exception& e) {
-      throw Error(Errc::invalid_argument, std::string("--idle: ") + e.what());
-    }
-    if (idle > 7 * 86400) throw Error(Errc::invalid_argument, "--idle: '" + printable(a.idle) + "' is not a duration up to 7d");
-    return listen_kept_receiver(store, static_cast<long>(idle + 0.5), ro);
-  }
+  if (a.listen) return listen_kept_receiver(store, a.idle.empty() ? 0 : duration_up_to_7d(a.idle, "--idle"), ro);
   transfer::Stats st = a.negotiate ? transfer::receive_negotiated(store, 0, 1, ro) : receive_counted(store, 0, "receive", keys);
   print_transfer(st, false, a.json, a.negotiate ? std::cerr : std::cout);
   return 0;
@@ -624,51 +615,39 @@ int cmd_push_pull(const TransferArgs& a, bool push) {
     }
   }
   const long keep_s = keep_ssh_seconds(a.keep_ssh);
-  if (push && keep_s > 0) {
-    // Through the kept receiver a push before left at the far end, if it
-    // is still there (remote.hpp).
-    if (int fd = connect_kept_receiver(t, a.remote_dvr); fd >= 0) {
-      ProgressReporter progress("push", progress_mode());
-      o.progress = progress.callback();
-      transfer::Stats st;
-      try {
-        st = transfer::send_negotiated(store, a.ref, fd, fd, o);
-      } catch (...) {
-        progress.finish();
-        ::close(fd);
-        throw;
-      }
-      progress.finish();
-      ::close(fd);
-      print_transfer(st, push, a.json, std::cout);
-      return 0;
-    }
-  }
-  SshChild child(ssh, t, remote, keep_s);
+  // A push goes through the kept receiver a push before left at the far
+  // end, if it is still there (remote.hpp); else through an ssh session.
+  const int kept = push && keep_s > 0 ? connect_kept_receiver(t, a.remote_dvr) : -1;
+  std::optional<SshChild> child;
+  if (kept < 0) child.emplace(ssh, t, remote, keep_s);
+  const int from = kept >= 0 ? kept : child->from, to = kept >= 0 ? kept : child->to;
   ProgressReporter progress(push ? "push" : "pull", progress_mode());
   o.progress = progress.callback();
   transfer::Stats st;
   try {
     if (push) {
-      st = transfer::send_negotiated(store, a.ref, child.from, child.to, o);
+      st = transfer::send_negotiated(store, a.ref, from, to, o);
     } else {
       transfer::ReceiveOptions ro;
       ro.progress = o.progress;  // stream bytes; the size is not known before
       ro.require_signature = keys;
-      st = transfer::receive_negotiated(store, child.from, child.to, ro);
+      st = transfer::receive_negotiated(store, from, to, ro);
     }
   } catch (const Error& e) {
     progress.finish();
-    int rc = child.finish();
-    if (rc == 255) throw Error(Errc::io, "ssh to " + t.host + " failed (exit 255; see its message above)");
+    if (kept >= 0) ::close(kept);
+    else if (child->finish() == 255) throw Error(Errc::io, "ssh to " + t.host + " failed (exit 255; see its message above)");
     throw;
   }
   progress.finish();
-  int rc = child.finish();
-  if (rc != 0) throw Error(Errc::io, "the far side (ssh " + t.host + ") exited with status " + std::to_string(rc) + " after the transfer");
+  if (kept >= 0) {
+    ::close(kept);
+  } else if (int rc = child->finish(); rc != 0) {
+    throw Error(Errc::io, "the far side (ssh " + t.host + ") exited with status " + std::to_string(rc) + " after the transfer");
+  }
   print_transfer(st, push, a.json, std::cout);
-  std::cout.flush();
-  if (push && keep_s > 0) keep_receiver(ssh, t, a.remote_dvr, keep_s);
+  std::cout.flush();  // the summary first: keeping a receiver takes two more ssh commands
+  if (child && push && keep_s > 0) keep_receiver(ssh, t, a.remote_dvr, keep_s);
   return 0;
 }
 

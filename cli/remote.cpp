@@ -223,8 +223,7 @@ void serve_kept(Store& store, int listener, const std::string& sock, const struc
   int running = 0;
   auto last = std::chrono::steady_clock::now();
   for (;;) {
-    pid_t done;
-    while ((done = ::waitpid(-1, nullptr, WNOHANG)) > 0) {
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
       --running;
       last = std::chrono::steady_clock::now();
     }
@@ -270,7 +269,7 @@ void serve_kept(Store& store, int listener, const std::string& sock, const struc
       try {
         char first = 0;
         if (!write_all(c, kKeptHello, sizeof kKeptHello)) {
-          rc = 1;
+          // the client is gone
         } else if (::recv(c, &first, 1, MSG_PEEK) == 0) {
           rc = 0;  // a check that we are here (connect_kept_receiver), nothing to receive
         } else {
@@ -336,13 +335,17 @@ long keep_ssh_seconds(const std::string& option) {
     text = env;
     from = "DVR_KEEP_SSH";
   }
+  return duration_up_to_7d(text, from);
+}
+
+long duration_up_to_7d(const std::string& text, const std::string& from) {
   double s = 0;
   try {
     s = parse_duration(text);  // never negative
   } catch (const std::exception& e) {
-    throw Error(Errc::invalid_argument, std::string(from) + ": " + e.what());
+    throw Error(Errc::invalid_argument, from + ": " + e.what());
   }
-  if (s > 7 * 86400) throw Error(Errc::invalid_argument, std::string(from) + ": '" + printable(text) + "' is not a duration up to 7d");
+  if (s > 7 * 86400) throw Error(Errc::invalid_argument, from + ": '" + printable(text) + "' is not a duration up to 7d");
   return static_cast<long>(s + 0.5);
 }
 

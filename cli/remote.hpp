@@ -40,6 +40,10 @@ std::string ssh_control_dir();
 /// invalid_argument naming the option or variable.
 long keep_ssh_seconds(const std::string& option);
 
+/// TEXT ("90", "10m", "1h30m") in whole seconds, at most 7 days; throws
+/// invalid_argument naming `from` (the option or variable it came from).
+long duration_up_to_7d(const std::string& text, const std::string& from);
+
 /// Runs `SSH [control options] [-p PORT] HOST REMOTE-COMMAND` with its stdin
 /// and stdout connected to `to` and `from`; its stderr (the far dvr's
 /// messages) goes to ours. keep_s > 0: one connection shared between pushes

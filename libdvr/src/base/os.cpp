@@ -133,17 +133,25 @@ void write_all_at(int fd, std::vector<struct iovec>& pieces, std::uint64_t offse
   }
 }
 
-void read_exact_at(int fd, void* data, std::size_t len, std::uint64_t offset, const std::string& what) {
+std::size_t read_at_most(int fd, void* data, std::size_t len, std::uint64_t offset, int& err) {
   auto p = static_cast<char*>(data);
-  while (len > 0) {
-    ssize_t n = ::pread(fd, p, len, static_cast<off_t>(offset));
+  std::size_t got = 0;
+  err = 0;
+  while (got < len) {
+    const ssize_t n = ::pread(fd, p + got, len - got, static_cast<off_t>(offset + got));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno(errno, "cannot read " + what);
-    if (n == 0) throw Error(Errc::corrupt, what + " ends early, at byte " + std::to_string(offset));
-    p += n;
-    offset += static_cast<std::uint64_t>(n);
-    len -= static_cast<std::size_t>(n);
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
   }
+  return got;
+}
+
+void read_exact_at(int fd, void* data, std::size_t len, std::uint64_t offset, const std::string& what) {
+  int err = 0;
+  const std::size_t got = read_at_most(fd, data, len, offset, err);
+  if (err != 0) throw_errno(err, "cannot read " + what);
+  if (got < len) throw Error(Errc::corrupt, what + " ends early, at byte " + std::to_string(offset + got));
 }
 
 void fsync_or_throw(int fd, const std::string& path) {

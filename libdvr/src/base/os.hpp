@@ -53,6 +53,10 @@ void write_all(int fd, const void* data, std::size_t len, const std::string& pat
 /// pwrite / pread of exactly `len` bytes at `offset` (a short read is corrupt: the file ends early).
 void write_all_at(int fd, const void* data, std::size_t len, std::uint64_t offset, const std::string& what);
 void read_exact_at(int fd, void* data, std::size_t len, std::uint64_t offset, const std::string& what);
+/// pread at `offset` until `len` bytes, the end of the file or an error,
+/// resumed after short reads and EINTR: the bytes read; `err` the failed
+/// read's errno, 0 when none failed (all read, or the file ended).
+std::size_t read_at_most(int fd, void* data, std::size_t len, std::uint64_t offset, int& err);
 /// pwritev of every byte of `pieces` (consumed: short writes advance them) to
 /// the range starting at `offset`, in calls of at most IOV_MAX buffers.
 void write_all_at(int fd, std::vector<struct iovec>& pieces, std::uint64_t offset, const std::string& what);

@@ -657,15 +657,9 @@ Error truncated_in_use(const std::string& path, const std::string& how, const st
 void Packs::copy(std::uint32_t pack, std::uint64_t offset, char* out, std::uint64_t length) {
   read(pack, offset, length);  // opened and bounds checked; no page of the mapping is touched
   const int fd = reads_.at(pack).fd.get();
-  for (std::uint64_t done = 0; done < length;) {
-    const ssize_t n = ::pread(fd, out + done, length - done, static_cast<off_t>(offset + done));
-    if (n > 0) {
-      done += static_cast<std::uint64_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    throw pread_failed(pack, fd, offset + done, n < 0 ? errno : 0);
-  }
+  int err = 0;
+  const std::uint64_t done = read_at_most(fd, out, length, offset, err);
+  if (done < length) throw pread_failed(pack, fd, offset + done, err);
 }
 
 Error Packs::pread_failed(std::uint32_t pack, int fd, std::uint64_t at, int err) const {

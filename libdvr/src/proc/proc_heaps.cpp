@@ -539,15 +539,12 @@ HeapPlan plan_heap_file(unsigned threads, const Manifest& m, const ManifestRegio
       const std::size_t i = mr.first_chunk + j;
       const std::uint64_t len = m.chunks[i].length, off = j * m.chunk_size;
       bool same = by_page;
-      std::uint64_t got = 0;
-      while (same && got < len) {
-        const ssize_t n = ::pread(p.fd.get(), data.get() + got, len - got, static_cast<off_t>(off + got));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) failed = errno;
-        if (n <= 0) break;  // (ends early: cut meanwhile; what is missing differs, and is fetched)
-        got += static_cast<std::uint64_t>(n);
+      if (same) {
+        // A file that ends early (cut meanwhile): what is missing differs, and is fetched.
+        int err = 0;
+        same = read_at_most(p.fd.get(), data.get(), len, off, err) == len;
+        if (err != 0) failed = err;
       }
-      same = same && got == len;
       for (std::uint32_t pg = 0; same && pg < m.pages_of(i); ++pg) {
         const std::uint64_t plen = std::min<std::uint64_t>(kPageSize, len - pg * kPageSize);
         same = page_hash(data.get() + pg * kPageSize, plen) == m.hashes_of(i)[pg];

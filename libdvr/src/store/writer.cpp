@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <memory>
 #include <cstring>
 #include <exception>
@@ -763,17 +762,13 @@ std::uint64_t write_in_place(SnapshotWriter& writer, std::size_t region, std::ui
       const std::size_t i = reg.first_chunk + j;
       const std::uint64_t off = j * cs, len = m.chunks[i].length;
       const std::uint32_t pages = m.pages_of(i);
-      std::uint64_t got = 0;
-      while (got < len) {
-        const ssize_t n = ::pread(fd, chunk.get() + got, len - got, static_cast<off_t>(off + got));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {  // an error, or the file ends early (truncated meanwhile)
-          err = n < 0 ? errno : 0;
-          at = off + got;
-          unreadable = true;
-          return;
-        }
-        got += static_cast<std::uint64_t>(n);
+      int failed = 0;
+      if (const std::uint64_t got = read_at_most(fd, chunk.get(), len, off, failed); got < len) {
+        // An error, or the file ends early (truncated meanwhile).
+        err = failed;
+        at = off + got;
+        unreadable = true;
+        return;
       }
       hash_pages(chunk.get(), len, hashes.data());
       if (is_zero_tree(tree_hash(hashes.data(), pages), len) && all_zero(chunk.get(), len))

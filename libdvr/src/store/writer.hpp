@@ -348,8 +348,8 @@ std::uint64_t write_regions(SnapshotWriter& writer, const std::vector<RegionSour
 /// no pages stored apart, are inherited without being read; the others are
 /// hashed on every core and recorded where they are. Nothing is copied: the
 /// snapshot costs the hashing (each chunk read with pread) and its manifest.
-/// Returns the chunks read. Throws what Packs::unreadable says when the file
-/// cannot be read (an I/O error, or truncated meanwhile).
+/// Returns the chunks read. Throws what Packs::pread_failed says when the
+/// file cannot be read (an I/O error, or truncated meanwhile).
 std::uint64_t write_in_place(SnapshotWriter& writer, std::size_t region, std::uint32_t pack, int fd, const ByteRanges& holes);
 
 // ---- template -----------------------------------------------------------------
