@@ -30,7 +30,7 @@ const std::string kUuid = "00112233445566778899aabbccddeeff";
 void put(Packs& packs, std::uint32_t id, std::uint64_t offset, const Bytes& data) {
   auto w = packs.writer(id, offset, data.size());
   w.reserve(0, data.size());
-  w.copy(0, data.data(), data.size());
+  w.copy(0, data.data(), data.size(), true);
   w.finish();
   packs.end_writes();
 }

@@ -43,7 +43,7 @@ struct PackDir {
 void put(Packs& packs, std::uint32_t id, std::uint64_t offset, const std::vector<unsigned char>& data) {
   auto w = packs.writer(id, offset, data.size());
   w.reserve(0, data.size());
-  w.copy(0, data.data(), data.size());
+  w.copy(0, data.data(), data.size(), true);
   w.finish();
   packs.end_writes();
 }
@@ -151,9 +151,9 @@ TEST_CASE("pack: a writer's large and small copies are in the file after finish,
     // New space on page-granularity media: allocated by the copies (pwrite),
     // not before them (the next case follows both paths).
     CHECK(allocated(path) < before + (1u << 20));
-    w.copy(0, big.data(), big.size());
-    w.copy(1 << 20, page.data(), page.size());
-    w.copy((1 << 20) + 3 * 4096 + 5, odd.data(), odd.size());
+    w.copy(0, big.data(), big.size(), true);
+    w.copy(1 << 20, page.data(), page.size(), false);
+    w.copy((1 << 20) + 3 * 4096 + 5, odd.data(), odd.size(), true);
     w.finish();
   }
   d.packs.end_writes();
@@ -176,8 +176,8 @@ TEST_CASE("pack: a writer's large and small copies are in the file after finish,
     auto w2 = d.packs.writer(2, kPackHeaderSize, y.size());
     w1.reserve(0, x.size());
     w2.reserve(0, y.size());
-    w1.copy(0, x.data(), x.size());
-    w2.copy(0, y.data(), y.size());
+    w1.copy(0, x.data(), x.size(), true);
+    w2.copy(0, y.data(), y.size(), false);
     w1.finish();
     w2.finish();
   }
@@ -203,10 +203,10 @@ TEST_CASE("pack: new space is written with pwrite, reused space through the mapp
     auto w = d.packs.writer(1, at, len);
     w.reserve(0, len);
     CHECK(allocated(path) < before + (1u << 20));  // nothing allocated up front
-    w.copy(0, first.data(), 1 << 20);              // a large copy
+    w.copy(0, first.data(), 1 << 20, true);        // a large copy
     CHECK(allocated(path) >= before + (1u << 20)); // allocated as it was written
-    w.copy(1 << 20, page.data(), page.size());     // a small one
-    w.copy((1 << 20) + 4096, first.data() + (1 << 20) + 4096, len - (1 << 20) - 4096);
+    w.copy(1 << 20, page.data(), page.size(), false);  // a small one
+    w.copy((1 << 20) + 4096, first.data() + (1 << 20) + 4096, len - (1 << 20) - 4096, true);
     std::memcpy(first.data() + (1 << 20), page.data(), page.size());
     // The writer's own mapping sees what pwrite wrote (a MAP_SHARED view of the file).
     CHECK(dvrtest::diff(w.written(0), first.data(), len) == "");
@@ -221,7 +221,7 @@ TEST_CASE("pack: new space is written with pwrite, reused space through the mapp
   {
     auto w = d.packs.writer(1, at, len);
     w.reserve(0, len);
-    w.copy(0, second.data(), len);
+    w.copy(0, second.data(), len, true);
     w.finish();
   }
   d.packs.end_writes();
@@ -237,13 +237,53 @@ TEST_CASE("pack: new space is written with pwrite, reused space through the mapp
     auto w = d.packs.writer(1, at, len);
     w.reserve(0, len);
     CHECK(allocated(path) < punched + (1u << 20));
-    w.copy(0, first.data(), len);
+    w.copy(0, first.data(), len, true);
     w.finish();
   }
   d.packs.end_writes();
   d.packs.refresh_mappings();
   CHECK(dvrtest::diff(file_range(path, at, len), first) == "");
   CHECK(dvrtest::diff(bytes_at(d.packs, 1, at, len), first) == "");
+}
+
+TEST_CASE("pack: scattered sources written into new space through the thread's buffer, or as they are, land exactly", "[pack]") {
+  PackDir d;
+  d.packs.create(1, 16 << 20, 1 << 20);
+  const std::string path = d.packs.path_of(1);
+  {
+    dvr::detail::Fd fd = dvr::detail::open_or_throw(path, O_RDONLY);
+    if (dvr::detail::byte_persistent(fd.get(), path)) DVR_SKIP("the test directory is PMem: all copies go through libpmem2 there");
+  }
+  // Sources of odd and page sizes, one longer than the 256 KiB buffer, one
+  // ending exactly where the buffer fills, two adjacent in memory: the
+  // bounced write splits and joins them at the buffer's edges.
+  auto src = dvrtest::random_bytes(4 << 20, 40);
+  const std::vector<std::pair<std::size_t, std::size_t>> parts = {
+      {0, 4096}, {4096, 4096}, {3 << 20, 777}, {1 << 20, 300 << 10}, {2 << 20, (256 << 10) - 4096 - 4096 - 777 - (300 << 10) + (512 << 10)},
+      {100, 5}, {(3 << 20) + 8192, 256 << 10}, {12345, 4096 * 3 + 1}};
+  std::vector<unsigned char> want;
+  for (auto& [at, n] : parts)
+    want.insert(want.end(), src.begin() + static_cast<std::ptrdiff_t>(at), src.begin() + static_cast<std::ptrdiff_t>(at + n));
+  for (bool bounce : {true, false}) {
+    INFO("through the thread's buffer: " << bounce);
+    const std::uint64_t at = bounce ? (1 << 20) : (8 << 20);
+    std::vector<struct iovec> pieces;
+    for (auto& [from, n] : parts)
+      pieces.push_back({src.data() + from, n});
+    {
+      auto w = d.packs.writer(1, at, 4 << 20);
+      w.reserve(0, want.size());
+      w.copy(0, pieces, want.size(), bounce);
+      // The sources may change as soon as copy() returns.
+      std::fill(src.begin(), src.end(), 0xee);
+      w.finish();
+    }
+    d.packs.end_writes();
+    d.packs.refresh_mappings();
+    CHECK(dvrtest::diff(file_range(path, at, want.size()), want) == "");
+    CHECK(dvrtest::diff(bytes_at(d.packs, 1, at, want.size()), want) == "");
+    src = dvrtest::random_bytes(4 << 20, 40);
+  }
 }
 
 TEST_CASE("pack: writers outside a pack, or reservations outside their extent, are refused", "[pack]") {
@@ -393,7 +433,7 @@ TEST_CASE("pack: stored_hashes returns the page hashes a writer set, and nothing
   {
     auto w = d.packs.writer(1, at, data.size());
     w.reserve(0, data.size());
-    w.copy(0, data.data(), data.size());
+    w.copy(0, data.data(), data.size(), true);
     w.set_hashes(0, hashes.data(), pages);
     w.finish();
   }

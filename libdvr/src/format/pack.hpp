@@ -216,17 +216,20 @@ class PackWriter {
   /// media (tmpfs, disk) is left to the copies, which write it with pwrite.
   void reserve(std::uint64_t rel, std::uint64_t len);
   /// Copies into a reserved range. Into new space on page-granularity media:
-  /// a pwrite (throws no_space when the file system is full). Otherwise
+  /// pwrite (throws no_space when the file system is full); with `bounce`,
+  /// the source is first copied into a buffer of the calling thread, 256 KiB
+  /// at a time, and written from there (write_bounced says why). Otherwise
   /// through the mapping: large copies non-temporal and flushed as they go,
   /// small ones flushed together by finish(). Either way the copy is complete
   /// when it returns (the source may change after); finish() completes
   /// persistence.
-  void copy(std::uint64_t rel, const void* src, std::size_t len);
+  void copy(std::uint64_t rel, const void* src, std::size_t len, bool bounce);
   /// The same for several sources that land one after the other from rel
-  /// (`pieces` is consumed): into new space one pwritev, not one pwrite per
-  /// source (scattered pages of an incremental snapshot: fewer calls, and
-  /// fewer turns at the file's lock for the other lanes).
-  void copy(std::uint64_t rel, std::vector<struct iovec>& pieces, std::uint64_t len);
+  /// (`pieces` is consumed): into new space one pwritev, or with `bounce`
+  /// gathered into that buffer, one pwrite per 256 KiB; not one per source
+  /// (scattered pages of an incremental snapshot: fewer calls, and fewer
+  /// turns at the file's lock for the other lanes).
+  void copy(std::uint64_t rel, std::vector<struct iovec>& pieces, std::uint64_t len, bool bounce);
   /// Records the page hashes of the pages copied at rel (page-aligned); they
   /// reach the page hash file at Packs::persist().
   void set_hashes(std::uint64_t rel, const std::uint64_t* hashes, std::size_t count);
@@ -253,6 +256,11 @@ class PackWriter {
   std::string range_name(std::uint64_t rel, std::uint64_t len) const;
   // After a pwrite(v) of [rel, rel + len): unsynced until finish(), writeback started on disk.
   void wrote_by_fd(std::uint64_t rel, std::uint64_t len);
+  // Writes pieces[0..count) (len bytes in all) into new space at rel with
+  // pwrite, through a bounce buffer of the calling thread: a kernel reading
+  // memory of the process it has never read before can cost far more than
+  // the copy (pack.cpp).
+  void write_bounced(std::uint64_t rel, const struct iovec* pieces, std::size_t count, std::uint64_t len);
   void flush_writeback();
   static constexpr std::uint64_t kWriteback = 8u << 20;  // bytes gathered per writeback request
   std::uint64_t writeback_lo_ = 0, writeback_hi_ = 0;     // written, writeback not started yet

@@ -89,7 +89,7 @@ void PageStream::begin() {
   // Only now: CRIU's plugin has snapshotted the DVR heaps (they may live in
   // this store) before the first page is sent.
   batch_.emplace(store_);
-  writer_.emplace(*batch_, kImageSession, name_, detail::WriterOptions{.label = label_, .parent = parent_});
+  writer_.emplace(*batch_, kImageSession, name_, detail::WriterOptions{.label = label_, .parent = parent_, .own_buffers = true});
   writer_->seal();
   writer_->release_written(true);  // what is stored need not stay mapped here
   if (!parent_.empty()) {

@@ -156,7 +156,7 @@ void check_new_snapshot(StoreImpl& store, const std::string& session, const std:
 }
 
 SnapshotWriter::SnapshotWriter(WriteBatch& batch, const std::string& session, const std::string& name, const WriterOptions& options, Manifest* reuse)
-    : batch_(batch) {
+    : batch_(batch), own_buffers_(options.own_buffers) {
   StoreImpl& store = batch_.store();
   check_new_snapshot(store, session, name, options.replace);
   if (reuse) m_ = std::move(*reuse);
@@ -338,7 +338,7 @@ SnapshotWriter::Lane::~Lane() {
 }
 
 void SnapshotWriter::Lane::flush() {
-  if (run_.len) block_.writer->copy(run_.dst, run_.pieces, run_.len);
+  if (run_.len) block_.writer->copy(run_.dst, run_.pieces, run_.len, !w_.own_buffers_);
   run_.len = 0;
   run_.pieces.clear();
 }
@@ -375,7 +375,7 @@ PageLoc SnapshotWriter::Lane::place(const char* from, std::uint64_t len, const s
     step_ = std::min(step_ * 2, kMaxReserveStep);
   }
   if (!stable_) {
-    block_.writer->copy(block_.used, from, len);
+    block_.writer->copy(block_.used, from, len, !w_.own_buffers_);
   } else if (run_.len && run_.dst + run_.len == block_.used && run_.len < kMaxRun) {
     // Right after the run in the pack: part of the same copy, one more piece
     // unless the source continues the last one too.

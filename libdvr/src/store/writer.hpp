@@ -118,6 +118,11 @@ struct WriterOptions {
   /// When the snapshot was first made, for one that arrives from elsewhere
   /// (a receive: the sender's origin time); 0 (made here): its commit time.
   std::int64_t origin_time_ns = 0;
+  /// The data comes from buffers of this process that it reuses and that the
+  /// kernel has filled (a stream's records, a dump's windows): new space is
+  /// written from them as they are. Otherwise (the caller's memory) it is
+  /// copied through a buffer of the writing thread first (PackWriter::copy).
+  bool own_buffers = false;
 };
 
 /// One snapshot being written in a batch. Declare the regions, seal(), then
@@ -272,6 +277,7 @@ class SnapshotWriter {
   const Manifest* base_ = nullptr;
   bool sealed_ = false;
   bool release_written_ = false;
+  bool own_buffers_ = false;  // WriterOptions::own_buffers
   // Per chunk: where it came from, and for patched chunks their overlay slots.
   enum class From : std::uint8_t { none, whole, zero, inherit, patch, unchanged };
   bool without_hashes_ = false;  // some chunk came by unchanged(): page_hashes is not valid

@@ -492,7 +492,7 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
     throw Error(Errc::no_space, "the stream's snapshot '" + in.session + "/" + in.name + "' declares " + std::to_string(in.logical >> 20) +
                                     " MiB, whose tables alone would need " + std::to_string(tables >> 20) + " MiB of this machine's " +
                                     std::to_string(ram >> 20) + " MiB of memory; nothing was stored");
-  in.writer = std::make_unique<detail::SnapshotWriter>(batch, in.session, in.name, detail::WriterOptions{.label = in.label, .parent = in.base, .origin_time_ns = in.origin_time_ns});
+  in.writer = std::make_unique<detail::SnapshotWriter>(batch, in.session, in.name, detail::WriterOptions{.label = in.label, .parent = in.base, .origin_time_ns = in.origin_time_ns, .own_buffers = true});
   for (auto& r : in.regions) {
     r.first = in.writer->manifest().chunks.size();
     in.writer->add_region(r.name, r.size, r.sdk_owned);

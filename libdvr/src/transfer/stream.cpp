@@ -192,6 +192,7 @@ struct RecordWriter::Shared {
   std::deque<std::string> queue;
   std::size_t queued = 0;         // bytes in `queue`
   std::vector<std::string> pool;  // written buffers, for the next records
+  std::size_t pooled = 0;         // their capacity, at most kQueueBytes
   bool closing = false;           // finish(): write what is queued, then stop
   bool cancel = false;            // destroyed early: drop what is queued
   std::exception_ptr error;       // the write that failed
@@ -285,8 +286,14 @@ void RecordWriter::run() {
       return;  // a SIGPIPE left pending for this thread goes with it
     }
     std::lock_guard<std::mutex> g(sh_->mu);
+    // Kept for the next records, as many as fill the queue: a buffer freed
+    // and allocated again per record is fresh memory each time (glibc gives
+    // large blocks back), whose first touch costs a page fault per page.
     for (auto& r : batch)
-      if (sh_->pool.size() < 8 && r.capacity() >= 4096) sh_->pool.push_back(std::move(r));
+      if (r.capacity() >= 4096 && sh_->pooled + r.capacity() <= kQueueBytes) {
+        sh_->pooled += r.capacity();
+        sh_->pool.push_back(std::move(r));
+      }
     batch.clear();
   }
 }
@@ -302,15 +309,20 @@ void RecordWriter::queue(std::string&& framed) {
   sh_->can_take.notify_one();
 }
 
-detail::Writer RecordWriter::begin() {
+detail::Writer RecordWriter::begin(std::size_t payload) {
   std::string buf;
   {
     std::lock_guard<std::mutex> g(sh_->mu);
     if (!sh_->pool.empty()) {
       buf = std::move(sh_->pool.back());
       sh_->pool.pop_back();
+      sh_->pooled -= buf.capacity();
     }
   }
+  // Room for the head, the payload and the checksum: end() appending the
+  // checksum to a buffer filled to its capacity would copy the whole record
+  // into a new one twice its size.
+  buf.reserve(payload + 16);
   detail::Writer w(std::move(buf));
   w.extend(8);
   return w;
@@ -326,7 +338,7 @@ void RecordWriter::end(Kind kind, detail::Writer&& w) {
 }
 
 void RecordWriter::record(Kind kind, const std::string& payload) {
-  detail::Writer w = begin();
+  detail::Writer w = begin(payload.size());
   w.bytes(payload.data(), payload.size());
   end(kind, std::move(w));
 }
@@ -355,7 +367,8 @@ struct RecordReader::Shared {
   std::condition_variable can_put, can_take;
   std::deque<Record> queue;
   std::size_t queued = 0;  // payload bytes in `queue`
-  std::vector<std::string> pool;
+  std::vector<std::string> pool;  // payloads handed back, for the next records
+  std::size_t pooled = 0;         // their capacity, at most kQueueBytes
   bool stop = false;  // the reader is being destroyed
   bool done = false;  // the thread read its last record (stream end or error)
   std::exception_ptr error;
@@ -393,6 +406,7 @@ void RecordReader::run() {
         if (!sh_->pool.empty()) {
           buf = std::move(sh_->pool.back());
           sh_->pool.pop_back();
+          sh_->pooled -= buf.capacity();
         }
       }
       char head[8], tail[8];
@@ -469,7 +483,10 @@ Kind RecordReader::record(std::string& payload) {
   sh_->queue.pop_front();
   sh_->queued -= r.payload.size();
   payload.swap(r.payload);
-  if (sh_->pool.size() < 8) sh_->pool.push_back(std::move(r.payload));
+  if (sh_->pooled + r.payload.capacity() <= kQueueBytes) {  // as many as fill the queue (RecordWriter::run says why)
+    sh_->pooled += r.payload.capacity();
+    sh_->pool.push_back(std::move(r.payload));
+  }
   lk.unlock();
   sh_->can_put.notify_one();
   bytes_ += 16 + payload.size();

@@ -80,8 +80,9 @@ class RecordWriter {
   RecordWriter& operator=(const RecordWriter&) = delete;
 
   /// A buffer for the next record's payload (recycled: no fresh pages per
-  /// record), with room reserved for the record's head.
-  detail::Writer begin();
+  /// record), with room reserved for the record's head, `payload` bytes of
+  /// payload (a hint: more may be written) and the checksum.
+  detail::Writer begin(std::size_t payload = 0);
   /// Frames the payload written into `w` (since begin()) as a record of `kind`, and queues it.
   void end(Kind kind, detail::Writer&& w);
   /// A whole record from a payload.
