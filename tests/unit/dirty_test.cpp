@@ -78,6 +78,28 @@ TEST_CASE("tracker: never-touched pages and MADV_DONTNEED are never missed", "[d
   CHECK(w == std::vector<AddrRange>{{mem.page(8), mem.page(12)}});
 }
 
+TEST_CASE("tracker: memory registered unprotected counts as written until protected, then even its holes are watched", "[dirty]") {
+  std::string why;
+  auto t = WriteTracker::open(&why);
+  if (!t) DVR_SKIP("write tracking unavailable here: " << why);
+  Pages mem(32);  // not populated at all
+  REQUIRE(t->add(mem.range(), &why, false));
+  std::memset(mem.p, 1, 4 * 4096);  // pages 0-3: one fault each, no protection to resolve
+  std::vector<AddrRange> w;
+  REQUIRE(t->written(mem.range(), w));
+  CHECK(w == std::vector<AddrRange>{mem.range()});  // unknown yet: everything, holes too
+  w.clear();
+  REQUIRE(t->reprotect(mem.range()));  // what a snapshot does after it is taken
+  REQUIRE(t->collect(mem.range(), w));
+  CHECK(w.empty());
+  mem.p[20 * 4096] = 1;  // a page that was a hole when protected
+  mem.p[2 * 4096 + 9] = 2;
+  mem.p[31 * 4096 + 4095] = 3;
+  REQUIRE(t->collect(mem.range(), w));
+  CHECK(w == std::vector<AddrRange>{{mem.page(2), mem.page(3)}, {mem.page(20), mem.page(21)}, {mem.page(31), mem.page(32)}});
+  t->remove(mem.range());
+}
+
 TEST_CASE("tracker: reprotect forgets our own writes, and unmapped memory is reported as untracked", "[dirty]") {
   std::string why;
   auto t = WriteTracker::open(&why);

@@ -129,7 +129,9 @@ struct Session::State {
   // Removes it, unless this is a forked child (the record is the parent's).
   void drop_autosave_record();
 
-  void start_tracking(Region& r);
+  // `fresh`: memory just mapped that nothing was written to (alloc()); it
+  // is registered without write-protecting it (WriteTracker::add).
+  void start_tracking(Region& r, bool fresh = false);
   void stop_tracking(const Region& r);
   // Region-relative byte ranges written since `base`, sorted; false when
   // unknown (not tracked, or tracking was lost), i.e. everything may differ.
@@ -236,7 +238,7 @@ void Session::State::publish_notes() {
   }
 }
 
-void Session::State::start_tracking(Region& r) {
+void Session::State::start_tracking(Region& r, bool fresh) {
   RegionTrack t;
   const char* env = std::getenv("DVR_TRACKING");
   if (options.tracking == Tracking::hash || (env && std::string(env) == "hash")) {
@@ -253,7 +255,10 @@ void Session::State::start_tracking(Region& r) {
     t.why = tracker_why;
   } else if (inner_b >= inner_e) {
     t.why = "region '" + r.name() + "' holds no whole page";
-  } else if (tracker->add({inner_b, inner_e}, &t.why)) {
+  } else if (tracker->add({inner_b, inner_e}, &t.why, !fresh)) {
+    // Unprotected (fresh): the tracker reports every page as written until
+    // the first snapshot or restore of the region protects it, and nothing
+    // asks it before then (synced is false until that snapshot or restore).
     t.tracked = {inner_b, inner_e};
     if (b < inner_b) t.edges.emplace_back(b & ~(kPage - 1), inner_b);
     if (inner_e < e) t.edges.emplace_back(inner_e, inner_e + kPage);
@@ -520,7 +525,9 @@ Region& Session::alloc(const std::string& name, std::size_t size) {
   void* p = ::mmap(nullptr, detail::round_up_page(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw Error(Errc::no_space, "cannot allocate " + std::to_string(size) + " bytes for region '" + name + "': out of memory");
   state_->regions.push_back(std::make_unique<Region>(name, p, size, true));
-  state_->start_tracking(*state_->regions.back());
+  // Nothing is written yet: filling the region costs one page fault per
+  // page, not two (1.5 s instead of 2.6 s for 512 MiB on this VM).
+  state_->start_tracking(*state_->regions.back(), true);
   return *state_->regions.back();
 }
 

@@ -90,7 +90,7 @@ std::unique_ptr<WriteTracker> WriteTracker::open(std::string* why) {
 
 WriteTracker::~WriteTracker() { ::close(uffd_); }
 
-bool WriteTracker::add(AddrRange range, std::string* why) {
+bool WriteTracker::add(AddrRange range, std::string* why, bool protect) {
   uffdio_register reg{};
   reg.range.start = range.first;
   reg.range.len = range.second - range.first;
@@ -99,6 +99,7 @@ bool WriteTracker::add(AddrRange range, std::string* why) {
     if (why) *why = std::string("cannot register the memory for write tracking (") + std::strerror(errno) + ")";
     return false;
   }
+  if (!protect) return true;
   uffdio_writeprotect wp{};
   wp.range = reg.range;
   wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;

@@ -35,7 +35,13 @@ class WriteTracker {
   /// Registers page-aligned [begin, end) and write-protects it. false (with
   /// *why) when the memory cannot be tracked (e.g. registered by another
   /// tracker, or a kind of mapping userfaultfd does not support).
-  bool add(AddrRange range, std::string* why);
+  /// With `protect` false it is only registered: every page then counts as
+  /// written (collect(), written()) until the first collect() or reprotect()
+  /// protects the range, holes included. For new memory that nothing reads
+  /// from the tracker before then (a region just allocated): its first
+  /// writes take one page fault each instead of two (protected holes fault
+  /// once to be populated and once more to be written).
+  bool add(AddrRange range, std::string* why, bool protect = true);
   /// Stops tracking (best effort: the memory may be gone already).
   void remove(AddrRange range);
 
