@@ -97,7 +97,7 @@ void send_item(const Item& it, const std::string& base, RecordWriter& w, const O
         continue;
       }
       flush_run();
-      detail::Writer x = w.begin(c.length + 64);  // room for the chunk and its fields
+      detail::Writer x = w.begin();
       x.u32(r);
       x.u64(j);
       if (m.zero_chunk(i)) {
