@@ -184,6 +184,40 @@ bool read_fd(int fd, char* p, std::size_t n, bool eof_ok) {
   return true;
 }
 
+// ---- buffers kept for the next records ------------------------------------
+
+namespace {
+// Record buffers handed back, kept for the next records up to `limit` bytes
+// of capacity: as many as fill a queue. A buffer freed and allocated again
+// per record is fresh memory each time (glibc gives large blocks back), whose
+// first touch costs a page fault per page. Used under its owner's mutex.
+class BufferPool {
+ public:
+  explicit BufferPool(std::size_t limit) : limit_(limit) {}
+  // A kept buffer (its contents are stale), or an empty one.
+  std::string take() {
+    std::string buf;
+    if (!bufs_.empty()) {
+      buf = std::move(bufs_.back());
+      bufs_.pop_back();
+      bytes_ -= buf.capacity();
+    }
+    return buf;
+  }
+  // Keeps `buf` while there is room for it, else lets it go.
+  void give(std::string&& buf) {
+    if (bytes_ + buf.capacity() > limit_) return;
+    bytes_ += buf.capacity();
+    bufs_.push_back(std::move(buf));
+  }
+
+ private:
+  std::size_t limit_;
+  std::vector<std::string> bufs_;
+  std::size_t bytes_ = 0;  // their capacity
+};
+}  // namespace
+
 // ---- RecordWriter ----------------------------------------------------------
 
 struct RecordWriter::Shared {
@@ -191,8 +225,7 @@ struct RecordWriter::Shared {
   std::condition_variable can_put, can_take;
   std::deque<std::string> queue;
   std::size_t queued = 0;         // bytes in `queue`
-  std::vector<std::string> pool;  // written buffers, for the next records
-  std::size_t pooled = 0;         // their capacity, at most kQueueBytes
+  BufferPool pool{kQueueBytes};   // written buffers, for the next records
   bool closing = false;           // finish(): write what is queued, then stop
   bool cancel = false;            // destroyed early: drop what is queued
   std::exception_ptr error;       // the write that failed
@@ -286,14 +319,8 @@ void RecordWriter::run() {
       return;  // a SIGPIPE left pending for this thread goes with it
     }
     std::lock_guard<std::mutex> g(sh_->mu);
-    // Kept for the next records, as many as fill the queue: a buffer freed
-    // and allocated again per record is fresh memory each time (glibc gives
-    // large blocks back), whose first touch costs a page fault per page.
     for (auto& r : batch)
-      if (r.capacity() >= 4096 && sh_->pooled + r.capacity() <= kQueueBytes) {
-        sh_->pooled += r.capacity();
-        sh_->pool.push_back(std::move(r));
-      }
+      if (r.capacity() >= 4096) sh_->pool.give(std::move(r));
     batch.clear();
   }
 }
@@ -313,11 +340,7 @@ detail::Writer RecordWriter::begin(std::size_t payload) {
   std::string buf;
   {
     std::lock_guard<std::mutex> g(sh_->mu);
-    if (!sh_->pool.empty()) {
-      buf = std::move(sh_->pool.back());
-      sh_->pool.pop_back();
-      sh_->pooled -= buf.capacity();
-    }
+    buf = sh_->pool.take();
   }
   // Room for the head, the payload and the checksum: end() appending the
   // checksum to a buffer filled to its capacity would copy the whole record
@@ -367,8 +390,7 @@ struct RecordReader::Shared {
   std::condition_variable can_put, can_take;
   std::deque<Record> queue;
   std::size_t queued = 0;  // payload bytes in `queue`
-  std::vector<std::string> pool;  // payloads handed back, for the next records
-  std::size_t pooled = 0;         // their capacity, at most kQueueBytes
+  BufferPool pool{kQueueBytes};   // payloads handed back, for the next records
   bool stop = false;  // the reader is being destroyed
   bool done = false;  // the thread read its last record (stream end or error)
   std::exception_ptr error;
@@ -403,11 +425,7 @@ void RecordReader::run() {
         std::unique_lock<std::mutex> lk(sh_->mu);
         sh_->can_put.wait(lk, [&] { return sh_->stop || sh_->queued < kQueueBytes; });
         if (sh_->stop) break;
-        if (!sh_->pool.empty()) {
-          buf = std::move(sh_->pool.back());
-          sh_->pool.pop_back();
-          sh_->pooled -= buf.capacity();
-        }
+        buf = sh_->pool.take();
       }
       char head[8], tail[8];
       std::uint32_t k, n;
@@ -483,10 +501,7 @@ Kind RecordReader::record(std::string& payload) {
   sh_->queue.pop_front();
   sh_->queued -= r.payload.size();
   payload.swap(r.payload);
-  if (sh_->pooled + r.payload.capacity() <= kQueueBytes) {  // as many as fill the queue (RecordWriter::run says why)
-    sh_->pooled += r.payload.capacity();
-    sh_->pool.push_back(std::move(r.payload));
-  }
+  sh_->pool.give(std::move(r.payload));
   lk.unlock();
   sh_->can_put.notify_one();
   bytes_ += 16 + payload.size();
