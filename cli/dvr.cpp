@@ -1208,7 +1208,7 @@ int cmd_keygen(const std::string& prefix, bool as_json) {
 }
 
 void add_transfer_options(CLI::App* sub, TransferArgs& t) {
-  sub->add_option("--base", t.base, "send only what differs from this snapshot of the same session, which the receiver holds");
+  sub->add_option("--base", t.base, "send only what differs from this snapshot (NAME or SESSION/NAME) of the same session, which the receiver holds");
   sub->add_option("--compress", t.compress, "auto (default: chunks that compress), zstd (every chunk) or none")
       ->check(one_of({"auto", "zstd", "none"}));
   sub->add_flag("--no-compress", t.no_compress, "the same as --compress=none");

@@ -417,6 +417,24 @@ def test_a_base_the_sender_lacks_is_refused(store_a, scratch):
     assert_failed(proc, r"nosuch", context="send --base naming a snapshot that does not exist")
 
 
+def test_a_base_given_as_session_slash_name_is_the_same_base(store_a, store_b, scratch):
+    """`dvr send sweep/b --base sweep/a` (the form the help's example shows)
+    sends what --base a sends; a base of another session is refused by name."""
+    store_a.snap("s", "n1", "n2")
+    pipe_ok(store_a, "s/n1", store_b)
+    by_name = send_to_file(store_a, "s/n2", scratch / "by-name", "--base", "n1", "--json")
+    by_ref = send_to_file(store_a, "s/n2", scratch / "by-ref", "--base", "s/n1", "--json")
+    a, b = parse_json(by_name.stderr, "send --json", by_name), parse_json(by_ref.stderr, "send --json", by_ref)
+    assert b["base"] == "n1" and a["base"] == "n1", (a, b)
+    assert b["sent_bytes"] == a["sent_bytes"] and b["chunks_skipped"] == a["chunks_skipped"] > 0, (a, b)
+    sent, received = pipe_ok(store_a, "s/n2", store_b, send_opts=("--base", "s/n1", "--json"))
+    assert sent["base"] == "n1" and received["ref"] == ["s/n2"], (sent, received)
+    store_b.check("s", "n1", "n2")
+
+    proc = send_to_file(store_a, "s/n2", scratch / "x", "--base", "other/n1", expect=None)
+    assert_failed(proc, r"other/n1.*session 's'", context="send --base naming a snapshot of another session")
+
+
 def test_a_base_of_the_same_name_but_other_content_never_yields_a_wrong_snapshot(store_a, store_b):
     """B's s/n1 is not A's s/n1 (same name, other content). A stream of n2
     against n1 must then be refused, or else arrive correct: never patched onto

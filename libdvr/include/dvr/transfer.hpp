@@ -106,8 +106,9 @@ DVR_EXPORT Compress parse_compress(const std::string& text, const std::string& o
 
 struct Options {
   /// Send only what differs from this snapshot of the same session, which the
-  /// receiver must hold with the same content ("" = everything). For a
-  /// process snapshot, a process snapshot name.
+  /// receiver must hold with the same content ("" = everything): its NAME or
+  /// SESSION/NAME (a snapshot of another session is invalid_argument). For a
+  /// process snapshot, a process snapshot name (or proc/NAME).
   std::string base;
   /// Which chunks are compressed (default: those that pay).
   Compress compress = Compress::automatic;

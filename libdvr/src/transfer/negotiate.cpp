@@ -80,9 +80,7 @@ Stats send_negotiated(const Store& store, const std::string& ref, int in, int ou
     // Manifests older than format 4 record no number: then all are read and
     // ordered as Store::list orders them.
     const detail::StoreImpl& si = detail::impl_of(it.store);
-    std::string want;  // only the base asked for, when one was
-    if (!options.base.empty())
-      want = split_ref(ref).first == proc::kImageSession && it.session != proc::kImageSession ? proc::kHeapPrefix + options.base : options.base;
+    const std::string want = base_in(ref, it.session, options.base);  // only the base asked for, when one was
     std::vector<std::pair<std::uint64_t, std::string>> newest;  // (seq, name)
     bool numbered = true;
     for (auto& name : si.snapshot_names(it.session)) {

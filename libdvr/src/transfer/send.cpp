@@ -187,16 +187,29 @@ Stats send_with(const Store& store, const std::string& ref, int fd, const Option
   return st;
 }
 
+std::string base_in(const std::string& ref, const std::string& session, const std::string& base) {
+  if (base.empty()) return base;
+  const std::string sent = split_ref(ref).first;
+  std::string name = base;
+  if (base.find('/') != std::string::npos) {
+    auto [s, n] = split_ref(base);
+    if (s != sent)
+      throw Error(Errc::invalid_argument, "base '" + base + "' is not a snapshot of session '" + sent + "', which is sent; give NAME or " + sent +
+                                              "/NAME of a snapshot the receiver holds");
+    name = n;
+  }
+  return sent == proc::kImageSession && session != proc::kImageSession ? proc::kHeapPrefix + name : name;
+}
+
 // The base names for each item of `ref` given the user's --base.
 std::vector<std::string> bases_for(const std::vector<Item>& items, const std::string& ref, const std::string& base) {
   std::vector<std::string> out;
-  const bool is_proc = split_ref(ref).first == proc::kImageSession;
   for (auto& it : items) {
     if (base.empty()) {
       out.emplace_back();
       continue;
     }
-    std::string b = is_proc && it.session != proc::kImageSession ? proc::kHeapPrefix + base : base;
+    std::string b = base_in(ref, it.session, base);
     if (!has_snapshot(it.store, it.session, b))
       throw Error(Errc::not_found, "base snapshot '" + it.session + "/" + b + "' does not exist here; give a base both sides hold");
     out.push_back(b);

@@ -228,6 +228,11 @@ class Compressor {
 };
 
 Stats send_with(const Store& store, const std::string& ref, int fd, const Options& opt, const std::vector<std::string>& bases);
+/// The snapshot of `session` (one item of `ref`) that a base given as
+/// Options::base names: NAME, or SESSION/NAME of the session sent (another
+/// session is invalid_argument); in a process snapshot's heap sessions, its
+/// heap part. "" stays "".
+std::string base_in(const std::string& ref, const std::string& session, const std::string& base);
 std::vector<std::string> bases_for(const std::vector<Item>& items, const std::string& ref, const std::string& base);
 /// `stream_size`: the stream's length when known (a regular file), else 0;
 /// the total that options.progress reports.
