@@ -17,6 +17,9 @@
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -520,4 +523,181 @@ TEST_CASE("stream: a snapshot whose data is damaged in the sender's store is not
   ::close(fd);
   if (n > 0) t.refused(partial, Errc::corrupt, "what the refused send wrote");
   t.b_intact();
+}
+
+// ---- Channels: a stream between two threads of one process (dvr::mpi) ------
+
+namespace {
+
+// Everything `send` puts into a channel, taken by this thread (each buffer
+// given back as soon as it is copied out, as dvr::mpi's loop does once a
+// message is sent); `sizes` gets each buffer's size.
+std::string taken_from(const std::function<void(transfer::Channel&)>& send, std::vector<std::size_t>* sizes = nullptr,
+                       std::size_t limit = std::size_t{16} << 20) {
+  transfer::Channel ch(limit);
+  std::string send_error;
+  std::thread sender([&] {
+    try {
+      send(ch);
+    } catch (const std::exception& e) {
+      send_error = e.what();
+    }
+    ch.close();
+  });
+  std::string all, buf;
+  while (ch.take(buf)) {
+    if (sizes) sizes->push_back(buf.size());
+    all += buf;
+  }
+  CHECK(ch.ended());
+  sender.join();
+  CHECK(send_error == "");
+  return all;
+}
+
+// `bytes` put into a channel by another thread in pieces of the given sizes
+// (cycled; records are cut anywhere), then closed, while this one receives.
+transfer::Stats receive_from_channel(Store& store, const std::string& bytes, const std::vector<std::size_t>& pieces,
+                                     const transfer::ReceiveOptions& o = {}) {
+  transfer::Channel ch(64 << 10);
+  std::thread putter([&] {
+    std::size_t at = 0;
+    try {
+      for (std::size_t k = 0; at < bytes.size(); ++k) {
+        const std::size_t n = std::min(pieces[k % pieces.size()], bytes.size() - at);
+        std::string b = ch.reuse();
+        b.assign(bytes, at, n);
+        ch.put(std::move(b));
+        at += n;
+      }
+    } catch (const Error&) {
+      // the receiver stopped reading (abandoned): the rest is not needed
+    }
+    ch.close();
+  });
+  try {
+    auto st = transfer::receive(store, ch, o);
+    ch.abandon();
+    putter.join();
+    return st;
+  } catch (...) {
+    ch.abandon();
+    putter.join();
+    throw;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("stream: send into a Channel puts the same stream as into a file, and receive from one stores it bit-exact", "[stream][channel]") {
+  Pair t;
+  const std::string by_fd = stream_of(t.a, "s/one", {.level = 0});
+  std::vector<std::size_t> sizes;
+  const std::string by_channel = taken_from([&](transfer::Channel& ch) { transfer::send(t.a, "s/one", ch, {.level = 0}); }, &sizes);
+  CHECK(by_channel == by_fd);
+  REQUIRE(sizes.size() > 2);
+  // Each buffer is one record (a chunk's at most: the chunk size plus its
+  // framing) or small records gathered (at most 256 KiB).
+  const std::size_t chunk = t.a.chunk_size();
+  for (std::size_t n : sizes) {
+    CHECK(n > 0);
+    CHECK(n <= std::max<std::size_t>(chunk + 64, 256 << 10));
+  }
+
+  SECTION("received in pieces that cut records anywhere") {
+    const std::vector<std::size_t> pieces = GENERATE(std::vector<std::size_t>{1, 7, 4096, 100000}, std::vector<std::size_t>{1 << 20});
+    auto got = receive_from_channel(t.b, by_channel, pieces);
+    CHECK(got.refs == std::vector<std::string>{"s/one"});
+    CHECK(got.wire_bytes == by_channel.size());
+    CHECK(restored_diff(t.b, "s", "one", t.src) == "");
+    CHECK(t.b.verify().ok());
+  }
+  SECTION("cut short (the sender closed the channel early): corrupt, nothing stored") {
+    for (std::size_t len : {std::size_t{0}, std::size_t{16}, by_channel.size() / 2, by_channel.size() - 1}) {
+      INFO("cut to " << len << " of " << by_channel.size());
+      const StoreState before = state_of(t.b);
+      auto c = catch_error([&] { receive_from_channel(t.b, by_channel.substr(0, len), {65536}); });
+      CHECK(c.code == Errc::corrupt);
+      CHECK(state_of(t.b) == before);
+    }
+    t.b_intact();
+  }
+}
+
+TEST_CASE("stream: an incremental send into a Channel gathers its small records and arrives exact", "[stream][channel]") {
+  Pair t;
+  receive_bytes(t.b, stream_of(t.a, "s/one"));
+  // One page changed in every 64 KiB: many small page records.
+  Source next = t.src;
+  for (std::size_t at = 5; at < next.owned.size(); at += 65536)
+    next.owned[at] ^= 0x3c;
+  snapshot(t.a, next, "two");
+  transfer::Options o;
+  o.base = "one";
+  o.level = 0;
+  const std::string by_fd = stream_of(t.a, "s/two", o);
+  std::vector<std::size_t> sizes;
+  const std::string by_channel = taken_from([&](transfer::Channel& ch) { transfer::send(t.a, "s/two", ch, o); }, &sizes);
+  CHECK(by_channel == by_fd);
+  INFO(sizes.size() << " buffers for " << by_channel.size() << " bytes");
+  CHECK(sizes.size() <= 4);  // ~50 pages and their runs, gathered, not a buffer each
+  auto got = receive_from_channel(t.b, by_channel, {8192});
+  CHECK(got.base == "one");
+  CHECK(restored_diff(t.b, "s", "two", next) == "");
+  CHECK(restored_diff(t.b, "s", "one", t.src) == "");
+}
+
+TEST_CASE("stream: a Channel holds its putter while full, and a taker that abandons it fails the send", "[stream][channel]") {
+  SECTION("flow control and the end") {
+    transfer::Channel ch(4096);
+    CHECK_FALSE(ch.full());
+    ch.put(std::string(10000, 'a'));  // an empty channel takes any buffer
+    CHECK(ch.full());
+    ch.put(std::string());  // nothing: dropped, never waits
+    std::atomic<bool> returned{false};
+    std::thread putter([&] {
+      ch.put(std::string(100, 'b'));
+      returned = true;
+      ch.close();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK_FALSE(returned.load());  // waits while full
+    std::string got;
+    CHECK_FALSE(ch.ended());
+    REQUIRE(ch.take(got));
+    CHECK(got == std::string(10000, 'a'));
+    REQUIRE(ch.take(got));  // the first is given back, for reuse()
+    CHECK(got == std::string(100, 'b'));
+    putter.join();
+    CHECK(returned.load());
+    CHECK_FALSE(ch.take(got));
+    CHECK(ch.ended());
+    CHECK(ch.reuse().capacity() >= 10000);  // the buffer given back
+  }
+  SECTION("take without waiting") {
+    transfer::Channel ch;
+    std::string got;
+    CHECK_FALSE(ch.take(got, false));
+    CHECK_FALSE(ch.ended());
+    ch.put("x");
+    CHECK(ch.take(got, false));
+    CHECK(got == "x");
+    ch.close();
+    CHECK_FALSE(ch.take(got, false));
+    CHECK(ch.ended());
+  }
+  SECTION("a send whose taker abandons the channel is io, and says why") {
+    Pair t;
+    transfer::Channel ch(64 << 10);
+    std::thread taker([&] {
+      std::string b;
+      ch.take(b);
+      ch.abandon();
+    });
+    auto c = catch_error([&] { transfer::send(t.a, "s/one", ch, {.level = 0}); });
+    taker.join();
+    CHECK(ch.abandoned());
+    CHECK(c.code == Errc::io);
+    CHECK_THAT(c.what, Catch::Contains("stopped reading"));
+  }
 }

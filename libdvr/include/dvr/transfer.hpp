@@ -4,15 +4,18 @@
 // its metadata, then its chunks, each zstd-compressed where that pays
 // (Options::compress) and carrying the XXH3-128 of its content. Sender and
 // receiver each run two threads: one reads, checks and (de)compresses
-// chunks, the other moves bytes through the file descriptor. The receiver checks every chunk against that hash
+// chunks, the other moves bytes through the file descriptor (or a Channel
+// between threads of one process). The receiver checks every chunk against that hash
 // as it arrives, and commits the snapshot atomically once the whole stream is
 // in: a broken, truncated or tampered stream leaves its store as it was.
 // Against a base (a snapshot both sides hold with the same content), only
 // chunks that differ travel, and of those only the pages that differ.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -151,10 +154,67 @@ struct Stats {
   std::string signed_by;
 };
 
+/// A stream's bytes handed from one thread of a process to another in place
+/// of a pipe: buffers are moved, not copied through the kernel. send() and
+/// send_live() into a Channel put the stream's records into it (small ones
+/// gathered into buffers of up to 256 KiB); another thread takes them, moves
+/// them on (dvr::mpi: as MPI messages to another rank) and gives each buffer
+/// back once done with it, for the next records. The other way round, a
+/// thread puts the bytes that arrive (in buffers of any size) and receive()
+/// from the Channel reads them. One thread puts, one takes.
+///
+/// Flow control: put() waits while `limit` bytes are put and not yet taken
+/// (an empty channel takes a buffer of any size), so a taker that moves them
+/// on more slowly bounds the memory in between; what the taker holds is its
+/// own to bound. End of stream: close(), by
+/// the putting side (after an error too: a stream that ends early is
+/// truncated, and receive() refuses it). A taker that stops early calls
+/// abandon(): put() then throws io, as a write into a pipe whose reader is
+/// gone fails.
+class DVR_EXPORT Channel {
+ public:
+  explicit Channel(std::size_t limit = std::size_t{16} << 20);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // The putting side.
+  /// Hands `bytes` to the taker (an empty buffer is dropped). Waits while
+  /// the limit is reached; throws io once the taker abandoned the channel.
+  void put(std::string&& bytes);
+  /// Whether put() would wait now (for a putter that must not block).
+  bool full() const;
+  /// No more bytes: the taker gets the end after the last buffer.
+  void close();
+  /// A buffer given back by the taker (contents stale), or an empty one.
+  std::string reuse();
+
+  // The taking side.
+  /// The next buffer into `out` (what `out` held is given back). With
+  /// `wait`, waits for one; false when there is none now (without `wait`)
+  /// or at the end (ended()).
+  bool take(std::string& out, bool wait = true);
+  /// Whether the putter closed the channel and everything put was taken.
+  bool ended() const;
+  /// A buffer taken, once its bytes are used, for the putter to reuse
+  /// (buffers given back are kept up to the limit, at least 4 MiB of them).
+  void give_back(std::string&& buf);
+  /// The taker stops: puts wait no more, and throw io.
+  void abandon();
+  /// Whether abandon() was called.
+  bool abandoned() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
 /// Writes REF ("session/name", or "proc/NAME" for a process snapshot with its
 /// DVR heap snapshots) as a stream to `fd`. Throws not_found, corrupt (the
 /// store's data fails its checksum: nothing is sent for it), io.
 DVR_EXPORT Stats send(const Store& store, const std::string& ref, int fd, const Options& options = {});
+/// send() into a Channel (closed by the caller, not by send).
+DVR_EXPORT Stats send(const Store& store, const std::string& ref, Channel& out, const Options& options = {});
 
 /// Writes `regions` (Session::regions() of session SESSION) as they are in
 /// memory now, as a stream of snapshot SESSION/NAME: what send() of a
@@ -174,6 +234,10 @@ DVR_EXPORT Stats send(const Store& store, const std::string& ref, int fd, const 
 /// regions, bad name), not_found (base), io (the fd).
 DVR_EXPORT Stats send_live(const Store& store, const std::string& session, const std::vector<Region*>& regions, const std::string& name, int fd,
                            const Options& options = {},
+                           const std::function<void(const std::string& fingerprint)>& confirm = {});
+/// send_live() into a Channel (closed by the caller, not by send_live).
+DVR_EXPORT Stats send_live(const Store& store, const std::string& session, const std::vector<Region*>& regions, const std::string& name,
+                           Channel& out, const Options& options = {},
                            const std::function<void(const std::string& fingerprint)>& confirm = {});
 
 /// The content fingerprint of snapshot REF ("session/name") as streams carry
@@ -216,6 +280,9 @@ struct ReceiveOptions {
 /// names keys), unsupported (newer stream format), already_exists, not_found
 /// (the stream needs a base this store lacks), no_space.
 DVR_EXPORT Stats receive(Store& store, int fd, const ReceiveOptions& options = {});
+/// receive() from a Channel (the stream's length is not known: progress as
+/// for a pipe). Buffers are given back as they are read.
+DVR_EXPORT Stats receive(Store& store, Channel& in, const ReceiveOptions& options = {});
 
 /// The two ends of a negotiated transfer (dvr push / pull over ssh): the
 /// receiver first says which snapshots it already holds, so that only what it

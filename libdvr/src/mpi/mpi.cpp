@@ -10,7 +10,6 @@
 // what the partner lacks), carried by MPI messages.
 #include "dvr/mpi.hpp"
 
-#include <fcntl.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -36,7 +35,8 @@ constexpr int kTagStream = 0x4456;  // "DV"
 constexpr int kTagList = 0x4457;
 constexpr int kMaxSeqs = 64;  // seqs exchanged per rank in restore_latest()
 constexpr int kMsg = 512;     // bytes of an error message exchanged
-constexpr int kPipeBytes = 1 << 20;  // the streams' pipes (the default maximum of fs.pipe-max-size)
+constexpr std::size_t kChannelBytes = 16u << 20;  // a stream's bytes queued between a rank's threads, each way
+constexpr int kInFlight = 8;                       // messages of a stream sent and not yet received
 
 // How long the stores this layer opens itself (the receivers of partner
 // copies) wait for a store lock. Every call here is collective: a rank waiting
@@ -108,92 +108,103 @@ void wait_quietly(MPI_Request& req) {
   }
 }
 
-// Sends what `produce` writes into an fd to rank `dest`, and gives what
-// arrives from rank `source` to `consume` as an fd; either may be empty
-// (nothing to send / receive). Both directions run at once, so that pairs of
-// ranks sending to each other cannot deadlock. Returns the bytes sent; an
-// exception of either side is rethrown after both streams ended.
-std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& produce, int source, const std::function<void(int)>& consume) {
-  int out[2] = {-1, -1}, in[2] = {-1, -1};
+// Sends the stream `produce` writes into a channel to rank `dest`, and gives
+// the stream that arrives from rank `source` to `consume` through another;
+// either may be empty (nothing to send / receive). Both directions run at
+// once, so that pairs of ranks sending to each other cannot deadlock. Returns
+// the bytes sent; an exception of either side is rethrown after both streams
+// ended.
+//
+// `produce` and `consume` run on threads of their own; this thread is the
+// only one that calls MPI. It sends each buffer the producer's channel hands
+// over as one message, straight from that buffer (up to kInFlight at once),
+// and gives it back once sent; each message that arrives goes into the
+// consumer's channel as it is. The buffers are moved between the threads
+// (only the receiving stream's reader copies records out of them): through
+// pipes, the bytes crossed the kernel four times per copy (the stream's
+// writer into a pipe, this loop out of it; this loop into the other pipe, the
+// stream's reader out of it), 29% of the CPU time of a first checkpoint
+// (docs/mpi.md, "The first checkpoint"). A consumer
+// that falls behind (its channel full) leaves the next message waiting in
+// MPI, which holds up its sender, not this loop: the other direction goes on.
+std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(transfer::Channel&)>& produce, int source,
+                       const std::function<void(transfer::Channel&)>& consume) {
+  transfer::Channel out(kChannelBytes), in(kChannelBytes);
   std::exception_ptr produce_error, consume_error;
   std::thread producer, consumer;
-  if (produce) {
-    if (::pipe2(out, O_CLOEXEC) != 0) detail::throw_errno(errno, "cannot create a pipe");
-    ::fcntl(out[0], F_SETPIPE_SZ, kPipeBytes);  // best effort: fewer, larger reads and writes
+  if (produce)
     producer = std::thread([&] {
       try {
-        produce(out[1]);
+        produce(out);
       } catch (...) {
         produce_error = std::current_exception();
       }
-      ::close(out[1]);  // end of stream (a truncated one after an error: the receiver refuses it)
+      out.close();  // end of stream (a truncated one after an error: the receiver refuses it)
     });
-  }
-  if (consume) {
-    if (::pipe2(in, O_CLOEXEC) != 0) detail::throw_errno(errno, "cannot create a pipe");
-    ::fcntl(in[0], F_SETPIPE_SZ, kPipeBytes);
+  if (consume)
     consumer = std::thread([&] {
       try {
-        consume(in[0]);
+        consume(in);
       } catch (...) {
         consume_error = std::current_exception();
       }
-      // Drain whatever else arrives, so the writer never blocks on us.
-      char sink[65536];
-      while (::read(in[0], sink, sizeof sink) > 0) {
-      }
-      ::close(in[0]);
+      in.abandon();  // what else arrives is dropped, so the sender is never held up
     });
-  }
+  struct Send {
+    std::string buf;
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+  std::vector<Send> sends(kInFlight);
   std::uint64_t sent = 0;
-  bool send_done = !produce, recv_done = !consume, final_sent = !produce;
-  std::vector<char> sbuf(1 << 20), rbuf;
-  MPI_Request sreq = MPI_REQUEST_NULL;
+  int in_flight = 0;
+  bool final_sent = !produce;  // the empty message that ends the stream is under way
+  bool recv_done = !consume;
   Backoff idle;
-  while (!send_done || !recv_done || sreq != MPI_REQUEST_NULL) {
+  while (!final_sent || in_flight > 0 || !recv_done) {
     bool progress = false;
-    if (sreq != MPI_REQUEST_NULL) {
+    for (auto& x : sends) {
+      if (x.req == MPI_REQUEST_NULL) continue;
       int done = 0;
-      MPI_Test(&sreq, &done, MPI_STATUS_IGNORE);
+      MPI_Test(&x.req, &done, MPI_STATUS_IGNORE);
       if (done) {
-        sreq = MPI_REQUEST_NULL;
+        --in_flight;
+        out.give_back(std::move(x.buf));
+        x.buf = std::string();
         progress = true;
-        if (final_sent) send_done = true;
       }
     }
-    if (!send_done && sreq == MPI_REQUEST_NULL) {
-      ssize_t n;
-      while ((n = ::read(out[0], sbuf.data(), sbuf.size())) < 0 && errno == EINTR) {
+    while (!final_sent && in_flight < kInFlight) {
+      Send& x = *std::find_if(sends.begin(), sends.end(), [](const Send& y) { return y.req == MPI_REQUEST_NULL; });
+      if (!out.take(x.buf, false)) {
+        if (!out.ended()) break;  // nothing yet
+        x.buf.clear();
+        final_sent = true;
       }
-      if (n <= 0) {
-        n = 0;
-        final_sent = true;  // the empty message ends the stream
-      }
-      sent += static_cast<std::uint64_t>(n);
-      MPI_Isend(sbuf.data(), static_cast<int>(n), MPI_BYTE, dest, kTagStream, comm, &sreq);
+      sent += x.buf.size();
+      MPI_Isend(x.buf.data(), static_cast<int>(x.buf.size()), MPI_BYTE, dest, kTagStream, comm, &x.req);
+      ++in_flight;
       progress = true;
     }
-    if (!recv_done) {
+    while (!recv_done && !in.full()) {
       int flag = 0;
       MPI_Status st;
       MPI_Iprobe(source, kTagStream, comm, &flag, &st);
-      if (flag) {
-        int count = 0;
-        MPI_Get_count(&st, MPI_BYTE, &count);
-        rbuf.resize(static_cast<std::size_t>(std::max(count, 1)));
-        MPI_Recv(rbuf.data(), count, MPI_BYTE, source, kTagStream, comm, MPI_STATUS_IGNORE);
-        if (count == 0) {
-          recv_done = true;
-          ::close(in[1]);
-        } else {
-          for (std::size_t off = 0; off < static_cast<std::size_t>(count);) {
-            ssize_t w = ::write(in[1], rbuf.data() + off, static_cast<std::size_t>(count) - off);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) break;  // the consumer is gone (it drains, so this does not happen)
-            off += static_cast<std::size_t>(w);
-          }
-        }
-        progress = true;
+      if (!flag) break;
+      int count = 0;
+      MPI_Get_count(&st, MPI_BYTE, &count);
+      std::string buf = in.reuse();
+      buf.resize(static_cast<std::size_t>(count));
+      MPI_Recv(buf.data(), count, MPI_BYTE, source, kTagStream, comm, MPI_STATUS_IGNORE);
+      progress = true;
+      if (count == 0) {
+        recv_done = true;
+        in.close();
+        break;
+      }
+      try {
+        in.put(std::move(buf));  // does not wait: only this thread puts, and the channel was not full
+      } catch (const Error&) {
+        // The consumer is gone (abandoned): dropped.
       }
     }
     // Waiting leaves the CPU to the stream's own threads and other ranks.
@@ -204,7 +215,6 @@ std::uint64_t exchange(MPI_Comm comm, int dest, const std::function<void(int)>& 
   }
   if (producer.joinable()) producer.join();
   if (consumer.joinable()) consumer.join();
-  if (out[0] >= 0) ::close(out[0]);
   if (produce_error) std::rethrow_exception(produce_error);
   if (consume_error) std::rethrow_exception(consume_error);
   return sent;
@@ -396,7 +406,7 @@ GlobalInfo Session::snapshot(const std::string& name) {
     try {
       info.partner_bytes = exchange(
           st.comm, st.partner,
-          [&](int fd) {
+          [&](transfer::Channel& ch) {
             if (open_error) std::rethrow_exception(open_error);
             if (!base.empty()) {
               // A later checkpoint: the part, once stored, against the base
@@ -405,10 +415,10 @@ GlobalInfo Session::snapshot(const std::string& name) {
               // from memory would hash every page of every region again
               // (docs/mpi.md, "Later checkpoints").
               own_part_stored();
-              transfer::send(*st.reader, st.name + "/" + name, fd, topt);
+              transfer::send(*st.reader, st.name + "/" + name, ch, topt);
               return;
             }
-            transfer::send_live(*st.reader, st.name, regions, name, fd, topt, [&](const std::string& sent) {
+            transfer::send_live(*st.reader, st.name, regions, name, ch, topt, [&](const std::string& sent) {
               // The stream ends only once the local part is stored and holds
               // exactly what was sent; else the partner stores nothing.
               own_part_stored();
@@ -419,11 +429,11 @@ GlobalInfo Session::snapshot(const std::string& name) {
             });
           },
           st.client,
-          [&](int fd) {
+          [&](transfer::Channel& ch) {
             // Into this store once its own part is in: one writer at a time.
             local_done.wait();
             if (open_error) std::rethrow_exception(open_error);
-            received = transfer::receive(*st.copies, fd, {.session = st.copies_session(st.client)}).refs.at(0);
+            received = transfer::receive(*st.copies, ch, {.session = st.copies_session(st.client)}).refs.at(0);
           });
     } catch (const std::exception& e) {
       if (copy_failure.empty()) copy_failure = e.what();
@@ -567,10 +577,12 @@ std::optional<std::string> Session::restore_latest() {
         if (i.name == name) here->remove(st.name, name);
     }
     exchange(st.comm, st.client,
-             client_needs ? std::function<void(int)>([&](int fd) { transfer::send(st.store, st.copies_session(st.client) + "/" + name, fd); })
-                          : std::function<void(int)>(),
+             client_needs ? std::function<void(transfer::Channel&)>(
+                                [&](transfer::Channel& ch) { transfer::send(st.store, st.copies_session(st.client) + "/" + name, ch); })
+                          : std::function<void(transfer::Channel&)>(),
              st.partner,
-             need ? std::function<void(int)>([&](int fd) { transfer::receive(*here, fd, {.session = st.name}); }) : std::function<void(int)>());
+             need ? std::function<void(transfer::Channel&)>([&](transfer::Channel& ch) { transfer::receive(*here, ch, {.session = st.name}); })
+                  : std::function<void(transfer::Channel&)>());
     if (need) st.record(name, chosen);
   });
   all_or_throw(st.comm, st.size, "global snapshot '" + name + "' could not be restored on every rank", [&] { st.local.restore(name); });

@@ -603,4 +603,9 @@ Stats receive(Store& store, int fd, const ReceiveOptions& options) {
   return receive_stream(store, rd, options, size);
 }
 
+Stats receive(Store& store, Channel& in, const ReceiveOptions& options) {
+  RecordReader rd(in);
+  return receive_stream(store, rd, options, 0);
+}
+
 }  // namespace dvr::transfer

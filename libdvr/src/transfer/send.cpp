@@ -157,7 +157,7 @@ void send_item(const Item& it, const std::string& base, RecordWriter& w, const O
 
 namespace internal {
 
-Stats send_with(const Store& store, const std::string& ref, int fd, const Options& opt, const std::vector<std::string>& bases) {
+Stats send_with(const Store& store, const std::string& ref, Wire to, const Options& opt, const std::vector<std::string>& bases) {
   auto t0 = std::chrono::steady_clock::now();
   std::vector<Item> items = items_of(store, ref);
   Stats st;
@@ -170,7 +170,7 @@ Stats send_with(const Store& store, const std::string& ref, int fd, const Option
       total += load(it.store, it.session, it.name).logical_bytes();
     prog.grow_total(total);
   }
-  RecordWriter w(fd);
+  RecordWriter w(to);
   write_stream_head(w, opt.sign_with);
   for (std::size_t k = 0; k < items.size(); ++k)
     send_item(items[k], bases[k], w, opt, st, prog);
@@ -240,6 +240,11 @@ Compress parse_compress(const std::string& text, const std::string& option) {
 Stats send(const Store& store, const std::string& ref, int fd, const Options& options) {
   std::vector<Item> items = items_of(store, ref);
   return send_with(store, ref, fd, options, bases_for(items, ref, options.base));
+}
+
+Stats send(const Store& store, const std::string& ref, Channel& out, const Options& options) {
+  std::vector<Item> items = items_of(store, ref);
+  return send_with(store, ref, out, options, bases_for(items, ref, options.base));
 }
 
 }  // namespace dvr::transfer

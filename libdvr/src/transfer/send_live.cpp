@@ -27,8 +27,10 @@ using namespace internal;
 using detail::kPageSize;
 
 
-Stats send_live(const Store& store, const std::string& session, const std::vector<Region*>& regions, const std::string& name, int fd,
-                const Options& options, const std::function<void(const std::string& fingerprint)>& confirm) {
+namespace {
+
+Stats send_live_to(const Store& store, const std::string& session, const std::vector<Region*>& regions, const std::string& name, Wire wire,
+                   const Options& options, const std::function<void(const std::string& fingerprint)>& confirm) {
   const auto t0 = std::chrono::steady_clock::now();
   detail::check_name("session", session);
   detail::check_name("snapshot", name);
@@ -46,7 +48,7 @@ Stats send_live(const Store& store, const std::string& session, const std::vecto
     total += r->size();
   detail::ProgressMeter progress(options.progress, total);
 
-  RecordWriter w{fd};
+  RecordWriter w{wire};
   write_stream_head(w, options.sign_with);
   {
     detail::Writer h;
@@ -188,6 +190,18 @@ Stats send_live(const Store& store, const std::string& session, const std::vecto
   st.compression_ratio = static_cast<double>(st.data_bytes) / static_cast<double>(std::max<std::uint64_t>(1, st.wire_bytes));
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
+}
+
+}  // namespace
+
+Stats send_live(const Store& store, const std::string& session, const std::vector<Region*>& regions, const std::string& name, int fd,
+                const Options& options, const std::function<void(const std::string& fingerprint)>& confirm) {
+  return send_live_to(store, session, regions, name, fd, options, confirm);
+}
+
+Stats send_live(const Store& store, const std::string& session, const std::vector<Region*>& regions, const std::string& name, Channel& out,
+                const Options& options, const std::function<void(const std::string& fingerprint)>& confirm) {
+  return send_live_to(store, session, regions, name, out, options, confirm);
 }
 
 std::string fingerprint(const Store& store, const std::string& ref) {

@@ -186,13 +186,13 @@ bool read_fd(int fd, char* p, std::size_t n, bool eof_ok) {
 
 // ---- buffers kept for the next records ------------------------------------
 
-namespace {
 // Record buffers handed back, kept for the next records up to `limit` bytes
 // of capacity: as many as fill a queue. A buffer freed and allocated again
 // per record is fresh memory each time (glibc gives large blocks back), whose
 // first touch costs a page fault per page. Used under its owner's mutex.
 class BufferPool {
  public:
+  static constexpr std::size_t kSmall = 4096;
   explicit BufferPool(std::size_t limit) : limit_(limit) {}
   // A kept buffer (its contents are stale), or an empty one.
   std::string take() {
@@ -204,9 +204,10 @@ class BufferPool {
     }
     return buf;
   }
-  // Keeps `buf` while there is room for it, else lets it go.
+  // Keeps `buf` while there is room for it, else lets it go (and small
+  // ones: an emptied string still has a little capacity).
   void give(std::string&& buf) {
-    if (bytes_ + buf.capacity() > limit_) return;
+    if (buf.capacity() < kSmall || bytes_ + buf.capacity() > limit_) return;
     bytes_ += buf.capacity();
     bufs_.push_back(std::move(buf));
   }
@@ -216,7 +217,100 @@ class BufferPool {
   std::vector<std::string> bufs_;
   std::size_t bytes_ = 0;  // their capacity
 };
-}  // namespace
+
+}  // namespace dvr::transfer::internal
+
+// ---- Channel ---------------------------------------------------------------
+
+namespace dvr::transfer {
+
+struct Channel::State {
+  // Buffers given back are kept up to the limit, and at least 4 MiB of them
+  // (a small limit still has large records going through).
+  explicit State(std::size_t l) : limit(l), returned(std::max<std::size_t>(l, 4u << 20)) {}
+  std::size_t limit;
+  mutable std::mutex mu;
+  std::condition_variable can_put, can_take;
+  std::deque<std::string> queue;
+  std::size_t queued = 0;  // bytes in `queue`
+  internal::BufferPool returned;  // buffers given back, for reuse()
+  bool closed = false, abandoned = false;
+};
+
+Channel::Channel(std::size_t limit) : s_(std::make_unique<State>(std::max<std::size_t>(limit, 1))) {}
+Channel::~Channel() = default;
+
+void Channel::put(std::string&& bytes) {
+  if (bytes.empty()) return;
+  std::unique_lock<std::mutex> lk(s_->mu);
+  s_->can_put.wait(lk, [&] { return s_->abandoned || s_->queued < s_->limit; });
+  if (s_->abandoned) throw Error(Errc::io, "the receiving end stopped reading the stream (see its error message)");
+  s_->queued += bytes.size();
+  s_->queue.push_back(std::move(bytes));
+  lk.unlock();
+  s_->can_take.notify_one();
+}
+
+bool Channel::full() const {
+  std::lock_guard<std::mutex> g(s_->mu);
+  return !s_->abandoned && s_->queued >= s_->limit;
+}
+
+void Channel::close() {
+  {
+    std::lock_guard<std::mutex> g(s_->mu);
+    s_->closed = true;
+  }
+  s_->can_take.notify_all();
+}
+
+std::string Channel::reuse() {
+  std::lock_guard<std::mutex> g(s_->mu);
+  return s_->returned.take();
+}
+
+bool Channel::take(std::string& out, bool wait) {
+  std::unique_lock<std::mutex> lk(s_->mu);
+  s_->returned.give(std::move(out));
+  out = std::string();
+  if (wait) s_->can_take.wait(lk, [&] { return !s_->queue.empty() || s_->closed; });
+  if (s_->queue.empty()) return false;
+  out = std::move(s_->queue.front());
+  s_->queue.pop_front();
+  s_->queued -= out.size();
+  lk.unlock();
+  s_->can_put.notify_one();
+  return true;
+}
+
+bool Channel::ended() const {
+  std::lock_guard<std::mutex> g(s_->mu);
+  return s_->closed && s_->queue.empty();
+}
+
+void Channel::give_back(std::string&& buf) {
+  std::lock_guard<std::mutex> g(s_->mu);
+  s_->returned.give(std::move(buf));
+}
+
+void Channel::abandon() {
+  {
+    std::lock_guard<std::mutex> g(s_->mu);
+    s_->abandoned = true;
+    s_->queue.clear();
+    s_->queued = 0;
+  }
+  s_->can_put.notify_all();
+}
+
+bool Channel::abandoned() const {
+  std::lock_guard<std::mutex> g(s_->mu);
+  return s_->abandoned;
+}
+
+}  // namespace dvr::transfer
+
+namespace dvr::transfer::internal {
 
 // ---- RecordWriter ----------------------------------------------------------
 
@@ -253,7 +347,7 @@ void RecordWriter::sign_with(const SigningKey& key) {
   sh_->hash = std::make_unique<StreamHash>();
 }
 
-RecordWriter::RecordWriter(int fd) : fd_(fd), sh_(std::make_unique<Shared>()) {
+RecordWriter::RecordWriter(Wire to) : to_(to), sh_(std::make_unique<Shared>()) {
   sh_->thread = std::thread([this] { run(); });
 }
 
@@ -273,7 +367,6 @@ void RecordWriter::run() {
   sigaddset(&pipe_signal, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
   std::vector<std::string> batch;
-  std::vector<iovec> iov;
   for (;;) {
     {
       // Everything queued at once (up to 64 records): the small records of
@@ -289,7 +382,9 @@ void RecordWriter::run() {
         sh_->key.reset();
         lk.unlock();
         try {
-          write_fd(fd_, sig.data(), sig.size());
+          std::vector<std::string> last;
+          last.push_back(std::move(sig));
+          put(last);
         } catch (...) {
           std::lock_guard<std::mutex> g(sh_->mu);
           sh_->error = std::current_exception();
@@ -304,12 +399,9 @@ void RecordWriter::run() {
     }
     sh_->can_put.notify_one();
     try {
-      iov.clear();
-      for (auto& r : batch) {
-        iov.push_back({r.data(), r.size()});
+      for (auto& r : batch)
         if (sh_->hash) sh_->hash->update(r.data(), r.size());  // only this thread, once sign_with() returned
-      }
-      write_fdv(fd_, iov.data(), iov.size());
+      put(batch);
     } catch (...) {
       {
         std::lock_guard<std::mutex> g(sh_->mu);
@@ -320,9 +412,43 @@ void RecordWriter::run() {
     }
     std::lock_guard<std::mutex> g(sh_->mu);
     for (auto& r : batch)
-      if (r.capacity() >= 4096) sh_->pool.give(std::move(r));
+      sh_->pool.give(std::move(r));
     batch.clear();
   }
+}
+
+void RecordWriter::put(std::vector<std::string>& batch) {
+  if (!to_.channel) {
+    std::vector<iovec> iov;
+    iov.reserve(batch.size());
+    for (auto& r : batch)
+      iov.push_back({r.data(), r.size()});
+    write_fdv(to_.fd, iov.data(), iov.size());
+    return;
+  }
+  // Into a channel: large records as they are (their buffers go with them
+  // and come back through Channel::reuse()), small ones copied together.
+  Channel& ch = *to_.channel;
+  std::string gather;
+  auto hand_over = [&] {
+    if (!gather.empty()) ch.put(std::move(gather));
+    gather.clear();
+  };
+  for (auto& r : batch) {
+    if (r.size() >= kGather) {
+      hand_over();
+      ch.put(std::move(r));
+      continue;
+    }
+    if (!gather.empty() && gather.size() + r.size() > kGatherBytes) hand_over();
+    if (gather.capacity() == 0) {
+      gather = ch.reuse();
+      gather.clear();
+      gather.reserve(kGatherBytes);
+    }
+    gather += r;
+  }
+  hand_over();
 }
 
 void RecordWriter::queue(std::string&& framed) {
@@ -342,6 +468,8 @@ detail::Writer RecordWriter::begin(std::size_t payload) {
     std::lock_guard<std::mutex> g(sh_->mu);
     buf = sh_->pool.take();
   }
+  if (buf.capacity() == 0 && to_.channel) buf = to_.channel->reuse();  // a buffer that went through the channel
+  buf.clear();
   // Room for the head, the payload and the checksum: end() appending the
   // checksum to a buffer filled to its capacity would copy the whole record
   // into a new one twice its size.
@@ -397,7 +525,7 @@ struct RecordReader::Shared {
   std::thread thread;
 };
 
-RecordReader::RecordReader(int fd) : fd_(fd), sh_(std::make_unique<Shared>()) {}
+RecordReader::RecordReader(Wire from) : from_(from), sh_(std::make_unique<Shared>()) {}
 
 RecordReader::~RecordReader() {
   {
@@ -408,9 +536,30 @@ RecordReader::~RecordReader() {
   if (sh_->thread.joinable()) sh_->thread.join();
 }
 
+void RecordReader::read(iovec* iov, std::size_t count) {
+  if (!from_.channel) return read_fdv(from_.fd, iov, count);
+  for (std::size_t i = 0; i < count; ++i) {
+    char* p = static_cast<char*>(iov[i].iov_base);
+    std::size_t n = iov[i].iov_len;
+    while (n > 0) {
+      if (at_ == cur_.size()) {
+        at_ = 0;
+        if (!from_.channel->take(cur_)) truncated();  // gives the one read back
+        continue;
+      }
+      const std::size_t k = std::min(n, cur_.size() - at_);
+      std::memcpy(p, cur_.data() + at_, k);
+      at_ += k;
+      p += k;
+      n -= k;
+    }
+  }
+}
+
 void RecordReader::raw(char* p, std::size_t n) {
   if (sh_->thread.joinable()) throw Error(Errc::invalid_argument, "RecordReader::raw after start");
-  read_fd(fd_, p, n);
+  iovec v{p, n};
+  read(&v, 1);
   hash_.update(p, n);
   bytes_ += n;
 }
@@ -434,7 +583,8 @@ void RecordReader::run() {
           std::memcpy(head, next_head_, 8);
           have_next_ = false;
         } else {
-          read_fd(fd_, head, 8);
+          iovec v{head, 8};
+          read(&v, 1);
         }
         std::memcpy(&k, head, 4);
         std::memcpy(&n, head + 4, 4);
@@ -446,7 +596,7 @@ void RecordReader::run() {
         // stream is read.
         const bool last = k == kSignature || (k == kStreamEnd && !signed_);
         iovec v[3] = {{into.data(), n}, {tail, 8}, {next_head_, 8}};
-        read_fdv(fd_, v, last ? 2 : 3);
+        read(v, last ? 2 : 3);
         have_next_ = !last;
         std::uint64_t want;
         std::memcpy(&want, tail, 8);

@@ -64,17 +64,31 @@ void read_fdv(int fd, struct iovec* iov, std::size_t count);
 /// Records out: [u32 kind][u32 length][payload][u64 XXH3-64 of the three
 /// before]. The producer (the sender's thread: reading, checking,
 /// compressing) frames records in buffers of its own and queues them; a
-/// thread of this writer writes them to the fd meanwhile. The queue holds at
+/// thread of this writer writes them to the fd meanwhile (into a Channel:
+/// hands the buffers over, small records gathered, and takes buffers the
+/// channel's taker gave back for the next records). The queue holds at
 /// most kQueueBytes (and at least one record), so the sender's memory stays
 /// bounded whatever the speed of the wire. A write error (EPIPE: the receiver
 /// is gone) is thrown by the next call after it; destroying the writer
 /// without finish() drops what is queued and waits for the write under way
 /// (a receiver that stopped reading must close its end, as every receiver
 /// of ours does when it fails).
+/// Where a stream goes to or comes from: a file descriptor, or a Channel
+/// between two threads of this process.
+struct Wire {
+  int fd = -1;
+  Channel* channel = nullptr;
+  Wire(int f) : fd(f) {}  // NOLINT: an fd is a wire
+  Wire(Channel& c) : channel(&c) {}  // NOLINT: so is a channel
+};
+
 class RecordWriter {
  public:
   static constexpr std::size_t kQueueBytes = 16u << 20;
-  explicit RecordWriter(int fd);
+  /// Into a Channel, records smaller than kGather travel gathered in
+  /// buffers of up to kGatherBytes (one MPI message for many page records).
+  static constexpr std::size_t kGather = 64u << 10, kGatherBytes = 256u << 10;
+  explicit RecordWriter(Wire to);
   ~RecordWriter();
   RecordWriter(const RecordWriter&) = delete;
   RecordWriter& operator=(const RecordWriter&) = delete;
@@ -102,13 +116,16 @@ class RecordWriter {
  private:
   void queue(std::string&& framed);
   void run();
+  // Writes (or, into a channel, hands over) what one turn of run() took.
+  void put(std::vector<std::string>& batch);
   struct Shared;
-  int fd_;
+  Wire to_;
   std::uint64_t bytes_ = 0;
   std::unique_ptr<Shared> sh_;
 };
 
-/// Records in, each checked against its XXH3-64; at most kMaxRecord bytes.
+/// Records in, each checked against its XXH3-64; at most kMaxRecord bytes
+/// (from a Channel: copied out of its buffers, each given back once read).
 /// After start(), a thread of this reader reads and checks the records
 /// ahead (at most kQueueBytes of them) while the caller's thread
 /// decompresses, hashes and stores the ones before; it stops after the
@@ -119,7 +136,7 @@ class RecordWriter {
 class RecordReader {
  public:
   static constexpr std::size_t kQueueBytes = 4u << 20;
-  explicit RecordReader(int fd);
+  explicit RecordReader(Wire from);
   ~RecordReader();
   RecordReader(const RecordReader&) = delete;
   RecordReader& operator=(const RecordReader&) = delete;
@@ -145,7 +162,11 @@ class RecordReader {
  private:
   struct Shared;
   void run();
-  int fd_;
+  // Fills the buffers from the wire, exactly (a truncation is corrupt).
+  void read(struct iovec* iov, std::size_t count);
+  Wire from_;
+  std::string cur_;      // from a channel: the buffer being read,
+  std::size_t at_ = 0;   // and how far
   std::uint64_t bytes_ = 0;
   bool signed_ = false;
   char next_head_[8];      // the next record's head, read with the one before (thread)
@@ -227,7 +248,7 @@ class Compressor {
   std::size_t samples_ = 0;
 };
 
-Stats send_with(const Store& store, const std::string& ref, int fd, const Options& opt, const std::vector<std::string>& bases);
+Stats send_with(const Store& store, const std::string& ref, Wire to, const Options& opt, const std::vector<std::string>& bases);
 /// The snapshot of `session` (one item of `ref`) that a base given as
 /// Options::base names: NAME, or SESSION/NAME of the session sent (another
 /// session is invalid_argument); in a process snapshot's heap sessions, its
