@@ -532,8 +532,9 @@ namespace {
 // Everything `send` puts into a channel, taken by this thread (each buffer
 // given back as soon as it is copied out, as dvr::mpi's loop does once a
 // message is sent); `sizes` gets each buffer's size.
+// The taker starts after `delay`.
 std::string taken_from(const std::function<void(transfer::Channel&)>& send, std::vector<std::size_t>* sizes = nullptr,
-                       std::size_t limit = std::size_t{16} << 20) {
+                       std::size_t limit = std::size_t{16} << 20, std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
   transfer::Channel ch(limit);
   std::string send_error;
   std::thread sender([&] {
@@ -544,6 +545,7 @@ std::string taken_from(const std::function<void(transfer::Channel&)>& send, std:
     }
     ch.close();
   });
+  std::this_thread::sleep_for(delay);
   std::string all, buf;
   while (ch.take(buf)) {
     if (sizes) sizes->push_back(buf.size());
@@ -637,10 +639,14 @@ TEST_CASE("stream: an incremental send into a Channel gathers its small records 
   o.level = 0;
   const std::string by_fd = stream_of(t.a, "s/two", o);
   std::vector<std::size_t> sizes;
-  const std::string by_channel = taken_from([&](transfer::Channel& ch) { transfer::send(t.a, "s/two", ch, o); }, &sizes);
+  // A channel of 1 byte and a taker that starts late: the writer's thread
+  // hands over what it took first and then waits, while every other record
+  // is queued behind it; those go out gathered once the taker starts.
+  const std::string by_channel =
+      taken_from([&](transfer::Channel& ch) { transfer::send(t.a, "s/two", ch, o); }, &sizes, 1, std::chrono::milliseconds(300));
   CHECK(by_channel == by_fd);
   INFO(sizes.size() << " buffers for " << by_channel.size() << " bytes");
-  CHECK(sizes.size() <= 4);  // ~50 pages and their runs, gathered, not a buffer each
+  CHECK(sizes.size() <= 4);  // ~50 pages in ~16 records, gathered, not a buffer each
   auto got = receive_from_channel(t.b, by_channel, {8192});
   CHECK(got.base == "one");
   CHECK(restored_diff(t.b, "s", "two", next) == "");
