@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "test_support.hpp"
+#include "base/pagemap.hpp"
 #include "track/dirty.hpp"
 
 using dvr::detail::AddrRange;
@@ -122,4 +123,21 @@ TEST_CASE("tracker: reprotect forgets our own writes, and unmapped memory is rep
   mem.p[0] = 1;
   w.clear();
   CHECK_FALSE(t->collect(mem.range(), w));
+}
+
+TEST_CASE("dirty: present_ranges lists exactly the pages that have a page-table entry", "[dirty][pagemap]") {
+  Pages m(64);
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> none;
+  if (!dvr::detail::present_ranges(m.page(0), m.page(64), none)) DVR_SKIP("PAGEMAP_SCAN is unavailable here (Linux 6.7+)");
+  CHECK(none.empty());  // never touched
+  for (std::size_t i : {3u, 4u, 5u, 20u, 63u})
+    m.p[i * 4096] = 1;
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> got;
+  REQUIRE(dvr::detail::present_ranges(m.page(0), m.page(64), got));
+  const std::vector<std::pair<std::uintptr_t, std::uintptr_t>> want{{m.page(3), m.page(6)}, {m.page(20), m.page(21)}, {m.page(63), m.page(64)}};
+  CHECK(got == want);
+  // A part of the range: only what lies in it.
+  got.clear();
+  REQUIRE(dvr::detail::present_ranges(m.page(4), m.page(21), got));
+  CHECK(got == std::vector<std::pair<std::uintptr_t, std::uintptr_t>>{{m.page(4), m.page(6)}, {m.page(20), m.page(21)}});
 }

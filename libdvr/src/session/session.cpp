@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <memory>
 #include <optional>
 #include <cstring>
 #include <mutex>
@@ -22,6 +24,7 @@
 #include "track/dirty.hpp"
 #include "base/log.hpp"
 #include "base/memops.hpp"
+#include "base/pagemap.hpp"
 #include "base/progress.hpp"
 #include "base/sigbus.hpp"
 #include "track/heap_note.hpp"
@@ -86,6 +89,79 @@ struct RestorePlan {
   std::uint64_t work = 0;                    // for parallel_for
 };
 
+// The source pages of a restore that have no page-table entry in this
+// process yet ("cold"), in a session's first restore: they are read with
+// pread, not through the pack's mapping (docs/performance.md, "Reading
+// packs"). A read fault on a file mapping maps up to 16 pages around the one
+// asked for; on a VM with shadow page tables each entry costs a few
+// microseconds, so pages read far apart through a fresh mapping cost 30-62 us
+// each (3277 pages 80 KiB apart in a 256 MiB tmpfs file) against 2.5-5 us for
+// a pread of each. A process restoring once after a crash or a restart
+// (an MPI job's restore_latest, `dvr` restoring a fresh process) pays pread
+// only. Later restores of the session read through the mapping, so that the
+// pages a loop restores again and again (a Jupyter undo, a scene flip) are
+// faulted in once and then a memcpy away (a pread every time cost twice the
+// memcpy: 13-17 ms against 26-30 ms for 3277 pages). Where the kernel cannot
+// tell which pages are mapped (before Linux 6.7), everything is read through
+// the mapping.
+class ColdPages {
+ public:
+  ColdPages(const detail::Packs& packs, const Manifest& m, const RestorePlan& plan, bool enabled) {
+    if (!enabled) return;
+    std::map<std::uint32_t, std::pair<std::uintptr_t, std::uintptr_t>> span;  // per pack: the lowest and highest address read
+    auto note = [&](std::uint32_t pack, std::uint64_t offset, std::uint64_t len) {
+      const char* at = pack ? packs.mapped(pack, offset, len) : nullptr;
+      if (!at) return;
+      const auto a = reinterpret_cast<std::uintptr_t>(at);
+      auto [it, fresh] = span.try_emplace(pack, a, a + len);
+      if (!fresh) it->second = {std::min(it->second.first, a), std::max(it->second.second, a + len)};
+    };
+    for (auto& j : plan.jobs) {
+      detail::ChunkView v = detail::view_of(m, j.chunk);
+      if (!v.overlay_count) {
+        if (!v.ref->is_zero()) note(v.ref->pack, v.ref->offset + j.lo, j.hi - j.lo);
+        continue;
+      }
+      for (std::uint32_t p = j.p0; p < j.p1; ++p) {
+        detail::PageLoc at = v.location(p);
+        note(at.pack, at.offset, v.page_length(p));
+      }
+    }
+    known_ = true;
+    for (auto& [pack, r] : span) {
+      const std::uintptr_t lo = r.first & ~std::uintptr_t{detail::kPageSize - 1};
+      const std::uintptr_t hi = (r.second + detail::kPageSize - 1) & ~std::uintptr_t{detail::kPageSize - 1};
+      if (!detail::present_ranges(lo, hi, present_)) {
+        known_ = false;
+        present_.clear();
+        return;
+      }
+    }
+    std::sort(present_.begin(), present_.end());
+  }
+  /// Whether the page at `p` (an address in a pack's read mapping) is cold.
+  bool cold(const char* p) const {
+    if (!known_) return false;
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto it = std::upper_bound(present_.begin(), present_.end(), a,
+                               [](std::uintptr_t x, const std::pair<std::uintptr_t, std::uintptr_t>& r) { return x < r.second; });
+    return it == present_.end() || it->first > a;
+  }
+
+ private:
+  bool known_ = false;
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> present_;  // ascending
+};
+
+// A buffer of the calling thread for cold pages read with pread (at most
+// kColdPiece bytes at a time).
+constexpr std::size_t kColdPiece = 256u << 10;
+char* cold_buffer() {
+  thread_local std::unique_ptr<char[]> buf;
+  if (!buf) buf = std::make_unique<char[]>(kColdPiece);
+  return buf.get();
+}
+
 }  // namespace
 
 struct Session::State {
@@ -102,6 +178,9 @@ struct Session::State {
   std::unordered_map<const Region*, RegionTrack> tracks;
   std::unordered_map<const Region*, std::string> heap_files;  // persistent regions
   std::string head;
+  // A restore ran in this session: the next ones read the packs through
+  // their mappings (ColdPages: pages restored again stay a memcpy away).
+  bool restored = false;
   // The manifest of `head` while live memory equals it except for pages the
   // tracker reports as written; empty when that is not known.
   std::optional<Manifest> base;
@@ -860,11 +939,23 @@ SnapshotInfo Session::snapshot(const std::string& name, const SnapshotOptions& o
   return info;
 }
 
+// Maps the packs that hold what a restore will read (before ColdPages and
+// check_restore, which read through those mappings from several threads).
+void map_sources(detail::Packs& packs, const Manifest& m, const RestorePlan& plan, const std::string& ref) {
+  try {
+    std::size_t last = SIZE_MAX;
+    for (auto& j : plan.jobs)
+      if (j.chunk != last) detail::map_chunk(packs, detail::view_of(m, last = j.chunk));
+  } catch (const Error& e) {
+    throw Error(e.code(), "cannot restore '" + ref + "': " + e.what() + " (live memory was not changed)");
+  }
+}
+
 // Checks every byte a restore will copy against its checksum. Throws corrupt
 // (naming the region, the bytes and the pack) or what mapping the packs
 // throws; live memory is not touched.
-void check_restore(unsigned threads, detail::Packs& packs, const Manifest& m, const RestorePlan& plan, const std::string& ref,
-                   detail::ProgressMeter& meter) {
+void check_restore(unsigned threads, detail::Packs& packs, const Manifest& m, const RestorePlan& plan, const ColdPages& cold,
+                   const std::string& ref, detail::ProgressMeter& meter) {
   using detail::kPageSize;
   // Check every byte about to be copied: page by page against the page
   // hashes, or (older formats) whole chunks.
@@ -881,12 +972,6 @@ void check_restore(unsigned threads, detail::Packs& packs, const Manifest& m, co
                                     std::to_string(off + hi) + ") " + why +
                                     "; live memory was not changed — restore another snapshot and run `dvr verify`");
   };
-  try {
-    for (std::size_t i : touched)
-      detail::map_chunk(packs, detail::view_of(m, i));
-  } catch (const Error& e) {
-    throw Error(e.code(), "cannot restore '" + ref + "': " + e.what() + " (live memory was not changed)");
-  }
   for (std::size_t i : touched)
     if (!m.trusted(i)) throw damaged(i, 0, m.chunks[i].length, "do not match the checksum in its manifest");
   if (!m.paged) {
@@ -916,7 +1001,15 @@ void check_restore(unsigned threads, detail::Packs& packs, const Manifest& m, co
           std::uint32_t len = v.page_length(p);
           const char* bytes = at.pack ? packs.mapped(at.pack, at.offset, len) : nullptr;
           std::uint64_t h = detail::zero_page_hash(len);
-          if (bytes && !detail::guarded(bytes, len, [&] { h = detail::page_hash(bytes, len); }))
+          if (bytes && cold.cold(bytes)) {
+            char* buf = cold_buffer();
+            try {
+              packs.copy_mapped(at.pack, at.offset, buf, len);
+            } catch (const Error& failed) {
+              throw Error(failed.code(), "cannot restore '" + ref + "': " + failed.what() + " (live memory was not changed)");
+            }
+            h = detail::page_hash(buf, len);
+          } else if (bytes && !detail::guarded(bytes, len, [&] { h = detail::page_hash(bytes, len); }))
             throw Error(Errc::corrupt, "cannot restore '" + ref + "': " + packs.unreadable(at.pack, at.offset, bytes).what() + " (live memory was not changed)");
           if ((at.pack && !bytes) || h != v.pages[p]) {
             std::size_t none = SIZE_MAX;
@@ -940,9 +1033,23 @@ void check_restore(unsigned threads, detail::Packs& packs, const Manifest& m, co
 // Copies checked pack data into live memory (non-temporal stores); a read
 // that takes SIGBUS (the pack truncated since it was checked, a failing
 // medium) throws corrupt or io naming the pack.
-static void copy_checked(detail::Packs& packs, std::uint32_t pack, std::uint64_t offset, char* to, std::size_t len) {
+static void copy_checked(detail::Packs& packs, const ColdPages& cold, std::uint32_t pack, std::uint64_t offset, char* to, std::size_t len) {
   const char* from = packs.mapped(pack, offset, len);
   if (!from) throw Error(Errc::corrupt, "pack file " + packs.path_of(pack) + " changed during the restore; run `dvr verify`");
+  if (cold.cold(from)) {
+    char* buf = cold_buffer();
+    for (std::size_t done = 0; done < len;) {
+      const std::size_t n = std::min(len - done, kColdPiece);
+      try {
+        packs.copy_mapped(pack, offset + done, buf, n);
+      } catch (const Error& e) {
+        throw Error(e.code(), std::string(e.what()) + " (live memory was partly restored: restore again from an intact snapshot)");
+      }
+      detail::copy_nt(to + done, buf, n);
+      done += n;
+    }
+    return;
+  }
   if (!detail::guarded(from, len, [&] { detail::copy_nt(to, from, len); })) {
     Error e = packs.unreadable(pack, offset, from);
     throw Error(e.code(), std::string(e.what()) + " (live memory was partly restored: restore again from an intact snapshot)");
@@ -950,7 +1057,8 @@ static void copy_checked(detail::Packs& packs, std::uint32_t pack, std::uint64_t
 }
 
 // Copies a checked plan into live memory (non-temporal stores, every core).
-void copy_restore(unsigned threads, detail::Packs& packs, const Manifest& m, const RestorePlan& plan, detail::ProgressMeter& meter) {
+void copy_restore(unsigned threads, detail::Packs& packs, const Manifest& m, const RestorePlan& plan, const ColdPages& cold,
+                  detail::ProgressMeter& meter) {
   using detail::kPageSize;
   detail::parallel_for(threads, plan.jobs.size(), plan.work, [&](std::size_t b, std::size_t e) {
     for (std::size_t k = b; k < e; ++k) {
@@ -963,7 +1071,7 @@ void copy_restore(unsigned threads, detail::Packs& packs, const Manifest& m, con
         if (v.ref->is_zero())
           detail::zero_nt(to, j.hi - j.lo);
         else
-          copy_checked(packs, v.ref->pack, v.ref->offset + j.lo, to, j.hi - j.lo);
+          copy_checked(packs, cold, v.ref->pack, v.ref->offset + j.lo, to, j.hi - j.lo);
         continue;
       }
       for (std::uint32_t p = j.p0; p < j.p1; ++p) {
@@ -972,7 +1080,7 @@ void copy_restore(unsigned threads, detail::Packs& packs, const Manifest& m, con
         const std::uint64_t lo = std::max(j.lo, page), hi = std::min(j.hi, page + v.page_length(p));
         char* to = plan.dst[j.chunk] + lo;
         if (at.pack)
-          copy_checked(packs, at.pack, at.offset + (lo - page), to, hi - lo);
+          copy_checked(packs, cold, at.pack, at.offset + (lo - page), to, hi - lo);
         else
           detail::zero_nt(to, hi - lo);
       }
@@ -1094,7 +1202,10 @@ void Session::restore(const std::string& name, const RestoreOptions& options) {
   for (auto& j : plan.jobs)
     copy_bytes += j.hi - j.lo;
   detail::ProgressMeter meter(options.progress, 2 * copy_bytes);
-  check_restore(threads, reader.packs(), m, plan, ref, meter);
+  map_sources(reader.packs(), m, plan, ref);
+  const ColdPages cold(reader.packs(), m, plan, !state_->restored);
+  state_->restored = true;
+  check_restore(threads, reader.packs(), m, plan, cold, ref, meter);
   if (meter.stopped()) throw Error(Errc::cancelled, "restore of '" + ref + "' stopped by its progress callback; live memory was not changed");
   // From here on live memory changes; the tracker is re-armed at the end.
   // A progress callback that throws now is rethrown once memory is whole.
@@ -1102,7 +1213,7 @@ void Session::restore(const std::string& name, const RestoreOptions& options) {
   meter.advance_to(copy_bytes);  // (old formats check whole chunks: count what is copied)
   for (auto& r : plan.unprotect)
     state_->tracker->unprotect(r);
-  copy_restore(threads, reader.packs(), m, plan, meter);
+  copy_restore(threads, reader.packs(), m, plan, cold, meter);
   for (auto& [region, file] : state_->heap_files)
     state_->drop_note(*region);  // before the marks are cleared
   state_->rearm();

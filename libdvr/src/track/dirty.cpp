@@ -2,6 +2,7 @@
 
 #include "base/mapping.hpp"
 #include "base/os.hpp"
+#include "base/pagemap.hpp"
 
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
@@ -21,18 +22,6 @@
 namespace {
 constexpr std::uint64_t kFeatureWpUnpopulated = 1ull << 13;  // UFFD_FEATURE_WP_UNPOPULATED (6.4)
 constexpr std::uint64_t kFeatureWpAsync = 1ull << 15;        // UFFD_FEATURE_WP_ASYNC (6.7)
-constexpr std::uint64_t kPageIsWritten = 1ull << 1;          // PAGE_IS_WRITTEN
-constexpr std::uint64_t kScanWpMatching = 1ull << 0;         // PM_SCAN_WP_MATCHING
-constexpr std::uint64_t kScanCheckWpAsync = 1ull << 1;       // PM_SCAN_CHECK_WPASYNC
-
-struct PageRegion {
-  std::uint64_t start, end, categories;
-};
-struct PmScanArg {
-  std::uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
-  std::uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
-};
-constexpr unsigned long kPagemapScan = _IOWR('f', 16, PmScanArg);  // PAGEMAP_SCAN
 }  // namespace
 
 namespace dvr::detail {
