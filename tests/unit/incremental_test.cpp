@@ -408,6 +408,23 @@ TEST_CASE("incremental: a session's first restore (pages read with pread) and la
       if (round == 2) s.restore("b");
     }
   }
+  SECTION("damage in a chunk stored whole is found by a fresh session's first restore, and live memory stays as it was") {
+    Store store = Store::open(dir.store());
+    auto m = detail::decode_manifest(dvrtest::read_file(dvrtest::manifest_path(store, "s", "a")), "a");
+    REQUIRE(m.chunks.size() > 3);
+    auto at = detail::view_of(m, 3).location(7);  // chunk 3, page 7: stored with its chunk
+    REQUIRE(at.pack != 0);
+    dvrtest::flip_byte(dvrtest::pack_path(store, at.pack), at.offset + 4000);
+    Session s(store, "s");
+    auto& r = s.alloc("r", size);
+    auto* p = static_cast<unsigned char*>(r.data());
+    std::memset(p, 0x11, size);
+    std::vector<unsigned char> before(p, p + size);
+    auto e = dvrtest::catch_error([&] { s.restore("a"); });
+    CHECK(e.code == Errc::corrupt);
+    CHECK_THAT(e.what, Catch::Contains("s/a") && Catch::Contains("live memory was not changed"));
+    CHECK(dvrtest::diff(p, before.data(), size) == "");
+  }
   SECTION("damage is found by the first restore and by a later one, and live memory stays as it was") {
     Store store = Store::open(dir.store());
     auto m = detail::decode_manifest(dvrtest::read_file(dvrtest::manifest_path(store, "s", "b")), "b");

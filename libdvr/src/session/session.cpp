@@ -996,6 +996,34 @@ void check_restore(unsigned threads, detail::Packs& packs, const Manifest& m, co
           }
         }
         detail::ChunkView v = detail::view_of(m, jobs[k].chunk);
+        if (!v.overlay_count && !v.ref->is_zero()) {
+          const std::uint64_t lo = std::uint64_t{jobs[k].p0} * kPageSize;
+          const std::uint64_t hi = std::min<std::uint64_t>(std::uint64_t{jobs[k].p1} * kPageSize, m.chunks[jobs[k].chunk].length);
+          const char* first = packs.mapped(v.ref->pack, v.ref->offset + lo, hi - lo);
+          if (first && cold.cold(first)) {
+            // Pages stored together and not mapped here: read with pread in
+            // pieces, each page hashed in the buffer.
+            char* buf = cold_buffer();
+            for (std::uint64_t piece = lo; piece < hi; piece += kColdPiece) {
+              const std::uint64_t n = std::min<std::uint64_t>(kColdPiece, hi - piece);
+              try {
+                packs.copy_mapped(v.ref->pack, v.ref->offset + piece, buf, n);
+              } catch (const Error& failed) {
+                throw Error(failed.code(), "cannot restore '" + ref + "': " + failed.what() + " (live memory was not changed)");
+              }
+              for (std::uint64_t off = 0; off < n; off += kPageSize) {
+                const auto p = static_cast<std::uint32_t>((piece + off) / kPageSize);
+                if (detail::page_hash(buf + off, v.page_length(p)) != v.pages[p]) {
+                  std::size_t none = SIZE_MAX;
+                  if (bad.compare_exchange_strong(none, k)) bad_page = p;
+                  return;
+                }
+              }
+            }
+            meter.add(jobs[k].hi - jobs[k].lo);
+            continue;
+          }
+        }
         for (std::uint32_t p = jobs[k].p0; p < jobs[k].p1; ++p) {
           detail::PageLoc at = v.location(p);
           std::uint32_t len = v.page_length(p);
