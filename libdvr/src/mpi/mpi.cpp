@@ -278,10 +278,16 @@ struct Session::State {
     detail::make_private_dir(records_dir());
     detail::write_file_atomic(records_dir(), records_dir() + "/" + snapshot + ".commit", "seq " + std::to_string(seq) + "\n");
   }
+  // Whether `session` holds `snapshot` intact: its manifest alone is read and
+  // checked (listing the session would read every manifest in it, for every
+  // name asked about).
   bool has(const std::string& session, const std::string& snapshot) const {
-    for (auto& i : store.list(session))
-      if (i.name == snapshot && !i.damaged) return true;
-    return false;
+    try {
+      store.info(session, snapshot);
+      return true;
+    } catch (const Error&) {
+      return false;  // missing, or damaged: as the session's list marks it
+    }
   }
 };
 
