@@ -3,6 +3,9 @@
 #include <linux/magic.h>
 #include <sys/statfs.h>
 
+#include <thread>
+
+#include "dvr/transfer.hpp"
 #include "test_support.hpp"
 
 using dvr::Errc;
@@ -322,6 +325,83 @@ TEST_CASE("store: two Store objects on one path see, restore and dedup each othe
   CHECK(a.list().size() == 4);
   CHECK(b.list().size() == 4);
   CHECK(a.verify().ok());
+}
+
+TEST_CASE("store: a snapshot replaced while another Store object reads it keeps its space until that read is done", "[store][replace]") {
+  // Two Store objects stand for two processes (each has its own lock files
+  // open). A reader (restore, send, verify) holds the shared lock; a replace
+  // does not wait for it (a removal does), so the replaced version's space
+  // must not be reused while that reader may still read it. The reader here
+  // is a send into a channel nobody takes from yet: it stops after its
+  // queue's worth (16 MiB) of the 64 MiB, holding the lock.
+  TempDir dir;
+  const std::size_t size = 64u << 20;
+  auto old_a = dvrtest::random_bytes(size, 21);
+  {
+    Store s = Store::open(dir.store());
+    Session first(s, "s");
+    first.track("r", old_a.data(), old_a.size());
+    first.snapshot("a");
+  }
+  Store reader = Store::open(dir.store());
+  Store writer = Store::open(dir.store());
+  dvr::transfer::Channel ch(64 << 10);
+  std::exception_ptr send_error;
+  std::thread sender([&] {
+    try {
+      dvr::transfer::send(reader, "s/a", ch);
+    } catch (...) {
+      send_error = std::current_exception();
+    }
+    ch.close();
+  });
+  std::string head;
+  REQUIRE(ch.take(head));  // the sender has begun: it holds the lock and read "a"'s manifest
+  std::string stream = head;
+
+  // "a" is replaced and as much new data written, which would land in the
+  // old "a"'s space if it were free.
+  auto other = dvrtest::random_bytes(4096, 22);
+  Session replacing(writer, "s");
+  replacing.track("r", other.data(), other.size());
+  replacing.snapshot("a", {.replace = true});
+  auto fresh = dvrtest::random_bytes(size, 23);
+  Session filling(writer, "w");
+  filling.track("big", fresh.data(), fresh.size());
+  filling.snapshot("c");
+
+  for (std::string buf; ch.take(buf);)
+    stream += buf;
+  sender.join();
+  if (send_error) std::rethrow_exception(send_error);
+  // What was sent is the old "a", whole.
+  TempDir elsewhere;
+  Store copy = Store::open(elsewhere.store());
+  dvr::transfer::Channel in;
+  in.put(std::move(stream));
+  in.close();
+  dvr::transfer::receive(copy, in);
+  std::vector<unsigned char> live(size, 0x33);
+  Session check(copy, "s");
+  check.track("r", live.data(), live.size());
+  check.restore("a");
+  CHECK(diff(live.data(), old_a.data(), size) == "");
+  CHECK(reader.info("s", "a").logical_bytes == other.size());
+
+  // Once no reader is left, the replaced version's space is reused: a
+  // snapshot of as much new data does not grow the packs by its size.
+  const std::uint64_t before = writer.stats().pack_bytes;
+  auto more = dvrtest::random_bytes(size, 24);
+  std::memcpy(fresh.data(), more.data(), size);
+  filling.snapshot("d");
+  const std::uint64_t after = writer.stats().pack_bytes;
+  CHECK(after < before + size / 2);
+  std::vector<unsigned char> back(size, 0);
+  Session verify_w(reader, "w");
+  verify_w.track("big", back.data(), back.size());
+  verify_w.restore("d");
+  CHECK(diff(back.data(), more.data(), size) == "");
+  CHECK(reader.verify().ok());
 }
 
 TEST_CASE("store: data freed by gc in one Store object is not reused by another's dedup index", "[store][gc]") {

@@ -163,10 +163,11 @@ struct Stats {
 /// thread puts the bytes that arrive (in buffers of any size) and receive()
 /// from the Channel reads them. One thread puts, one takes.
 ///
-/// Flow control: put() waits while `limit` bytes are put and not yet taken
-/// (an empty channel takes a buffer of any size), so a taker that moves them
-/// on more slowly bounds the memory in between; what the taker holds is its
-/// own to bound. End of stream: close(), by
+/// Flow control: put() waits while `limit` bytes or more are put and not yet
+/// taken. Buffers go in whole, so up to `limit` - 1 bytes plus the largest
+/// buffer put can be queued (the records of send() are at most a chunk and
+/// its head); a taker that moves them on more slowly bounds the memory in
+/// between, and what the taker holds is its own to bound. End of stream: close(), by
 /// the putting side (after an error too: a stream that ends early is
 /// truncated, and receive() refuses it). A taker that stops early calls
 /// abandon(): put() then throws io, as a write into a pipe whose reader is
@@ -180,7 +181,8 @@ class DVR_EXPORT Channel {
 
   // The putting side.
   /// Hands `bytes` to the taker (an empty buffer is dropped). Waits while
-  /// the limit is reached; throws io once the taker abandoned the channel.
+  /// the limit is reached; throws io once the taker abandoned the channel
+  /// (an empty buffer too).
   void put(std::string&& bytes);
   /// Whether put() would wait now (for a putter that must not block).
   bool full() const;
@@ -191,13 +193,15 @@ class DVR_EXPORT Channel {
 
   // The taking side.
   /// The next buffer into `out` (what `out` held is given back). With
-  /// `wait`, waits for one; false when there is none now (without `wait`)
-  /// or at the end (ended()).
+  /// `wait`, waits for one; false when there is none now (without `wait`),
+  /// at the end (ended()), or after this side's abandon().
   bool take(std::string& out, bool wait = true);
   /// Whether the putter closed the channel and everything put was taken.
   bool ended() const;
-  /// A buffer taken, once its bytes are used, for the putter to reuse
-  /// (buffers given back are kept up to the limit, at least 4 MiB of them).
+  /// A buffer taken, once its bytes are used, for the putter to reuse:
+  /// send() and send_live() write their next records into them. Buffers
+  /// given back are kept up to the limit (at least 4 MiB of them); ones
+  /// under 4 KiB of capacity are dropped.
   void give_back(std::string&& buf);
   /// The taker stops: puts wait no more, and throw io.
   void abandon();
@@ -281,7 +285,9 @@ struct ReceiveOptions {
 /// (the stream needs a base this store lacks), no_space.
 DVR_EXPORT Stats receive(Store& store, int fd, const ReceiveOptions& options = {});
 /// receive() from a Channel (the stream's length is not known: progress as
-/// for a pipe). Buffers are given back as they are read.
+/// for a pipe). Buffers are given back as they are read. When it throws, it
+/// has abandoned the channel first, so the putter's next put() throws io
+/// instead of waiting (as a write into a pipe whose reader closed it fails).
 DVR_EXPORT Stats receive(Store& store, Channel& in, const ReceiveOptions& options = {});
 
 /// The two ends of a negotiated transfer (dvr push / pull over ssh): the

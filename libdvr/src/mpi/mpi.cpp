@@ -572,22 +572,34 @@ std::optional<std::string> Session::restore_latest() {
     // A Store of its own (its own lock and mutex, as in snapshot()), with
     // bounded lock waits (kLockTimeout).
     std::optional<Store> here;
+    // A failure here still takes part in the exchange (its receiving side
+    // fails at once and drops what arrives): a rank that left it would
+    // leave its partner sending a copy nobody receives, and the next
+    // exchange would take those messages as its own.
+    std::exception_ptr prepare_error;
     if (need) {
-      here = open_bounded(st.store);
-      // A damaged leftover goes before the exchange starts: removing takes the
-      // store's lock exclusively, and during the exchange this rank's own send
-      // to its client holds it shared until the whole copy is sent, which
-      // waits for this side to read (a rank that both lacks its part and
-      // sends its client's copy would wait for itself forever).
-      for (auto& i : here->list(st.name))
-        if (i.name == name) here->remove(st.name, name);
+      try {
+        here = open_bounded(st.store);
+        // A damaged leftover goes before the exchange starts: removing takes the
+        // store's lock exclusively, and during the exchange this rank's own send
+        // to its client holds it shared until the whole copy is sent, which
+        // waits for this side to read (a rank that both lacks its part and
+        // sends its client's copy would wait for itself forever).
+        for (auto& i : here->list(st.name))
+          if (i.name == name) here->remove(st.name, name);
+      } catch (...) {
+        prepare_error = std::current_exception();
+      }
     }
     exchange(st.comm, st.client,
              client_needs ? std::function<void(transfer::Channel&)>(
                                 [&](transfer::Channel& ch) { transfer::send(st.store, st.copies_session(st.client) + "/" + name, ch); })
                           : std::function<void(transfer::Channel&)>(),
              st.partner,
-             need ? std::function<void(transfer::Channel&)>([&](transfer::Channel& ch) { transfer::receive(*here, ch, {.session = st.name}); })
+             need ? std::function<void(transfer::Channel&)>([&](transfer::Channel& ch) {
+               if (prepare_error) std::rethrow_exception(prepare_error);
+               transfer::receive(*here, ch, {.session = st.name});
+             })
                   : std::function<void(transfer::Channel&)>());
     if (need) st.record(name, chosen);
   });

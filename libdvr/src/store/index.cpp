@@ -99,6 +99,7 @@ void StoreImpl::refresh_index(bool full) {
     live_.clear();
     uses_.clear();
     indexed_.clear();
+    retired_.clear();  // their uses were counted in what was just cleared
     unreadable_.clear();
     index_epoch_ = epoch;
     quarantine_pack_ = 0;
@@ -137,10 +138,13 @@ void StoreImpl::refresh_index(bool full) {
     auto p = present.find(it->first);
     if (p != present.end() && p->second == it->second.key) {
       ++it;
-    } else {
-      drop_refs(it->second.refs);
-      it = indexed_.erase(it);
+      continue;
     }
+    if (p != present.end())
+      retire(std::move(it->second.refs));  // replaced: a reader may still use the old version's space
+    else
+      drop_refs(it->second.refs);  // removed (under the exclusive lock: no reader left)
+    it = indexed_.erase(it);
   }
   auto unreadable_before = std::move(unreadable_);
   unreadable_ = std::move(unstatable);
@@ -185,8 +189,30 @@ void StoreImpl::index_published(const std::string& file, const Manifest& m) {
     seen_changes_.reset();  // refresh_index() must read it
     return;
   }
-  forget_indexed(file);
+  // A version published before this one is retired, not freed (retired_).
+  if (auto it = indexed_.find(file); it != indexed_.end()) {
+    retire(std::move(it->second.refs));
+    indexed_.erase(it);
+  }
   indexed_[file] = {key, add_refs(m), m.seq};
+}
+
+void StoreImpl::release_retired() {
+  if (retired_.empty()) return;
+  bool free_now = data_exclusive_;
+  if (!free_now && data_locks_ == 0 && owner_pid_ == ::getpid()) {
+    // Without waiting: a reader holding the shared lock now may have loaded
+    // a replaced version before its rename. One that took the lock later
+    // read the new version.
+    if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) == 0) {
+      free_now = true;
+      ::flock(lock_fd_.get(), LOCK_UN);
+    }
+  }
+  if (!free_now) return;
+  for (auto& refs : retired_)
+    drop_refs(refs);
+  retired_.clear();
 }
 
 std::uint64_t StoreImpl::next_seq() const {

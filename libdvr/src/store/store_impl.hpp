@@ -205,6 +205,10 @@ class StoreImpl {
   /// Forgets manifest `file` in the index (its uses and dedup entries), as a
   /// re-read would after it was removed.
   void forget_indexed(const std::string& file);
+  /// Gives back the space of replaced manifests (see retired_) once no
+  /// reader can still use it: when the exclusive `lock` can be had without
+  /// waiting, or this handle holds it. Called as a WriteBatch begins.
+  void release_retired();
 
   /// flock on one of the store's lock files (docs/format.md, "Locks").
   /// Kind::data (`lock`): shared while stored data is read, exclusive while
@@ -221,6 +225,8 @@ class StoreImpl {
     Lock& operator=(const Lock&) = delete;
 
    private:
+    const StoreImpl* s_;
+    Kind kind_;
     int fd_;
   };
 
@@ -252,6 +258,13 @@ class StoreImpl {
   // what drop_refs() needs to take them back.
   std::vector<Ref> add_refs(const Manifest& m);
   void drop_refs(const std::vector<Ref>& refs);
+  // The uses of a manifest that was replaced (published over, by this handle
+  // or another process): a reader that loaded the old version before the
+  // rename may still be reading its chunks under the shared `lock` (a
+  // removal waits for the exclusive lock; a replace does not), so its space
+  // stays in use until release_retired() finds no reader left.
+  std::vector<std::vector<Ref>> retired_;
+  void retire(std::vector<Ref>&& refs) { retired_.push_back(std::move(refs)); }
   static std::uint64_t location_key(std::uint32_t pack, std::uint64_t offset) { return std::uint64_t{pack} << 32 | offset / kPageSize; }
   static bool key_of(const std::string& file, FileKey& key);
 
@@ -259,6 +272,8 @@ class StoreImpl {
   mutable Fd writers_fd_;                                                  // writers.lock, opened on first use
   mutable pid_t owner_pid_ = 0;                                            // process that opened lock_fd_
   mutable bool forked_ = false;                                            // used from a forked child: re-read everything
+  mutable int data_locks_ = 0;                                             // Lock(Kind::data) held by this handle now
+  mutable bool data_exclusive_ = false;                                    // ... and one of them exclusive
   std::unordered_map<Hash128, ChunkRef, Hash128Hasher> index_;             // hash -> a live location
   FlatMap<Live> uses_;                                                     // location_key(pack, offset) -> use
   LiveSpace live_{kPackHeaderSize};                                        // pack space in use (page-rounded), gaps by size

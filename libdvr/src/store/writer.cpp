@@ -85,6 +85,7 @@ ByteRanges pages_differing(unsigned threads, const Manifest& base, const Manifes
 WriteBatch::WriteBatch(StoreImpl& store) : store_(store), guard_(store.mu), lock_(store, true, StoreImpl::Lock::Kind::writers), space_(store) {
   store_.packs->refresh_mappings();
   store_.refresh_index();
+  store_.release_retired();
   store_.packs->map_all();
 }
 

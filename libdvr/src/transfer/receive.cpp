@@ -604,8 +604,13 @@ Stats receive(Store& store, int fd, const ReceiveOptions& options) {
 }
 
 Stats receive(Store& store, Channel& in, const ReceiveOptions& options) {
-  RecordReader rd(in);
-  return receive_stream(store, rd, options, 0);
+  try {
+    RecordReader rd(in);
+    return receive_stream(store, rd, options, 0);
+  } catch (...) {
+    in.abandon();  // the putter's next put() fails instead of waiting for a reader that is gone
+    throw;
+  }
 }
 
 }  // namespace dvr::transfer

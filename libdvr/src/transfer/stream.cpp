@@ -241,12 +241,13 @@ Channel::Channel(std::size_t limit) : s_(std::make_unique<State>(std::max<std::s
 Channel::~Channel() = default;
 
 void Channel::put(std::string&& bytes) {
-  if (bytes.empty()) return;
   std::unique_lock<std::mutex> lk(s_->mu);
-  s_->can_put.wait(lk, [&] { return s_->abandoned || s_->queued < s_->limit; });
+  s_->can_put.wait(lk, [&] { return s_->abandoned || bytes.empty() || s_->queued < s_->limit; });
   if (s_->abandoned) throw Error(Errc::io, "the receiving end stopped reading the stream (see its error message)");
-  s_->queued += bytes.size();
-  s_->queue.push_back(std::move(bytes));
+  if (bytes.empty()) return;
+  const std::size_t n = bytes.size();
+  s_->queue.push_back(std::move(bytes));  // first: if it throws, nothing was counted
+  s_->queued += n;
   lk.unlock();
   s_->can_take.notify_one();
 }
@@ -273,7 +274,7 @@ bool Channel::take(std::string& out, bool wait) {
   std::unique_lock<std::mutex> lk(s_->mu);
   s_->returned.give(std::move(out));
   out = std::string();
-  if (wait) s_->can_take.wait(lk, [&] { return !s_->queue.empty() || s_->closed; });
+  if (wait) s_->can_take.wait(lk, [&] { return !s_->queue.empty() || s_->closed || s_->abandoned; });
   if (s_->queue.empty()) return false;
   out = std::move(s_->queue.front());
   s_->queue.pop_front();
@@ -441,7 +442,7 @@ void RecordWriter::put(std::vector<std::string>& batch) {
       continue;
     }
     if (!gather.empty() && gather.size() + r.size() > kGatherBytes) hand_over();
-    if (gather.capacity() == 0) {
+    if (gather.capacity() < BufferPool::kSmall) {  // new, or handed over (a moved-from string keeps a little capacity)
       gather = ch.reuse();
       gather.clear();
       gather.reserve(kGatherBytes);
@@ -468,7 +469,10 @@ detail::Writer RecordWriter::begin(std::size_t payload) {
     std::lock_guard<std::mutex> g(sh_->mu);
     buf = sh_->pool.take();
   }
-  if (buf.capacity() == 0 && to_.channel) buf = to_.channel->reuse();  // a buffer that went through the channel
+  // A buffer that went through the channel (the writer's own pool is empty
+  // when its records are moved into a channel; an empty string still has a
+  // little capacity).
+  if (buf.capacity() < BufferPool::kSmall && to_.channel) buf = to_.channel->reuse();
   buf.clear();
   // Room for the head, the payload and the checksum: end() appending the
   // checksum to a buffer filled to its capacity would copy the whole record
