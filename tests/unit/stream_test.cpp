@@ -692,6 +692,14 @@ TEST_CASE("stream: a Channel holds its putter while full, and a taker that aband
     CHECK_FALSE(ch.take(got, false));
     CHECK(ch.ended());
   }
+  SECTION("after its taker abandons it, take returns at once and every put throws") {
+    transfer::Channel ch;
+    ch.abandon();
+    std::string got;
+    CHECK_FALSE(ch.take(got));  // would wait for a putter otherwise
+    CHECK_THROWS_AS(ch.put(std::string()), dvr::Error);
+    CHECK_THROWS_AS(ch.put("x"), dvr::Error);
+  }
   SECTION("a send whose taker abandons the channel is io, and says why") {
     Pair t;
     transfer::Channel ch(64 << 10);
@@ -706,4 +714,93 @@ TEST_CASE("stream: a Channel holds its putter while full, and a taker that aband
     CHECK(c.code == Errc::io);
     CHECK_THAT(c.what, Catch::Contains("stopped reading"));
   }
+}
+
+namespace {
+// An 8 MiB snapshot of noise, "big/one", in `store`.
+void big_snapshot(Store& store) {
+  Session s(store, "big");
+  auto& r = s.alloc("owned", 8u << 20);
+  auto bytes = dvrtest::random_bytes(r.size(), 31);
+  std::memcpy(r.data(), bytes.data(), bytes.size());
+  s.snapshot("one");
+}
+}  // namespace
+
+TEST_CASE("stream: a send into a Channel writes its next records into the buffers its taker gave back", "[stream][channel]") {
+  Pair t;
+  big_snapshot(t.a);
+  transfer::Channel ch;
+  // A buffer given back before the send starts: it lives in the channel
+  // until the sender takes it, so its address can show up in what is taken
+  // only if the sender wrote records into it.
+  std::string marked;
+  marked.reserve(1u << 20);
+  const char* const mark = marked.data();
+  ch.give_back(std::move(marked));
+  std::exception_ptr error;
+  std::thread sender([&] {
+    try {
+      transfer::send(t.a, "big/one", ch, {.level = 0});
+    } catch (...) {
+      error = std::current_exception();
+    }
+    ch.close();
+  });
+  std::set<const char*> seen;
+  std::size_t taken = 0, again = 0;
+  bool mark_used = false;
+  std::string stream;
+  for (std::string buf; ch.take(buf);) {  // each take() gives the previous buffer back
+    stream += buf;
+    ++taken;
+    mark_used = mark_used || buf.data() == mark;
+    if (!seen.insert(buf.data()).second) ++again;
+  }
+  sender.join();
+  if (error) std::rethrow_exception(error);
+  INFO(taken << " buffers taken, " << again << " of them at an address taken before");
+  CHECK(mark_used);
+  Store c = Store::open(t.dir / "c");
+  receive_from_channel(c, stream, {1 << 20});
+  std::vector<unsigned char> live(8u << 20, 0);
+  Session back(c, "big");
+  back.track("owned", live.data(), live.size());
+  back.restore("one");
+  CHECK(live == dvrtest::random_bytes(live.size(), 31));
+}
+
+TEST_CASE("stream: a receive from a Channel that fails abandons it, so its sender stops instead of waiting", "[stream][channel]") {
+  Pair t;
+  big_snapshot(t.a);
+  receive_bytes(t.b, stream_of(t.a, "big/one", {.level = 0}));
+  // Again into the same store: already_exists at the stream's first item,
+  // with most of the 8 MiB still to come.
+  transfer::Channel ch(64u << 10);
+  std::atomic<bool> sender_done{false};
+  std::exception_ptr send_error;
+  std::thread sender([&] {
+    try {
+      transfer::send(t.a, "big/one", ch, {.level = 0});
+    } catch (...) {
+      send_error = std::current_exception();
+    }
+    ch.close();
+    sender_done = true;
+  });
+  auto c = catch_error([&] { transfer::receive(t.b, ch); });
+  CHECK(c.code == Errc::already_exists);
+  CHECK(ch.abandoned());
+  // The sender's next put fails: it ends on its own (were it left waiting,
+  // this would abandon it after 20 s and fail).
+  for (int i = 0; i < 2000 && !sender_done; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const bool ended_on_its_own = sender_done.load();
+  if (!ended_on_its_own) ch.abandon();
+  sender.join();
+  CHECK(ended_on_its_own);
+  REQUIRE(send_error);
+  auto e = catch_error([&] { std::rethrow_exception(send_error); });
+  CHECK(e.code == Errc::io);
+  CHECK_THAT(e.what, Catch::Contains("stopped reading"));
 }
