@@ -25,8 +25,9 @@ constexpr std::uint64_t kScanWpMatching = 1ull << 0;                // PM_SCAN_W
 constexpr std::uint64_t kScanCheckWpAsync = 1ull << 1;              // PM_SCAN_CHECK_WPASYNC
 
 /// The parts of [start, end) of this process whose pages have a page-table
-/// entry (PAGE_IS_PRESENT), ascending and merged, appended to `out`. false
-/// when the kernel cannot tell (before 6.7): then nothing is known.
+/// entry (PAGE_IS_PRESENT), ascending and merged, appended to `out`. `start`
+/// must be page-aligned (`end` is rounded up). false when the kernel cannot
+/// tell (before 6.7, or a bad range): then nothing is known.
 bool present_ranges(std::uintptr_t start, std::uintptr_t end, std::vector<std::pair<std::uintptr_t, std::uintptr_t>>& out);
 
 }  // namespace dvr::detail

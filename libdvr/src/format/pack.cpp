@@ -778,14 +778,15 @@ const char* Packs::mapped(std::uint32_t pack, std::uint64_t offset, std::uint64_
   return it->second.addr() + offset;
 }
 
-bool Packs::copy_mapped(std::uint32_t pack, std::uint64_t offset, char* out, std::uint64_t length) const {
+void Packs::copy_mapped(std::uint32_t pack, std::uint64_t offset, char* out, std::uint64_t length) const {
   auto it = reads_.find(pack);
-  if (it == reads_.end() || offset < it->second.start || offset > it->second.size() || length > it->second.size() - offset) return false;
+  if (it == reads_.end() || offset < it->second.start || offset > it->second.size() || length > it->second.size() - offset)
+    throw Error(Errc::corrupt, "pack file " + path_of(pack) + ": bytes " + std::to_string(offset) + "+" + std::to_string(length) +
+                                   " are not in its mapping (the file changed while in use); run `dvr verify`");
   const int fd = it->second.fd.get();
   int err = 0;
   const std::uint64_t done = read_at_most(fd, out, length, offset, err);
   if (done < length) throw pread_failed(pack, fd, offset + done, err);
-  return true;
 }
 
 bool byte_persistent(int fd, const std::string& file) {

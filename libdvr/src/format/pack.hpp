@@ -143,10 +143,11 @@ class Packs {
   /// Like read(), but only looks at existing mappings and never throws:
   /// nullptr when the pack is not mapped or the range is out of bounds.
   const char* mapped(std::uint32_t pack, std::uint64_t offset, std::uint64_t length) const;
-  /// copy() for a pack mapped already, from any thread (as mapped()): false
-  /// when the pack is not mapped or the range is out of bounds; a short file
-  /// or a failing medium throws as copy() does.
-  bool copy_mapped(std::uint32_t pack, std::uint64_t offset, char* out, std::uint64_t length) const;
+  /// copy() for a pack mapped already, from any thread (as mapped()). Its
+  /// callers found the range with mapped(); should it not be mapped (or out
+  /// of bounds) after all, corrupt. A short file or a failing medium throws
+  /// as copy() does.
+  void copy_mapped(std::uint32_t pack, std::uint64_t offset, char* out, std::uint64_t length) const;
 
   /// Forgets mappings of files that were deleted, replaced or resized.
   void refresh_mappings();

@@ -1232,9 +1232,11 @@ void Session::restore(const std::string& name, const RestoreOptions& options) {
   detail::ProgressMeter meter(options.progress, 2 * copy_bytes);
   map_sources(reader.packs(), m, plan, ref);
   const ColdPages cold(reader.packs(), m, plan, !state_->restored);
-  state_->restored = true;
   check_restore(threads, reader.packs(), m, plan, cold, ref, meter);
   if (meter.stopped()) throw Error(Errc::cancelled, "restore of '" + ref + "' stopped by its progress callback; live memory was not changed");
+  // A restore refused or cancelled before this point leaves the next one
+  // the session's first (ColdPages).
+  state_->restored = true;
   // From here on live memory changes; the tracker is re-armed at the end.
   // A progress callback that throws now is rethrown once memory is whole.
   meter.defer();
