@@ -198,18 +198,12 @@ void StoreImpl::index_published(const std::string& file, const Manifest& m) {
 }
 
 void StoreImpl::release_retired() {
-  if (retired_.empty()) return;
-  bool free_now = data_exclusive_;
-  if (!free_now && data_locks_ == 0 && owner_pid_ == ::getpid()) {
-    // Without waiting: a reader holding the shared lock now may have loaded
-    // a replaced version before its rename. One that took the lock later
-    // read the new version.
-    if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) == 0) {
-      free_now = true;
-      ::flock(lock_fd_.get(), LOCK_UN);
-    }
-  }
-  if (!free_now) return;
+  // Without waiting: a reader holding the shared lock now may have loaded a
+  // replaced version before its rename; one that took the lock later read
+  // the new version. (The writers' Lock of the batch reopened lock_fd_ in a
+  // forked child, so it is this process's own.)
+  if (retired_.empty() || owner_pid_ != ::getpid() || ::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) return;
+  ::flock(lock_fd_.get(), LOCK_UN);
   for (auto& refs : retired_)
     drop_refs(refs);
   retired_.clear();

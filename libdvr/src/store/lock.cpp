@@ -25,14 +25,7 @@
 
 namespace dvr::detail {
 
-StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : s_(&s), kind_(kind), fd_(-1) {
-  // Counted once held (release_retired() must know whether this handle holds
-  // the data lock: an flock of the same open file would convert it).
-  auto held = [&] {
-    if (kind != Kind::data) return;
-    ++s.data_locks_;
-    s.data_exclusive_ = s.data_exclusive_ || exclusive;
-  };
+StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : fd_(-1) {
   if (s.owner_pid_ != ::getpid()) {
     // A forked child shares its parent's open lock files, and flock() locks
     // belong to the open file: parent and child would both hold them
@@ -54,10 +47,7 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : s_(&s), k
   fd_ = kind == Kind::writers ? s.writers_fd_.get() : s.lock_fd_.get();
   const int mode = exclusive ? LOCK_EX : LOCK_SH;
   const char* which = kind == Kind::writers ? "writers' lock" : "lock";
-  if (::flock(fd_, mode | LOCK_NB) == 0) {
-    held();
-    return;
-  }
+  if (::flock(fd_, mode | LOCK_NB) == 0) return;
   if (errno != EWOULDBLOCK && errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
   const auto t0 = std::chrono::steady_clock::now();
   auto waited = [&] { return std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + " s"; };
@@ -80,19 +70,14 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : s_(&s), k
       ::usleep(2000);
     }
     DVR_LOG(info, std::string("store ") + s.path + ": got its " + which + " after " + waited());
-    held();
     return;
   }
   while (::flock(fd_, mode) != 0) {
     if (errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
   }
   DVR_LOG(info, std::string("store ") + s.path + ": got its " + which + " after " + waited());
-  held();
 }
 
-StoreImpl::Lock::~Lock() {
-  ::flock(fd_, LOCK_UN);
-  if (kind_ == Kind::data && --s_->data_locks_ == 0) s_->data_exclusive_ = false;
-}
+StoreImpl::Lock::~Lock() { ::flock(fd_, LOCK_UN); }
 
 }  // namespace dvr::detail

@@ -207,7 +207,9 @@ class StoreImpl {
   void forget_indexed(const std::string& file);
   /// Gives back the space of replaced manifests (see retired_) once no
   /// reader can still use it: when the exclusive `lock` can be had without
-  /// waiting, or this handle holds it. Called as a WriteBatch begins.
+  /// waiting. Called as a WriteBatch begins, under `mu`: this handle holds
+  /// no data lock then (every one is taken under `mu`), so the try cannot
+  /// convert a lock of its own.
   void release_retired();
 
   /// flock on one of the store's lock files (docs/format.md, "Locks").
@@ -225,8 +227,6 @@ class StoreImpl {
     Lock& operator=(const Lock&) = delete;
 
    private:
-    const StoreImpl* s_;
-    Kind kind_;
     int fd_;
   };
 
@@ -272,8 +272,6 @@ class StoreImpl {
   mutable Fd writers_fd_;                                                  // writers.lock, opened on first use
   mutable pid_t owner_pid_ = 0;                                            // process that opened lock_fd_
   mutable bool forked_ = false;                                            // used from a forked child: re-read everything
-  mutable int data_locks_ = 0;                                             // Lock(Kind::data) held by this handle now
-  mutable bool data_exclusive_ = false;                                    // ... and one of them exclusive
   std::unordered_map<Hash128, ChunkRef, Hash128Hasher> index_;             // hash -> a live location
   FlatMap<Live> uses_;                                                     // location_key(pack, offset) -> use
   LiveSpace live_{kPackHeaderSize};                                        // pack space in use (page-rounded), gaps by size
