@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <stdexcept>
@@ -123,7 +124,10 @@ inline std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+/// A number as JSON: 6 significant digits; null for infinity and NaN,
+/// which JSON cannot spell ("inf" would make the whole line unreadable).
 inline std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
