@@ -21,6 +21,9 @@
 //            the partner copies, that rank and why; the checkpoint stays
 //            committed; without that base the next copy travels whole and
 //            restores after the sender's store is lost.
+//   prepare  a rank that lacks its part and cannot open its store for the
+//            exchange still takes part in it: every rank throws (none
+//            hangs), and restore_latest() succeeds once the store opens.
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
 #endif
@@ -245,6 +248,54 @@ void mode_partner(const std::string& root) {
   check(std::memcmp(j.data, want.data(), kData) == 0, "p3 restored other bytes");
 }
 
+// Rank 1 lacks its part of `first` and cannot open its store again for the
+// exchange (its lock file is a directory for a while): it still takes part
+// in the exchange, so every rank throws one error naming rank 1's store and
+// none waits for ever; once the store opens again, restore_latest() brings
+// the part back from the partner with the same bytes (no message of the
+// failed exchange is left over to be taken for this one's).
+void mode_prepare(const std::string& root) {
+  std::vector<char> want(kData);
+  {
+    Job j(root);
+    fill(j.data, kData, 41 + static_cast<std::uint64_t>(rank));
+    std::memcpy(want.data(), j.data, kData);
+    j.s->snapshot("first");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 1) dvr::Store::open(node(root, 1)).remove("t", "first");
+  MPI_Barrier(MPI_COMM_WORLD);
+  Job j(root);
+  const std::string lock = node(root, 1) + "/lock";
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 1) {
+    check(std::rename(lock.c_str(), (lock + ".aside").c_str()) == 0, "cannot move " + lock + " aside");
+    std::filesystem::create_directory(lock);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::memset(j.data, 0x5a, kData);
+  bool threw = false;
+  try {
+    j.s->restore_latest();
+  } catch (const dvr::Error& e) {
+    threw = true;
+    const std::string m = e.what();
+    check(m.find("could not be brought back from partners") != std::string::npos, "unexpected message: " + m);
+    check(m.find("rank 1: ") != std::string::npos && m.find(lock) != std::string::npos,
+          "the message does not name rank 1's lock file " + lock + ": " + m);
+  }
+  check(threw, "restore_latest() did not throw while rank 1 could not open its store");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 1) {
+    std::filesystem::remove(lock);
+    check(std::rename((lock + ".aside").c_str(), lock.c_str()) == 0, "cannot move " + lock + " back");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto got = j.s->restore_latest();
+  check(got && *got == "first", "restore_latest() after the store opened again gave " + (got ? *got : std::string("nothing")));
+  check(std::memcmp(j.data, want.data(), kData) == 0, "the restored region 'data' differs from the checkpoint");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -252,7 +303,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (argc != 3 || size != 4) {
-    if (rank == 0) std::fprintf(stderr, "usage: mpirun -np 4 dvr-test-mpi-first exact|fail|partner ROOT\n");
+    if (rank == 0) std::fprintf(stderr, "usage: mpirun -np 4 dvr-test-mpi-first exact|fail|partner|prepare ROOT\n");
     MPI_Finalize();
     return 2;
   }
@@ -264,6 +315,8 @@ int main(int argc, char** argv) {
       mode_fail(root);
     else if (mode == "partner")
       mode_partner(root);
+    else if (mode == "prepare")
+      mode_prepare(root);
     else
       fail("unknown mode " + mode);
   } catch (const std::exception& e) {

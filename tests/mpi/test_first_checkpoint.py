@@ -11,6 +11,9 @@ prints "ok MODE" (a failed check aborts the job with its message):
   partner  a partner whose base differs from the sender's cannot take the
            stream: every rank throws an error naming it and why, the
            checkpoint stays committed, the next copy travels whole
+  prepare  a rank lacking its part whose store cannot be opened again still
+           joins restore_latest()'s exchange: every rank throws, none hangs,
+           and the next restore_latest() brings the part back
 """
 
 import pytest
@@ -23,7 +26,7 @@ def first_bin():
     return binary("DVR_MPI_FIRST")
 
 
-@pytest.mark.parametrize("mode", ["exact", "fail", "partner"])
+@pytest.mark.parametrize("mode", ["exact", "fail", "partner", "prepare"])
 def test_first_checkpoint(mpirun, first_bin, tmp_path, mode):
     proc = mpirun([first_bin, mode, tmp_path / "root"])
     assert f"ok {mode}" in proc.stdout, describe(proc)
