@@ -9,7 +9,8 @@ Every line of stdout is a JSON object with name, value, unit, peer, peer_value
 and ratio; value and peer_value are numbers of the same unit; and ratio says
 how many times better ours is than the peer (above 1: ours is better):
 peer_value / value for costs (units s, B), value / peer_value for rates (units
-op/s, GB/s, B/s). A figure without a peer has peer_value and ratio null.
+op/s, GB/s, B/s). A figure without a peer has peer_value and ratio null; a
+ratio that would divide by 0 is null next to its peer_value.
 Exits with the benchmark's status when the output conforms (77, skipped, too),
 1 when a line does not, naming the line and what is wrong.
 """
@@ -41,7 +42,12 @@ def problems(line):
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return [f"value {value!r} is not a number"]
     if peer_value is None or ratio is None:
-        return [] if peer_value is None and ratio is None else ["peer_value and ratio must both be null or both numbers"]
+        if peer_value is None and ratio is None:
+            return []
+        undefined = unit in COSTS and value == 0 or unit in RATES and peer_value == 0
+        if ratio is None and isinstance(peer_value, (int, float)) and undefined:
+            return []  # the division has no finite result: null, as JSON has no infinity
+        return ["peer_value and ratio must both be null or both numbers (ratio alone null only where it divides by 0)"]
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (peer_value, ratio)):
         return ["peer_value or ratio is not a number"]
     if value == 0 or peer_value == 0:
