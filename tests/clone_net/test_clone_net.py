@@ -309,7 +309,7 @@ def test_a_clone_criu_cannot_restore_leaves_nothing_behind(work):
         proc = work.dvr("proc", "clone", "redis", "--net", "new", expect=None)
         assert proc.returncode != 0, describe(proc)
         assert re.search(r"CRIU could not restore", proc.stderr) and re.search(r"Can't bind inet socket|Cannot assign", proc.stderr), describe(proc)
-        assert wait_until(lambda: dvr_links() == links, timeout=5), f"a failed clone left {dvr_links() - links}"
+        assert wait_until(lambda: dvr_links() == links, timeout=30), f"a failed clone left {dvr_links() - links}"
         work.assert_nothing_new_running(before, "a failed clone")
         assert net_namespaces() <= netns, "a failed clone left a network namespace in use"
         assert sock_identity(server.sock) == sock

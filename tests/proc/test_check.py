@@ -63,7 +63,9 @@ def test_check_reports_every_capability_and_probes_tcp(work, tmp_path):
     # Root on Linux may write a stopped process's memory: restores fill it.
     assert lines["page fill"][0] == "ok" and "process_vm_writev" in lines["page fill"][1], describe(proc)
     assert proc.stdout.rstrip().endswith("ready: processes can be dumped and restored"), describe(proc)
-    assert took < 20, f"dvr proc check took {took:.1f} s"
+    # A guard against a probe that waits for something that never comes (each
+    # probe takes a second or two), not a speed figure: loaded machines are slow.
+    assert took < 90, f"dvr proc check took {took:.1f} s"
 
     report = work.dvr_json("proc", "check", env=env)
     assert report["ok"] is True and report["problems"] == [], report

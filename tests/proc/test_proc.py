@@ -617,14 +617,14 @@ def test_dump_does_not_hang_when_the_job_is_inside_a_snapshot(work):
     os.mkfifo(fifo, 0o600)
     os.kill(job.pid, signal.SIGHUP)  # the job snapshots its session; blocks holding the store lock
     try:
-        proc = work.dvr("proc", "dump", job.pid, "--name", "x", "--leave-running", expect=None, timeout=10)
+        proc = work.dvr("proc", "dump", job.pid, "--name", "x", "--leave-running", expect=None, timeout=45)
         hung = False
     except subprocess.TimeoutExpired:
         hung = True
     finally:
         fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # let the job go on
         os.close(fd)
-    assert not hung, "`dvr proc dump` did not return within 10 s: the plugin waits for the store lock the frozen job holds"
+    assert not hung, "`dvr proc dump` did not return within 45 s (the plugin gives up on the lock after 5 s): it waits for the store lock the frozen job holds"
     assert alive(job.pid), proc.stderr
 
 

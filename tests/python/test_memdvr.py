@@ -386,34 +386,46 @@ def test_hash_tracking(store):
 def test_gil_released_during_snapshot(session):
     n = (256 << 20) // 4  # 256 MiB of float32
     a = session.array("big", n, np.float32)
-    a[:] = 1.5  # not all-zero chunks: every chunk is hashed and written
-    a[::1024] = np.arange(n // 1024, dtype=np.float32)
-    stamps = []
-    stop = threading.Event()
 
-    def spin():
-        while not stop.is_set():
-            stamps.append(time.perf_counter())
+    def one_try(k):
+        """A snapshot of all-new data while a thread counts: (its length, the
+        longest gap in the thread's counting during it)."""
+        a[:] = 1.5 + k  # not all-zero chunks: every chunk is hashed and written
+        a[::1024] = np.arange(n // 1024, dtype=np.float32)
+        stamps = []
+        stop = threading.Event()
 
-    t = threading.Thread(target=spin)
-    t.start()
-    try:
-        while not stamps:
-            time.sleep(0.001)
-        t0 = time.perf_counter()
-        session.snapshot("big")
-        t1 = time.perf_counter()
-    finally:
-        stop.set()
-        t.join()
+        def spin():
+            while not stop.is_set():
+                stamps.append(time.perf_counter())
+
+        t = threading.Thread(target=spin)
+        t.start()
+        try:
+            while not stamps:
+                time.sleep(0.001)
+            t0 = time.perf_counter()
+            session.snapshot(f"big-{k}")
+            t1 = time.perf_counter()
+        finally:
+            stop.set()
+            t.join()
+        inside = [t0] + [x for x in stamps if t0 <= x <= t1] + [t1]
+        return t1 - t0, max(b - a for a, b in zip(inside, inside[1:]))
+
     # Holding the GIL, the snapshot would keep the thread from running for its
     # whole duration (at most one switch interval, 5 ms, at either end); with
     # the GIL released the thread keeps counting: no gap anywhere near as long.
-    d = t1 - t0
-    assert d > 0.03, f"snapshot too fast ({d:.3f} s) to tell"
-    inside = [t0] + [x for x in stamps if t0 <= x <= t1] + [t1]
-    gap = max(b - a for a, b in zip(inside, inside[1:]))
-    assert gap < d / 3, (d, gap, len(inside))
+    # A loaded machine can stop the thread for a while anyway (other tests,
+    # reclaim): one try of three must show it, and a held GIL fails all three.
+    tries = []
+    for k in range(3):
+        d, gap = one_try(k)
+        tries.append((round(d, 4), round(gap, 4)))
+        assert d > 0.03, f"snapshot too fast ({d:.3f} s) to tell"
+        if gap < d / 3:
+            return
+    raise AssertionError(f"the counting thread stopped for a third of every snapshot or more: (length, gap) {tries}")
 
 
 def test_background_snapshot_is_the_array_at_the_call(session):

@@ -51,6 +51,11 @@ struct Hammer {
           writes.fetch_add(1, std::memory_order_relaxed);
         }
       });
+    // Started: at least one write landed (on a loaded machine the threads
+    // could otherwise get no CPU before the snapshot ends, writing nothing).
+    for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+         writes.load() == 0 && std::chrono::steady_clock::now() < deadline;)
+      std::this_thread::yield();
   }
   ~Hammer() { finish(); }
   void finish() {

@@ -114,12 +114,14 @@ TEST_CASE("autosave: due only after the period, keeps the newest N, never remove
   CHECK_FALSE(s.checkpoint_point().has_value());  // off by default
   CHECK(dvrtest::catch_error([&] { s.autosave(10ms, 0); }).code == Errc::invalid_argument);
   s.snapshot("named-before");
-  s.autosave(30ms, 2);
+  // A period long enough that a loaded machine's pauses do not make an
+  // autosave due early (the "not due" checks below), short enough to wait.
+  s.autosave(400ms, 2);
   CHECK_FALSE(s.checkpoint_point().has_value());  // not due yet
   std::vector<std::string> taken;
   for (int i = 0; i < 4; ++i) {
     d[static_cast<std::size_t>(i)] ^= 1;
-    std::this_thread::sleep_for(35ms);
+    std::this_thread::sleep_for(420ms);
     auto a = s.checkpoint_point();
     REQUIRE(a.has_value());
     CHECK(a->label == "autosave");

@@ -5,12 +5,16 @@
 // "Stream format"); round trips and damaged streams are in stream_test.cpp.
 #include <atomic>
 #include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <fstream>
@@ -245,6 +249,17 @@ TEST_CASE("transfer: a writer waits while a stream arrives, and the received sna
   std::string other_error;
   auto other_data = dvrtest::random_bytes(size, 99);
   auto st = receive_with_hook(b, delta, [&] {
+    // The receiver holds the writers' lock by now, unless a loaded machine
+    // kept it from running: wait until it does (a probe that cannot take it).
+    const std::string writers = dir / "b/writers.lock";
+    bool held = false;
+    for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30); !held && std::chrono::steady_clock::now() < deadline;) {
+      int fd = ::open(writers.c_str(), O_RDWR | O_CLOEXEC);
+      held = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+      if (fd >= 0) ::close(fd);  // (a probe that took the lock lets it go)
+      if (!held) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!held) throw std::runtime_error("the receiver did not take the writers' lock " + writers + " within 30 s");
     other = std::thread([&] {
       try {
         Store b2 = Store::open(dir / "b");
