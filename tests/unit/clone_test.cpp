@@ -13,22 +13,7 @@
 using namespace dvr;
 using dvrtest::TempDir;
 
-namespace {
-// Private (copy-on-write or anonymous) memory of this process, in bytes.
-std::uint64_t rss_anon() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  std::uint64_t kb = 0;
-  while (in >> key) {
-    if (key == "RssAnon:") {
-      in >> kb;
-      return kb * 1024;
-    }
-    in.ignore(1 << 10, '\n');
-  }
-  return 0;
-}
-}  // namespace
+using dvrtest::rss_anon;
 
 TEST_CASE("clone: shows the snapshot, keeps its writes private, several at once", "[clone]") {
   TempDir dir;

@@ -458,16 +458,8 @@ TEST_CASE("progress: a process dump and its restore report through CRIU, on the 
   const pid_t pid = dvr::proc::run({"/usr/bin/python3", "-c", "import time; b = bytearray(32 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\ntime.sleep(600)"});
   // Until its memory is written (RssAnon of 32 MiB: the array, most of it,
   // and the interpreter's own), however slowly a loaded machine starts it.
-  auto rss_anon_kib = [&] {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-    std::string key;
-    std::uint64_t kib = 0;
-    while (in >> key)
-      if (key == "RssAnon:" && in >> kib) return kib;
-    return std::uint64_t{0};
-  };
   for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-       rss_anon_kib() < (32u << 10) && std::chrono::steady_clock::now() < deadline;)
+       dvrtest::rss_anon(pid) < (32u << 20) && std::chrono::steady_clock::now() < deadline;)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   Recorder dumped;
   dvr::proc::DumpOptions o;

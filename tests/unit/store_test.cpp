@@ -3,9 +3,6 @@
 #include <linux/magic.h>
 #include <sys/statfs.h>
 
-#include <thread>
-
-#include "dvr/transfer.hpp"
 #include "test_support.hpp"
 
 using dvr::Errc;
@@ -347,14 +344,7 @@ TEST_CASE("store: a snapshot replaced while another Store object reads it keeps 
   Store writer = Store::open(dir.store());
   dvr::transfer::Channel ch(64 << 10);
   std::exception_ptr send_error;
-  std::thread sender([&] {
-    try {
-      dvr::transfer::send(reader, "s/a", ch);
-    } catch (...) {
-      send_error = std::current_exception();
-    }
-    ch.close();
-  });
+  std::thread sender = dvrtest::send_on_thread(reader, "s/a", ch, send_error);
   std::string head;
   REQUIRE(ch.take(head));  // the sender has begun: it holds the lock and read "a"'s manifest
   std::string stream = head;

@@ -725,20 +725,6 @@ void big_snapshot(Store& store) {
   std::memcpy(r.data(), bytes.data(), bytes.size());
   s.snapshot("one");
 }
-// Sends `ref` into `ch` on a thread of its own (level 0), which closes the
-// channel when done; its exception lands in `error`, and `done` is set last.
-std::thread send_on_thread(const Store& store, const std::string& ref, transfer::Channel& ch, std::exception_ptr& error,
-                           std::atomic<bool>* done = nullptr) {
-  return std::thread([&store, ref, &ch, &error, done] {
-    try {
-      transfer::send(store, ref, ch, {.level = 0});
-    } catch (...) {
-      error = std::current_exception();
-    }
-    ch.close();
-    if (done) *done = true;
-  });
-}
 }  // namespace
 
 TEST_CASE("stream: a send into a Channel writes its next records into the buffers its taker gave back", "[stream][channel]") {
@@ -753,7 +739,7 @@ TEST_CASE("stream: a send into a Channel writes its next records into the buffer
   const char* const mark = marked.data();
   ch.give_back(std::move(marked));
   std::exception_ptr error;
-  std::thread sender = send_on_thread(t.a, "big/one", ch, error);
+  std::thread sender = dvrtest::send_on_thread(t.a, "big/one", ch, error);
   std::set<const char*> seen;
   std::size_t taken = 0, again = 0;
   bool mark_used = false;
@@ -786,7 +772,7 @@ TEST_CASE("stream: a receive from a Channel that fails abandons it, so its sende
   transfer::Channel ch(64u << 10);
   std::atomic<bool> sender_done{false};
   std::exception_ptr send_error;
-  std::thread sender = send_on_thread(t.a, "big/one", ch, send_error, &sender_done);
+  std::thread sender = dvrtest::send_on_thread(t.a, "big/one", ch, send_error, &sender_done);
   auto c = catch_error([&] { transfer::receive(t.b, ch); });
   CHECK(c.code == Errc::already_exists);
   CHECK(ch.abandoned());

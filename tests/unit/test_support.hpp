@@ -13,10 +13,12 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -27,12 +29,14 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <typeinfo>
 #include <vector>
 
 #include "base/hash.hpp"
 #include "base/os.hpp"
 #include "dvr/dvr.hpp"
+#include "dvr/transfer.hpp"
 
 namespace Catch {
 template <>
@@ -373,6 +377,37 @@ inline std::string no_write_protect_why(const dvr::Session& s) {
   if (!note.empty()) return note;
   const char* env = std::getenv("DVR_TRACKING");
   return env && std::string(env) == "hash" ? "DVR_TRACKING=hash is set" : "hash tracking was asked for";
+}
+
+/// Private (copy-on-write or anonymous) memory of process `pid` (0: this
+/// one), in bytes: RssAnon of /proc/PID/status; 0 when it cannot be read.
+inline std::uint64_t rss_anon(pid_t pid = 0) {
+  std::ifstream in(pid ? "/proc/" + std::to_string(pid) + "/status" : std::string("/proc/self/status"));
+  std::string key;
+  std::uint64_t kb = 0;
+  while (in >> key) {
+    if (key == "RssAnon:") {
+      in >> kb;
+      return kb * 1024;
+    }
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+/// Sends `ref` into `ch` on a thread of its own (level 0), which closes the
+/// channel when done; its exception lands in `error`, and `done` is set last.
+inline std::thread send_on_thread(const dvr::Store& store, const std::string& ref, dvr::transfer::Channel& ch, std::exception_ptr& error,
+                                  std::atomic<bool>* done = nullptr) {
+  return std::thread([&store, ref, &ch, &error, done] {
+    try {
+      dvr::transfer::send(store, ref, ch, {.level = 0});
+    } catch (...) {
+      error = std::current_exception();
+    }
+    ch.close();
+    if (done) *done = true;
+  });
 }
 
 /// A heap buffer deliberately misaligned by `skew` bytes from malloc's alignment.
