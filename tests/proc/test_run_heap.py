@@ -983,3 +983,36 @@ def test_exec_after_a_seal_leaves_the_sealed_heap_to_its_snapshot(work, probe_bi
     pid = work.restore("before")
     assert read_memory(pid, a[0], a[1]) == pattern("BEFORE-EXEC", a[1])
     assert p.heap.stat().st_ino == sealed_ino and heap_mode(pid, p.heap) == "rw-p"
+
+
+def test_a_store_given_as_a_relative_path_dumps_restores_and_clones(work, probe_bin):
+    """`--store` relative to the working directory: CRIU and its plugin run
+    elsewhere, so every path dvr hands them must be absolute (a relative store
+    once made `proc restore` fail on CRIU's pidfile)."""
+    def dvr_here(*args):
+        return run([work.dvr_bin, "--store", "store", *args], expect=0, timeout=180, cwd=work.root)
+
+    assert work.store == work.root / "store"
+    output = work.path("rel.out")
+    ctl = work.path("ctl-rel")
+    ctl.mkdir()
+    proc = dvr_here("run", "--heap", "256M", "--heap-session", "rel", "--output", output, "--",
+                    probe_bin, "hold", ctl, "32")
+    pid = int(proc.stdout.strip())
+    work.pids.add(pid)
+    heap = heap_file(work, "rel")
+    assert str(heap) in proc.stderr, f"dvr run names the heap by its absolute path:\n{describe(proc)}"
+    assert wait_until(lambda: "idle" in output.read_text(), timeout=60), output.read_text()
+    data = [int(v, 0) for v in next(l for l in output.read_text().splitlines() if l.startswith("region data ")).split()[2:4]]
+    expected = read_memory(pid, data[0], data[1])
+
+    dvr_here("proc", "dump", pid, "--name", "rel1")
+    assert wait_gone(pid)
+    restored = int(dvr_here("proc", "restore", "rel1", "--detach").stdout.strip())
+    work.pids.add(restored)
+    assert read_memory(restored, data[0], data[1]) == expected, "the restored program's heap differs from the dump's"
+    clone = int(dvr_here("proc", "clone", "rel1").stdout.strip())
+    work.pids.add(clone)
+    assert read_memory(clone, data[0], data[1]) == expected, "the clone's heap differs from the dump's"
+    assert alive(restored) and alive(clone)
+    dvr_here("verify")

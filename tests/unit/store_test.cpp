@@ -3,6 +3,8 @@
 #include <linux/magic.h>
 #include <sys/statfs.h>
 
+#include <filesystem>
+
 #include "test_support.hpp"
 
 using dvr::Errc;
@@ -96,6 +98,29 @@ TEST_CASE("store: an empty existing directory becomes a store, and a trailing sl
   CHECK(a.path() == dir.store());
   Store b = Store::open(dir.store());
   CHECK(b.chunk_size() == a.chunk_size());
+}
+
+TEST_CASE("store: a relative path is made absolute from the working directory at open", "[store]") {
+  TempDir dir;
+  struct Cwd {  // back to where the test was, however it ends
+    std::string old = std::filesystem::current_path().string();
+    ~Cwd() { std::filesystem::current_path(old); }
+  } cwd;
+  std::filesystem::current_path(dir.path());
+  auto data = dvrtest::random_bytes(5000, 4);
+  std::string path;
+  {
+    Store a = Store::open("store//");
+    path = a.path();
+    Session s(a, "s");
+    s.track("r", data.data(), data.size());
+    s.snapshot("one");
+  }
+  std::filesystem::current_path("/");
+  CHECK(path == dir.store());  // what CRIU, its plugin and the heap shim can open from anywhere
+  Store b = Store::open(dir.store());
+  REQUIRE(b.list("s").size() == 1);
+  CHECK(b.list("s")[0].name == "one");
 }
 
 TEST_CASE("store: a non-empty directory that is not a store is refused with invalid_argument", "[store]") {

@@ -242,6 +242,8 @@ class DVR_EXPORT Store {
   /// $HOME/.local/share/dvr.
   static std::string default_path();
 
+  /// The store's directory as an absolute path: a relative `path` given to
+  /// open() is taken from the working directory at that moment.
   const std::string& path() const;
   Medium medium() const;
   std::uint32_t chunk_size() const;

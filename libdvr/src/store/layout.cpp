@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <optional>
@@ -148,7 +149,19 @@ unsigned resolve_threads(unsigned requested) {
 
 StoreImpl::StoreImpl(const std::string& dir, const StoreOptions& options) {
   if (dir.empty()) throw Error(Errc::invalid_argument, "store path is empty; give a directory (or set $DVR_STORE)");
-  path = dir.size() > 1 && dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir;
+  // Absolute: CRIU, its plugin and the heap shim run in other working
+  // directories and open paths under the store (a relative store made
+  // `dvr proc restore` fail on CRIU's pidfile), and two handles of one store
+  // must compare equal by path.
+  path = dir;
+  if (path.front() != '/') {
+    std::error_code ec;
+    const auto cwd = std::filesystem::current_path(ec);
+    if (ec) throw Error(Errc::io, "store path " + escape_text(dir) + " is relative and the working directory is gone (" + ec.message() + "); give an absolute path");
+    path = (cwd / path).string();
+  }
+  while (path.size() > 1 && path.back() == '/')
+    path.pop_back();
   lock_timeout = options.lock_timeout;
   threads = resolve_threads(options.threads);
   create_or_check(options);
