@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "cli_util.hpp"
 #include "dvr/dvr.hpp"
 
@@ -218,19 +219,6 @@ int new_file_in(const std::string& dir) {
   return fd;
 }
 
-// Has the kernel read every page of [p, p+n) once, as a pwrite from it does
-// (into 1 MiB of an unnamed tmpfs file, over and over). On a VM with shadow
-// page tables (these machines) the kernel's first read of each page of a
-// process costs ~2 ms per MiB, once: a peer measured on memory the kernel
-// has not read yet would pay it while ours, measured after, would not.
-void let_kernel_read(const char* p, std::size_t n) {
-  int fd = new_file_in(kTempRoot);
-  constexpr std::size_t kCall = 1u << 20;
-  for (std::size_t off = 0; off < n; off += kCall)
-    if (::pwrite(fd, p + off, std::min(kCall, n - off), 0) < 0) break;  // best effort
-  ::close(fd);
-}
-
 // The peer of a first snapshot: `n` bytes written with pwrite (1 MiB calls)
 // into the new file `fd`, then fdatasync (what makes them durable; a no-op on
 // tmpfs). Seconds.
@@ -410,7 +398,7 @@ int main(int argc, char** argv) {
     std::string last;
     double cold_s = 0, snap_s = 1e30;
     touch_every_page(data, n, 0xABCDEF00ull);
-    let_kernel_read(data, n);
+    dvrbench::let_kernel_read(kTempRoot, data, n);
     int peer_fd = new_file_in(store_dir);
     const double pwrite_s = pwrite_peer(peer_fd, data, n);
     // Two rounds more than needed: space written with pwrite in the first

@@ -58,6 +58,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "cli_util.hpp"
 #include "dvr/mpi.hpp"
 
@@ -135,20 +136,6 @@ void fill_unique(char* p, std::size_t n, std::uint64_t seed) {
     x ^= x << 17;
     w[i] = x;
   }
-}
-
-// Has the kernel read every page of [p, p+n) once, as a pwrite from it does
-// (into 1 MiB of an unnamed file in `dir`, over and over): on a VM with
-// shadow page tables the kernel's first read of each page of a process costs
-// ~2 ms per MiB, once (docs/performance.md, "Writing new space"). Without
-// this, whichever measurement came first would pay it for both.
-void let_kernel_read(const std::string& dir, const char* p, std::size_t n) {
-  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) return;  // best effort
-  constexpr std::size_t kCall = 1u << 20;
-  for (std::size_t off = 0; off < n; off += kCall)
-    if (::pwrite(fd, p + off, std::min(kCall, n - off), 0) < 0) break;
-  ::close(fd);
 }
 
 // Changes one word in `pct` % of the pages, spread evenly; `round` shifts
@@ -341,7 +328,7 @@ int run(const Args& a, int rank, int size) {
     medium = dvr::medium_name(s.local().store().medium());
     char* data = static_cast<char*>(s.local().alloc("data", n).data());
     fill_unique(data, n, 1000 + static_cast<std::uint64_t>(rank));  // pre-faults every page
-    let_kernel_read(root, data, n);
+    dvrbench::let_kernel_read(root, data, n);
 
     // The peer's files: "c-N" written collectively, "i-N" independently (round N).
     auto file = [&](char way, int round) { return root + "/mpiio-" + way + "-" + std::to_string(round) + ".bin"; };
