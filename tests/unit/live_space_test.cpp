@@ -122,8 +122,12 @@ TEST_CASE("live space: new snapshots fill the space of removed ones, and every s
   int taken = 0;
   // Each snapshot writes 1% of the pages, scattered.
   auto take = [&] {
-    for (std::size_t p = static_cast<std::size_t>(rng() % 100); p < n / kPage; p += 100)
-      data[p * kPage + rng() % kPage] ^= static_cast<unsigned char>(1 + rng() % 255);
+    for (std::size_t p = static_cast<std::size_t>(rng() % 100); p < n / kPage; p += 100) {
+      // Two statements: the order of two rng() calls in one expression is
+      // unspecified, and builds that differed wrote other data.
+      const std::size_t at = p * kPage + rng() % kPage;
+      data[at] ^= static_cast<unsigned char>(1 + rng() % 255);
+    }
     std::string name = "s" + std::to_string(taken++);
     s.snapshot(name);
     want[name] = data;
