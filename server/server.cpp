@@ -1301,17 +1301,19 @@ json Server::run_action(StoreEntry& e, Operation& op, const std::string& action,
     std::string session = field<std::string>(body, "session");
     require_session(s, e, session);
     PrunePolicy p;
-    auto count = [&](const char* name) {
+    auto count = [&](const char* name, long long most) {
       long long v = field<long long>(body, name, 0LL);
-      if (v < 0 || v > 1000000) throw ApiError(400, "invalid_argument", std::string("\"") + name + "\" must be from 0 to 1000000");
-      return static_cast<unsigned>(v);
+      if (v < 0 || v > most)
+        throw ApiError(400, "invalid_argument", std::string("\"") + name + "\" must be from 0 to " + std::to_string(most));
+      return v;
     };
-    p.keep_last = count("keep_last");
-    p.keep_within = std::chrono::seconds(count("keep_within_s"));
-    p.keep_hourly = count("keep_hourly");
-    p.keep_daily = count("keep_daily");
-    p.keep_weekly = count("keep_weekly");
-    p.keep_monthly = count("keep_monthly");
+    constexpr long long kCounts = 1000000, kCentury = 100LL * 366 * 24 * 3600;
+    p.keep_last = static_cast<unsigned>(count("keep_last", kCounts));
+    p.keep_within = std::chrono::seconds(count("keep_within_s", kCentury));  // seconds: 30 days is 2592000
+    p.keep_hourly = static_cast<unsigned>(count("keep_hourly", kCounts));
+    p.keep_daily = static_cast<unsigned>(count("keep_daily", kCounts));
+    p.keep_weekly = static_cast<unsigned>(count("keep_weekly", kCounts));
+    p.keep_monthly = static_cast<unsigned>(count("keep_monthly", kCounts));
     return cli::prune_document(session, s.prune(session, p, field<bool>(body, "dry_run", false)));
   }
   if (action == "rm") {

@@ -924,14 +924,19 @@ class Session:
     ``Session(store, name, tracking=None)``: ``store`` is a :class:`Store`, a
     path, or None for the default store. ``tracking`` is "write_protect" (the
     default: the kernel records written pages, so snapshots and restores touch
-    only what changed) or "hash". Use from one thread at a time; regions must
-    not be written by other threads while a snapshot or restore runs.
+    only what changed) or "hash". Threads may share a session: its calls run
+    one at a time (a call waits for the one in flight; close() too), and a
+    progress callback cannot call its own session. Regions must not be written
+    by other threads while a snapshot or restore runs.
     """
 
     _core: Any  # _core.Session, or memdvr.mpi's local session (the same methods)
 
     def __init__(self, store: Union[Store, _PathArg, None], name: str,
                  tracking: Optional[str] = None):
+        if name == "proc":
+            raise InvalidArgument("session name 'proc' is where the store keeps process snapshots (dvr proc dump); "
+                                  "choose another name for a session of regions")
         if not isinstance(store, Store):
             store = Store(store)
         self._store = store
@@ -994,6 +999,10 @@ class Session:
         read-only or non-contiguous buffers, AlreadyExists for a taken name.
         """
         _check_not_reserved(name)
+        if isinstance(buffer, np.ndarray) and buffer.dtype.hasobject:
+            raise InvalidArgument(f"cannot track region '{_printable(name)}': a numpy array of dtype {buffer.dtype} "
+                                  "holds pointers to Python objects, which a restore would bring back dangling; "
+                                  "track an array of numbers, or use Session.put() for objects")
         self._core.track(name, buffer)
         if isinstance(buffer, np.ndarray):
             self._layouts[name] = (buffer.dtype, tuple(buffer.shape))
@@ -1008,11 +1017,27 @@ class Session:
         alive); untrack(name) frees it once no other reference to it remains.
         """
         _check_not_reserved(name)
-        dtype = np.dtype(dtype)
+        # Everything numpy could refuse is checked before the region exists.
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError as e:
+            raise InvalidArgument(f"array '{_printable(name)}': {e}") from None
+        if dtype.hasobject:
+            raise InvalidArgument(f"array '{_printable(name)}': dtype {dtype} holds pointers to Python objects, "
+                                  "which a restore would bring back dangling; use a numeric dtype, or Session.put()")
+        if dtype.itemsize == 0:
+            raise InvalidArgument(f"array '{_printable(name)}': dtype {dtype} has no size")
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise InvalidArgument(f"array '{_printable(name)}': shape {shape} has a negative dimension")
         count = math.prod(shape)
         mv = self._core.alloc(name, count * dtype.itemsize)
-        arr = np.frombuffer(mv, dtype=dtype, count=count).reshape(shape)
+        try:
+            arr = np.frombuffer(mv, dtype=dtype, count=count).reshape(shape)
+        except BaseException:
+            del mv
+            self._core.untrack(name)  # no region left behind that session[name] cannot reach
+            raise
         self._layouts[name] = (dtype, shape)
         self._arrays[name] = arr
         return arr
@@ -1321,16 +1346,24 @@ class Session:
         """This session's snapshots, oldest first."""
         return _infos(self._core.list())
 
+    def _require_open(self) -> None:
+        """The calls that go to the store directly fail on a closed session like the others."""
+        if self._core.closed:
+            raise InvalidArgument(f"memdvr: session '{_printable(self.name)}' is closed")
+
     def info(self, name: str) -> SnapshotInfo:
         """This session's snapshot ``name``. Raises NotFound."""
+        self._require_open()
         return self._store.info(self.name, name)
 
     def remove(self, name: str) -> None:
         """Deletes this session's snapshot ``name``. Raises NotFound."""
+        self._require_open()
         self._store.remove(self.name, name)
 
     def gc(self, *, progress: Progress = None) -> GcReport:
         """Same as ``store.gc(progress=...)`` (the whole store)."""
+        self._require_open()
         return self._store.gc(progress=progress)
 
     def prune(self, *, keep_last: int = 0, keep_within: Union[None, float, _dt.timedelta] = None,
@@ -1339,12 +1372,14 @@ class Session:
         """``store.prune(session.name, ...)``: applies a retention policy to this
         session's snapshots (see :meth:`Store.prune`). The session goes on
         working when its head is removed (its next snapshot reads more)."""
+        self._require_open()
         return self._store.prune(self.name, keep_last=keep_last, keep_within=keep_within,
                                  keep_hourly=keep_hourly, keep_daily=keep_daily, keep_weekly=keep_weekly,
                                  keep_monthly=keep_monthly, dry_run=dry_run)
 
     def verify(self, *, progress: Progress = None) -> VerifyReport:
         """Same as ``store.verify(progress=...)`` (checks the whole store)."""
+        self._require_open()
         return self._store.verify(progress=progress)
 
     def latest(self) -> Optional[SnapshotInfo]:

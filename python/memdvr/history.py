@@ -954,8 +954,17 @@ class NotebookHistory:
                 pmeta = None
         variables: List[VariableInfo] = []
         if meta is None:
+            # Taken without the history's metadata (`%dvr snapshot NAME VAR...`):
+            # what the regions say. An array is its region; an object its
+            # pickle and out-of-band buffers.
+            sizes: Dict[str, int] = {r.name: int(r.size) for r in info.regions}
             for v in self._variables_of(info, None):
-                variables.append(VariableInfo(v, "region", 0, "", 0))
+                if v in sizes:
+                    variables.append(VariableInfo(v, "array", sizes[v], "", 0))
+                else:
+                    prefix = f"obj.{v}."
+                    size = sum(n for r, n in sizes.items() if r.startswith(prefix) and _is_object_region(r))
+                    variables.append(VariableInfo(v, "object", size, "", 0))
             return SnapshotDetail(info, None, "", label, tuple(variables), name == self.head)
         pe: Dict[str, Entry] = pmeta["entries"] if pmeta else {}
         pf: Dict[str, str] = pmeta["fps"] if pmeta else {}

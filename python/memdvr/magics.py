@@ -99,7 +99,10 @@ class DvrMagics(Magics):
 
     def _open(self) -> Session:
         if self._session is None:
-            path = self._store_path or os.environ.get("MEMDVR_STORE") or default_path()
+            # Absolute once: a cell that changes the working directory must not
+            # move the store (a relative path would open another one next time).
+            path = self._store_path or os.path.abspath(os.path.expanduser(os.environ.get("MEMDVR_STORE") or default_path()))
+            self._store_path = path
             self._session = Session(Store(path), self._session_name)
         return self._session
 
@@ -218,7 +221,7 @@ class DvrMagics(Magics):
         if rest:
             was_on = self._auto
             self._close()
-            self._store_path = os.path.expanduser(rest[0])
+            self._store_path = os.path.abspath(os.path.expanduser(rest[0]))
             self._resume(was_on)
         s = self._open()
         print(f"memdvr store {s.store.path} ({s.store.medium}), session '{s.name}'")
@@ -227,6 +230,9 @@ class DvrMagics(Magics):
         if len(rest) > 1:
             raise UsageError("usage: %dvr session [NAME]")
         if rest:
+            if len(rest[0]) > 128 - len(".labels"):
+                raise UsageError(f"%dvr session: a name of at most {128 - len('.labels')} characters (the session "
+                                 f"NAME.labels keeps its labels, and names have at most 128), not {len(rest[0])}")
             was_on = self._auto
             self._close()
             self._session_name = rest[0]
@@ -448,7 +454,7 @@ class DvrMagics(Magics):
         if not rest:
             raise UsageError("usage: %dvr rm NAME [NAME ...]")
         v = self._viewer()
-        names = [v.resolve(r) for r in rest]  # all or nothing: every name first
+        names = list(dict.fromkeys(v.resolve(r) for r in rest))  # all or nothing: every name first (each once)
         if self._history is not None and self._history.head in names:
             raise UsageError(f"%dvr rm: '{self._history.head}' is the HEAD (the parent of the next "
                              "commit): check out another commit first")

@@ -104,7 +104,17 @@ void register_exceptions(py::module_& m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const dvr::Error& e) {
-      PyErr_SetString(exception_for(e.code()), e.what());
+      // Decoded leniently: a message with bytes that are not UTF-8 (a name
+      // as given) must still reach Python, not become an empty one.
+      const char* what = e.what();
+      PyObject* text = PyUnicode_DecodeUTF8(what, static_cast<Py_ssize_t>(std::strlen(what)), "backslashreplace");
+      if (!text) {
+        PyErr_Clear();
+        PyErr_SetString(exception_for(e.code()), "(a memdvr error whose message could not be decoded)");
+        return;
+      }
+      PyErr_SetObject(exception_for(e.code()), text);
+      Py_DECREF(text);
     }
   });
 }
@@ -407,14 +417,45 @@ class LogBridge {
 
 // ---------------------------------------------------------------- Session
 
+// A dvr::Session is used from one thread at a time; Python threads may share
+// one memdvr.Session, so each call holds the session's mutex for its whole
+// length (close() too: it waits for the calls in flight). The mutex is always
+// taken with the GIL released — a call in flight may need the GIL (its
+// progress callback) — and a thread that already holds it (a progress
+// callback calling back into its own session) gets an error, not a deadlock.
 struct PySession {
   RegionBuffers regions;  // before `session`: released after it (regions.hpp)
   std::optional<dvr::Session> session;
+  std::mutex mu;
+  std::atomic<std::thread::id> owner{};
 
   dvr::Session& get() {
     if (!session) invalid("memdvr: the session is closed");
     return *session;
   }
+};
+
+// Holds a PySession's mutex (see PySession); taken with the GIL held by the caller.
+class SessionCall {
+ public:
+  explicit SessionCall(PySession& s) : s_(s) {
+    if (s.owner.load() == std::this_thread::get_id())
+      invalid("memdvr: this session is busy in this thread (a progress callback cannot call its own session)");
+    if (!s.mu.try_lock()) {
+      py::gil_scoped_release nogil;
+      s.mu.lock();
+    }
+    s.owner.store(std::this_thread::get_id());
+  }
+  ~SessionCall() {
+    s_.owner.store(std::thread::id{});
+    s_.mu.unlock();
+  }
+  SessionCall(const SessionCall&) = delete;
+  SessionCall& operator=(const SessionCall&) = delete;
+
+ private:
+  PySession& s_;
 };
 
 // ---------------------------------------------------------------- Clone
@@ -714,23 +755,37 @@ PYBIND11_MODULE(_core, m) {
              return s;
            }),
            py::arg("store"), py::arg("name"), py::arg("tracking") = py::none())
-      .def_property_readonly("name", [](PySession& s) { return s.get().name(); })
-      .def_property_readonly("store", [](PySession& s) { return s.get().store(); })
-      .def_property_readonly("head", [](PySession& s) { return s.get().head(); })
+      .def_property_readonly("name", [](PySession& s) {
+        SessionCall call(s);
+        return s.get().name();
+      })
+      .def_property_readonly("store", [](PySession& s) {
+        SessionCall call(s);
+        return s.get().store();
+      })
+      .def_property_readonly("head", [](PySession& s) {
+        SessionCall call(s);
+        return s.get().head();
+      })
       .def_property_readonly("closed", [](PySession& s) { return !s.session.has_value(); })
       .def(
-          "track", [](PySession& s, const std::string& name, py::object obj) { s.regions.track(s.get(), name, std::move(obj)); }, py::arg("name"),
+          "track", [](PySession& s, const std::string& name, py::object obj) {
+            SessionCall call(s);
+            s.regions.track(s.get(), name, std::move(obj));
+          }, py::arg("name"),
           py::arg("buffer"), "Tracks a writable C-contiguous buffer in place (zero-copy); holds a reference to it.")
       .def(
           "alloc",
           [](py::object self, const std::string& name, std::size_t size) {
             auto& s = self.cast<PySession&>();
+            SessionCall call(s);
             return s.regions.alloc(self, s.get(), name, size);
           },
           py::arg("name"), py::arg("size"), "Allocates an SDK-owned, zero-filled region; returns a writable memoryview onto it.")
       .def(
           "untrack",
           [](PySession& s, const std::string& name) {
+            SessionCall call(s);
             s.get().region(name);  // not_found first
             s.regions.check_no_views(s.get().name(), name);
             s.get().untrack(name);
@@ -741,13 +796,19 @@ PYBIND11_MODULE(_core, m) {
           "buffer",
           [](py::object self, const std::string& name) {
             auto& s = self.cast<PySession&>();
+            SessionCall call(s);
             return s.regions.buffer(self, s.get(), name);
           },
           py::arg("name"), "The tracked object, or a new memoryview onto an SDK-owned region.")
-      .def("regions", [](PySession& s) { return regions_list(s.get().regions()); })
+      .def("regions",
+           [](PySession& s) {
+             SessionCall call(s);
+             return regions_list(s.get().regions());
+           })
       .def(
           "snapshot",
           [](PySession& s, const std::string& name, const std::string& label, bool replace, py::object progress) {
+            SessionCall call(s);
             dvr::Session& session = s.get();
             PyProgress p(std::move(progress));
             dvr::SnapshotInfo info = with_progress(p, [&](const dvr::Progress& fn) {
@@ -761,6 +822,7 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "snapshot_background",
           [](PySession& s, const std::string& name, const std::string& label, bool replace) {
+            SessionCall call(s);
             dvr::Session& session = s.get();
             py::gil_scoped_release nogil;
             return session.snapshot_background(name, {.label = label, .replace = replace});
@@ -770,6 +832,7 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "restore",
           [](PySession& s, const std::string& name, py::object progress) {
+            SessionCall call(s);
             dvr::Session& session = s.get();
             PyProgress p(std::move(progress));
             with_progress(p, [&](const dvr::Progress& fn) {
@@ -782,6 +845,7 @@ PYBIND11_MODULE(_core, m) {
           "Restores snapshot `name`; progress(done, total): bytes checked, then bytes copied, out of twice the bytes copied.")
       .def("list",
            [](PySession& s) {
+             SessionCall call(s);
              dvr::Session& session = s.get();
              std::vector<dvr::SnapshotInfo> infos;
              {
@@ -795,6 +859,7 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("latest",
            [](PySession& s) -> py::object {
+             SessionCall call(s);
              dvr::Session& session = s.get();
              std::optional<dvr::SnapshotInfo> i;
              {
@@ -807,6 +872,7 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "clone",
           [](PySession& s, const std::string& name, bool verify) {
+            SessionCall call(s);
             dvr::Session& session = s.get();
             auto c = std::make_unique<PyClone>();
             {
@@ -817,11 +883,20 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("name"), py::arg("verify") = true)
       .def(
-          "tracking", [](PySession& s, const std::string& region) { return dvr::tracking_name(s.get().tracking(region)); }, py::arg("region"))
-      .def("tracking_note", [](PySession& s) { return s.get().tracking_note(); })
+          "tracking",
+          [](PySession& s, const std::string& region) {
+            SessionCall call(s);
+            return dvr::tracking_name(s.get().tracking(region));
+          }, py::arg("region"))
+      .def("tracking_note",
+           [](PySession& s) {
+             SessionCall call(s);
+             return s.get().tracking_note();
+           })
       .def(
           "autosave",
           [](PySession& s, double every, std::size_t keep) {
+            SessionCall call(s);
             if (!(every >= 0) || every > 1e9) invalid("autosave: every must be a number of seconds >= 0 (0 turns autosave off), not " + std::to_string(every));
             // A positive interval below a millisecond is one millisecond, never 0 (off).
             auto ms = every > 0 ? std::max<std::int64_t>(1, static_cast<std::int64_t>(every * 1000 + 0.5)) : 0;
@@ -830,6 +905,7 @@ PYBIND11_MODULE(_core, m) {
           py::arg("every"), py::arg("keep"), "Turns on autosave every `every` seconds at checkpoint_point(), keeping the newest `keep` (dvr::Session::autosave).")
       .def("checkpoint_point",
            [](PySession& s) -> py::object {
+             SessionCall call(s);
              dvr::Session& session = s.get();
              std::optional<dvr::SnapshotInfo> i;
              {
@@ -840,7 +916,11 @@ PYBIND11_MODULE(_core, m) {
              return snapshot_info_dict(*i);
            })
       .def(
-          "close", [](PySession& s) { s.regions.close(s.session); },
+          "close",
+          [](PySession& s) {
+            SessionCall call(s);  // waits for the calls in flight
+            s.regions.close(s.session);
+          },
           "Ends the session: forgets every region and releases the tracked buffers. SDK-owned regions that "
           "Python buffers still reference stay valid until the last of them goes.");
 

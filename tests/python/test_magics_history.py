@@ -237,3 +237,42 @@ def test_trial_restores_manual_snapshot_even_when_raising(sh, capsys):
         cell(sh, "%%dvr trial\narr[:] = 0")
     with pytest.raises(UsageError, match="cell magic is"):
         cell(sh, "%%dvr ls\nx = 1")
+
+
+def test_a_relative_store_stays_where_it_was_given_after_chdir(sh, tmp_path, monkeypatch, capsys):
+    """`%dvr store REL` is taken from the working directory at that moment: a
+    cell that changes directory does not move the store (it used to open a
+    second, empty store there at the next `%dvr session`)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    cell(sh, "%dvr store mystore")
+    assert f"memdvr store {tmp_path / 'a' / 'mystore'} " in capsys.readouterr().out
+    cell(sh, "import numpy as np\nx = np.ones(100_000)")
+    cell(sh, "%dvr snapshot s1 x")
+    monkeypatch.chdir(tmp_path / "b")
+    cell(sh, "%dvr session other")
+    cell(sh, "%dvr session notebook")
+    cell(sh, "x[:] = 0")
+    cell(sh, "%dvr restore s1")
+    assert sh.user_ns["x"][5] == 1.0
+    assert not (tmp_path / "b" / "mystore").exists()
+
+
+def test_manual_snapshot_info_rm_twice_and_a_session_name_too_long_for_its_labels(sh, capsys):
+    cell(sh, "import numpy as np\nx = np.ones(100_000)\nd = {'a': 1, 'w': np.zeros(40_000)}")
+    cell(sh, "%dvr snapshot s1 x d")
+    cell(sh, "%dvr snapshot s2 x")
+    # Taken without the history's metadata: sizes and kinds from the regions.
+    info = sh.run_line_magic("dvr", "info s1")
+    got = {v.name: (v.kind, v.size) for v in info.variables}
+    assert got["x"] == ("array", 800_000), got
+    assert got["d"][0] == "object" and got["d"][1] > 0, got
+    # A name given twice is removed once.
+    capsys.readouterr()
+    cell(sh, "%dvr rm s2 s2")
+    assert "removed s2 " in capsys.readouterr().out and "s2" not in names(sh)
+    # NAME.labels must be a valid session name too.
+    with pytest.raises(UsageError, match="at most 121 characters"):
+        sh.run_line_magic("dvr", "session " + "s" * 125)
+    assert sh.run_line_magic("dvr", "ls").names() == ["s1"]

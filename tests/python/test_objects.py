@@ -228,14 +228,14 @@ def test_pickle_buffer_and_bytearray(session):
 
 def test_objects_survive_in_a_fresh_session(tmp_path):
     path = tmp_path / "store"
-    s = memdvr.Session(memdvr.Store(path), "proc")
+    s = memdvr.Session(memdvr.Store(path), "job")
     obj = {"p": Params(0.5, [1]), "arr": np.linspace(0, 1, 100_000)}
     s.put("state", obj)
     s.put("other", "x")
     s.snapshot("ckpt")
     s.close()
     del s
-    fresh = memdvr.Session(memdvr.Store(path), "proc")  # as a new process would
+    fresh = memdvr.Session(memdvr.Store(path), "job")  # as a new process would
     assert fresh.objects() == []
     with pytest.raises(memdvr.NotFound):
         fresh.get("state")

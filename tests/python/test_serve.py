@@ -376,11 +376,15 @@ def test_actions_verify_gc_prune_rm_and_operations(scratch):
         gc = s.action("actions", "gc", {})
         assert gc["state"] == "done" and gc["result"]["bytes_after"] <= gc["result"]["bytes_before"], gc
         ops = s.get("/api/v1/operations")["operations"]
-        assert [o["action"] for o in ops] == ["verify", "prune", "prune", "rm", "rm", "gc"], ops
+        assert [o["action"] for o in ops] == ["verify", "prune", "prune", "rm", "rm", "gc"], ops  # before the bad bodies below
         # Bad bodies: 202 then failed, or 400 for what is not JSON.
         assert s.action("actions", "prune", {"session": "p"})["error"]["code"] == "invalid_argument"
         assert s.action("actions", "prune", {"session": "p", "keep_last": "3"})["error"]["code"] == "invalid_argument"
         assert s.action("actions", "prune", {"session": "p", "keep_last": 1, "bogus": 1})["error"]["code"] == "invalid_argument"
+        # keep_within_s is seconds: 30 days is allowed (the count limit of 1,000,000 once capped it at 11.6 days).
+        month = s.action("actions", "prune", {"session": "p", "keep_within_s": 30 * 86400, "dry_run": True})
+        assert month["state"] == "done" and month["result"]["removed"] == 0, month
+        assert s.action("actions", "prune", {"session": "p", "keep_within_s": -1})["error"]["code"] == "invalid_argument"
         doc, _ = s.post("/api/v1/stores/actions/actions/gc", b"{not json", expect=400)
         assert doc["error"]["code"] == "invalid_argument", doc
         doc, _ = s.post("/api/v1/stores/actions/actions/gc", b"x" * (2 << 20), expect=413)

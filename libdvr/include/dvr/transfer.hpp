@@ -117,6 +117,7 @@ struct Options {
   Compress compress = Compress::automatic;
   /// zstd level (1–19) of the chunks compressed; 0 sends every chunk
   /// uncompressed, whatever `compress` says (the same as Compress::none).
+  /// Any other value is invalid_argument, before anything is sent.
   int level = 1;
   /// Logical bytes of the snapshots sent so far, out of their total (chunks
   /// the receiver holds count as sent); see dvr::Progress for the contract.

@@ -92,16 +92,38 @@ bool valid_name(const std::string& name) {
   return true;
 }
 
+namespace {
+// `text` for an error message: valid UTF-8 (bytes that are not become \xNN)
+// without NUL (a message is read as a C string: what() would end there).
+std::string message_text(const std::string& text) {
+  std::string out;
+  for (char c : utf8_safe(text)) {
+    if (c == '\0')
+      out += "\\x00";
+    else
+      out += c;
+  }
+  return out;
+}
+}  // namespace
+
 void check_name(const char* kind, const std::string& name) {
   auto bad = [&](const std::string& why) {
-    throw Error(Errc::invalid_argument, std::string(kind) + " name '" + name + "' is not valid: " + why +
+    throw Error(Errc::invalid_argument, std::string(kind) + " name '" + message_text(name) + "' is not valid: " + why +
                                             " (use 1–128 characters from A-Z a-z 0-9 . _ -, not starting with '.')");
   };
   if (name.empty()) bad("it is empty");
   if (name.size() > 128) bad("it is longer than 128 characters");
   if (name[0] == '.') bad("it starts with '.'");
-  for (unsigned char c : name)
-    if (!(std::isalnum(c) || c == '.' || c == '_' || c == '-')) bad("it contains '" + std::string(1, static_cast<char>(c)) + "'");
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    if (std::isalnum(c) || c == '.' || c == '_' || c == '-') continue;
+    // The whole character when it is one (é, not its first byte).
+    const std::size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+    std::string ch = name.substr(i, len);
+    if (utf8_safe(ch) != ch) ch = name.substr(i, 1);
+    bad("it contains '" + message_text(ch) + "'");
+  }
 }
 
 std::string did_you_mean(const std::string& want, const std::vector<std::string>& known) {

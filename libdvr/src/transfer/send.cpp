@@ -159,6 +159,7 @@ namespace internal {
 
 Stats send_with(const Store& store, const std::string& ref, Wire to, const Options& opt, const std::vector<std::string>& bases) {
   auto t0 = std::chrono::steady_clock::now();
+  checked_level(opt.level);
   std::vector<Item> items = items_of(store, ref);
   Stats st;
   // Progress: logical bytes of the snapshots sent (chunks skipped because the

@@ -34,6 +34,7 @@ Stats send_live_to(const Store& store, const std::string& session, const std::ve
   const auto t0 = std::chrono::steady_clock::now();
   detail::check_name("session", session);
   detail::check_name("snapshot", name);
+  checked_level(options.level);
   if (regions.empty()) throw Error(Errc::invalid_argument, "session '" + session + "' has no regions to send");
   const std::uint32_t cs = detail::impl_of(store).chunk_size;
   // The base, loaded once: only its tables are used (the data is not read).

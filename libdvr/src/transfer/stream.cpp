@@ -38,7 +38,14 @@ void write_stream_head(RecordWriter& w, const std::optional<SigningKey>& key) {
 
 // ---- Compressor ------------------------------------------------------------
 
-Compressor::Compressor(Compress mode, int level) : mode_(level <= 0 ? Compress::none : mode), level_(level), ctx_(ZSTD_createCCtx()) {
+int checked_level(int level) {
+  if (level < 0 || level > 19)
+    throw Error(Errc::invalid_argument, "zstd level " + std::to_string(level) + " is out of range: give 1 to 19 (0 sends every chunk uncompressed)");
+  return level;
+}
+
+Compressor::Compressor(Compress mode, int level)
+    : mode_(checked_level(level) == 0 ? Compress::none : mode), level_(level), ctx_(ZSTD_createCCtx()) {
   if (!ctx_) throw Error(Errc::no_space, "cannot allocate a zstd compression context");
 }
 

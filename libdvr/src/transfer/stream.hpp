@@ -213,8 +213,13 @@ void write_stream_head(RecordWriter& w, const std::optional<SigningKey>& key = s
 /// such samples in a row the next kFirstBackoff bytes travel raw unsampled
 /// (doubling with each further failure up to kMaxBackoff; a sample that
 /// shrinks ends it): sampling each page of a push of scattered pages cost
-/// more than sending them. Level <= 0 means none. Throws no_space when zstd
+/// more than sending them. Level 0 means none (checked_level). Throws no_space when zstd
 /// cannot allocate its context.
+/// `level` when it is a zstd level dvr sends with (0 = none, 1–19); throws
+/// invalid_argument naming it otherwise. Senders check it before anything is
+/// written.
+int checked_level(int level);
+
 class Compressor {
  public:
   static constexpr std::size_t kSample = 8192;
