@@ -1,6 +1,7 @@
 // Small helpers shared by the dvr command and dvr-bench: sizes, times, JSON.
 #pragma once
 
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -19,7 +20,10 @@ inline std::uint64_t parse_size(const std::string& text) {
   } catch (...) {
     used = 0;
   }
-  if (used == 0 || v <= 0) throw std::invalid_argument("size '" + text + "' is not a size like 512M or 1G");
+  // Decimal digits only: no "inf", "nan", hex or leading blanks, which stod takes.
+  const bool decimal = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.') &&
+                       text.substr(0, used).find_first_of("xX") == std::string::npos;
+  if (used == 0 || !decimal || !std::isfinite(v) || v <= 0) throw std::invalid_argument("size '" + text + "' is not a size like 512M or 1G");
   std::string unit = text.substr(used);
   if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
   if (unit.size() > 1 && (unit.back() == 'i')) unit.pop_back();
@@ -36,6 +40,8 @@ inline std::uint64_t parse_size(const std::string& text) {
     mult = 1024.0 * 1024 * 1024 * 1024;
   else
     throw std::invalid_argument("size '" + text + "' has an unknown unit (use K, M, G or T)");
+  if (v * mult > 1125899906842624.0 * 1024)  // 1 EiB: more than any machine, and within 64 bits
+    throw std::invalid_argument("size '" + text + "' is too large");
   return static_cast<std::uint64_t>(v * mult);
 }
 
@@ -52,7 +58,8 @@ inline double parse_duration(const std::string& text) {
     } catch (...) {
       used = 0;
     }
-    if (used == 0 || v < 0) break;
+    const bool decimal = std::isdigit(static_cast<unsigned char>(text[k])) || text[k] == '.';
+    if (used == 0 || !decimal || !std::isfinite(v) || v < 0 || text.substr(k, used).find_first_of("xX") != std::string::npos) break;
     k += used;
     double mult = 1;
     if (k < text.size()) {
@@ -64,6 +71,7 @@ inline double parse_duration(const std::string& text) {
     }
     total += v * mult;
     any = true;
+    if (total > 100.0 * 366 * 86400) throw std::invalid_argument("duration '" + text + "' is longer than a century");
     if (k == text.size()) return total;
   }
   throw std::invalid_argument("duration '" + text + "' is not a duration like 30s, 10m, 2h or 1h30m");

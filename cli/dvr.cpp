@@ -539,16 +539,58 @@ int cmd_receive(const TransferArgs& a) {
   return 0;
 }
 
+// The part file of an export in progress, removed by a signal that ends dvr
+// (SIGINT, SIGTERM, SIGHUP): an interrupted export leaves no half file.
+char g_export_part[4096];
+extern "C" void unlink_export_part(int sig) {
+  if (g_export_part[0]) ::unlink(g_export_part);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 int cmd_export(const TransferArgs& a) {
   transfer::Options o = transfer_options(a);
   Store store = open_store(false);
-  // Written beside FILE, renamed over it when complete: no half files.
-  std::string tmp = a.file + ".part-" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) throw Error(errno == ENOENT ? Errc::not_found : Errc::io, "cannot create " + tmp + ": " + std::strerror(errno));
   ProgressReporter progress("export", progress_mode());
   o.progress = progress.callback();
   transfer::Stats st;
+  struct stat target {};
+  if (::stat(a.file.c_str(), &target) == 0 && !S_ISREG(target.st_mode)) {
+    if (S_ISDIR(target.st_mode))
+      throw Error(Errc::invalid_argument, "cannot export to " + a.file + ": it is a directory; give a file name (-o DIR/NAME.dvr)");
+    // A FIFO, device or socket is written in place, as `dvr send > FILE`
+    // would: renaming a file over it would replace it (/dev/null, a pipe a
+    // reader waits on).
+    int fd = ::open(a.file.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) throw Error(Errc::io, "cannot open " + a.file + " for writing: " + std::strerror(errno));
+    try {
+      st = transfer::send(store, a.ref, fd, o);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+    progress.finish();
+    print_transfer(st, true, a.json, std::cout);
+    return 0;
+  }
+  // Written beside FILE, renamed over it when complete: no half files.
+  std::string tmp = a.file + ".part-" + std::to_string(::getpid());
+  if (tmp.size() >= sizeof g_export_part) throw Error(Errc::invalid_argument, "export: the file name is too long: " + a.file);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) throw Error(errno == ENOENT ? Errc::not_found : Errc::io, "cannot create " + tmp + ": " + std::strerror(errno));
+  std::memcpy(g_export_part, tmp.c_str(), tmp.size() + 1);
+  struct sigaction act {}, old_int {}, old_term {}, old_hup {};
+  act.sa_handler = unlink_export_part;
+  ::sigaction(SIGINT, &act, &old_int);
+  ::sigaction(SIGTERM, &act, &old_term);
+  ::sigaction(SIGHUP, &act, &old_hup);
+  auto restore_signals = [&] {
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGTERM, &old_term, nullptr);
+    ::sigaction(SIGHUP, &old_hup, nullptr);
+    g_export_part[0] = '\0';
+  };
   try {
     st = transfer::send(store, a.ref, fd, o);
     if (::fsync(fd) != 0) throw Error(errno == ENOSPC ? Errc::no_space : Errc::io, "cannot write " + tmp + ": " + std::strerror(errno));
@@ -558,8 +600,10 @@ int cmd_export(const TransferArgs& a) {
   } catch (...) {
     if (fd >= 0) ::close(fd);
     ::unlink(tmp.c_str());
+    restore_signals();
     throw;
   }
+  restore_signals();
   progress.finish();
   print_transfer(st, true, a.json, std::cout);
   return 0;
@@ -693,6 +737,20 @@ std::string series_name(const std::string& name) {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
   return name + "-" + buf;
+}
+
+// A series' prefix and interval, checked before any job starts: every dump
+// name (NAME-<UTC time>, "-N" added when two fall in one second) must be a
+// valid process snapshot name, and an interval of 0 would dump without pause.
+double checked_series(const std::string& name, const std::string& every) {
+  dvr::split_ref("proc/" + name);
+  constexpr std::size_t kSuffix = 17 + 4;  // "-20261207T200139Z" and room for "-NNN"
+  if (name.size() + kSuffix > 120)
+    throw Error(Errc::invalid_argument, "series name '" + name + "' is too long: its dumps are NAME-<UTC time>, and a process snapshot name has at most 120 "
+                                        "characters, so NAME has at most " + std::to_string(120 - kSuffix));
+  const double every_s = parse_duration(every);
+  if (!(every_s > 0)) throw Error(Errc::invalid_argument, "--every/--dump-every " + every + " is no interval; give one like 30s, 10m or 2h");
+  return every_s;
 }
 
 bool in_series(const std::string& dump, const std::string& name) {
@@ -843,6 +901,10 @@ int periodic_dumps(pid_t pid, const PeriodicArgs& a) {
         why = "process " + std::to_string(pid) + " exited during a dump (proc/" + dump + " was not stored)";
         break;
       }
+      if (g_stop_signal) {  // Ctrl-C reaches CRIU too (one process group): a stop, not a failed dump
+        why = std::string("stopped by ") + strsignal(g_stop_signal) + " during a dump (proc/" + dump + " was not stored)";
+        break;
+      }
       record.last_error = std::string("proc/") + dump + ": " + e.what();
       write_record(store.path(), record);
       throw;
@@ -950,7 +1012,7 @@ int cmd_proc_dump(const ProcArgs& a) {
     if (!process_alive(pid)) throw Error(Errc::not_found, "no process " + std::to_string(pid) + " runs; `ps -p " + std::to_string(pid) + "` shows it");
     PeriodicArgs p;
     p.name = a.name;
-    p.every_s = parse_duration(a.every);
+    p.every_s = checked_series(a.name, a.every);
     p.keep = a.keep;
     p.tcp_established = a.tcp_established;
     p.json = a.json;
@@ -1116,7 +1178,8 @@ int cmd_run(const RunArgs& a) {
   if (!a.dump_every.empty() && a.name.empty()) throw Error(Errc::invalid_argument, "--dump-every needs --name NAME (the dumps are NAME-<UTC time>)");
   if (a.dump_every.empty() && (!a.name.empty() || a.keep))
     throw Error(Errc::invalid_argument, "--name and --keep go with --dump-every (periodic dumps of the job)");
-  if (!a.name.empty()) dvr::split_ref("proc/" + a.name);
+  // Everything about the series is checked before the job starts.
+  const double every_s = a.dump_every.empty() ? 0 : checked_series(a.name, a.dump_every);
   std::optional<Store> store;
   if (o.heap_bytes) {
     store = open_store(true);
@@ -1125,6 +1188,12 @@ int cmd_run(const RunArgs& a) {
       for (char& c : base)
         if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '-';
       session = "run-" + (base.empty() ? std::string("job") : base) + "-" + std::to_string(::time(nullptr));
+      // Two jobs started in one second get sessions of their own.
+      const std::string first = session;
+      for (int n = 2; ::access(proc::heap_path(store->path(), session).c_str(), F_OK) == 0 ||
+                      ::access((store->path() + "/heaps/" + session).c_str(), F_OK) == 0;
+           ++n)
+        session = first + "-" + std::to_string(n);
     }
     o.heap_store = store->path();
     o.heap_session = session;
@@ -1158,11 +1227,11 @@ int cmd_run(const RunArgs& a) {
   }
   if (o.heap_bytes)
     std::cerr << "dvr run: heap " << proc::heap_path(o.heap_store, session) << " (" << bytes(o.heap_bytes) << ", session " << session
-              << "); dump it with `dvr proc dump " << pid << " --name NAME`\n";
+              << "); dump it with `dvr --store " << printable(shell_quote(o.heap_store)) << " proc dump " << pid << " --name NAME`\n";
   if (a.dump_every.empty()) return 0;
   PeriodicArgs p;
   p.name = a.name;
-  p.every_s = parse_duration(a.dump_every);
+  p.every_s = every_s;
   p.keep = a.keep;
   p.json = a.json;
   p.forward_signal = true;
@@ -1233,7 +1302,10 @@ int run(int argc, char** argv) {
   app.fallthrough();  // --store and --progress after the command too
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("dvr ") + dvr::version(), "print the version");
-  app.add_option("--store", g.store_path, "the store directory (default: $DVR_STORE, else /dev/shm/dvr-$UID)")->type_name("DIR");
+  app.add_option("--store", g.store_path, "the store directory (default: $DVR_STORE, else /dev/shm/dvr-$UID)")
+      ->type_name("DIR")
+      // An empty --store "$S" (an unset variable) must not mean the default store.
+      ->check([](const std::string& v) { return v.empty() ? std::string("the store directory is empty (an unset variable?)") : std::string(); });
   app.add_option("--progress", g.progress, "progress of long operations on stderr: auto (a bar on a terminal), bar, json (lines), none")
       ->check(one_of({"auto", "bar", "json", "none"}));
   app.footer(

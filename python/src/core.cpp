@@ -25,6 +25,7 @@
 #include "regions.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -261,7 +262,20 @@ py::dict transfer_stats_dict(const dvr::transfer::Stats& st) {
 // What `dvr export REF -o FILE` does: the stream goes to FILE.part-PID beside
 // FILE, is fsync()ed and renamed over FILE once complete (no half files; on
 // any error, the callback's included, the part file is removed).
+// A FILE that exists and is a FIFO, device or socket is written in place
+// (renaming over it would replace it); a directory is refused.
 dvr::transfer::Stats export_to(const dvr::Store& store, const std::string& ref, const std::string& file, const dvr::transfer::Options& o) {
+  struct stat target {};
+  if (::stat(file.c_str(), &target) == 0 && !S_ISREG(target.st_mode)) {
+    if (S_ISDIR(target.st_mode)) invalid("cannot export to " + file + ": it is a directory; give a file name");
+    int fd = ::open(file.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) throw_file_errno(errno, "cannot open " + file + " for writing");
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    return dvr::transfer::send(store, ref, fd, o);
+  }
   std::string tmp = file + ".part-" + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw_file_errno(errno, "cannot create " + tmp);

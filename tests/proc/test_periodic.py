@@ -192,3 +192,43 @@ def test_run_dump_every_passes_sigterm_on_to_the_job(work):
     assert proc.returncode == 0, err
     assert "passed on to process" in out, out
     assert wait_gone(pid), "the job kept running after dvr run passed SIGTERM on"
+
+
+def test_ctrl_c_while_a_dump_of_the_series_runs_is_a_stop_not_a_failure(work):
+    """Ctrl-C reaches the whole process group, CRIU included: a dump that it
+    cut short ends the series like a stop between dumps (exit 0, the `end`
+    event), and the job keeps running."""
+    job = work.start_job("counter", mib=256, wait_count=5)
+    proc = subprocess.Popen([str(work.dvr_bin), "--store", str(work.store), "proc", "dump", str(job.pid), "--name", "tick",
+                             "--every", "1h", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if subprocess.run(["pgrep", "-g", str(proc.pid), "-x", "criu"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    end = json.loads(out.strip().splitlines()[-1])
+    assert end["event"] == "end" and "stopped by" in end["why"], end
+    assert alive(job.pid)
+    # No failure left for `dvr serve` to show.
+    run_dir = work.store / "run"
+    assert not run_dir.exists() or not [f for f in run_dir.iterdir() if "last_error" in f.read_text()]
+
+
+def test_a_series_name_too_long_for_its_dumps_is_refused_before_the_job_starts(work):
+    running = work.running()
+    proc = work.dvr("run", "--dump-every", "1m", "--name", "p" * 104, "--", str(work.job_bin), "counter", "--mib", "1",
+                    "--status", str(work.path("never.status")), expect=2)
+    assert "too long" in proc.stderr and "at most 99" in proc.stderr, describe(proc)
+    work.assert_nothing_new_running(running, "after the refused dvr run")
+    assert not work.path("never.status").exists()
+    proc = work.dvr("run", "--dump-every", "infs", "--name", "x", "--", "true", expect=2)
+    assert "duration" in proc.stderr, describe(proc)

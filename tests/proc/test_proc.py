@@ -814,3 +814,24 @@ def test_redis_server_keeps_its_data_across_dump_and_restore(work, transport):
     assert redis_cli(target, "SET", "after", "restore") == "OK"
     assert redis_cli(target, "GET", "after") == "restore"
     assert alive(restored)
+
+
+def test_dump_of_dvrs_own_ancestor_or_of_a_thread_is_refused_at_once(work):
+    """CRIU would freeze dvr itself with an ancestor (a hang: it waits for
+    dvr's page server); a thread id names no process tree (CRIU stops on an
+    internal BUG)."""
+    proc = run(["bash", "-c", f'exec "{work.dvr_bin}" --store "{work.store}" proc dump $PPID --name self --leave-running'],
+               expect=2, timeout=60)
+    assert "dvr itself or one of its ancestors" in proc.stderr, describe(proc)
+    threaded = subprocess.Popen([PYTHON, "-c", "import threading, time\n"
+                                 "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\ntime.sleep(600)"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    work.children.append(threaded)
+    work.pids.add(threaded.pid)
+    deadline = time.monotonic() + 30
+    while len(os.listdir(f"/proc/{threaded.pid}/task")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tid = next(int(t) for t in os.listdir(f"/proc/{threaded.pid}/task") if int(t) != threaded.pid)
+    proc = work.dvr("proc", "dump", tid, "--name", "th", "--leave-running", expect=2)
+    assert f"it is a thread of process {threaded.pid}" in proc.stderr, describe(proc)
+    assert work.proc_ls() == []

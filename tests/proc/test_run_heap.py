@@ -1016,3 +1016,21 @@ def test_a_store_given_as_a_relative_path_dumps_restores_and_clones(work, probe_
     assert read_memory(clone, data[0], data[1]) == expected, "the clone's heap differs from the dump's"
     assert alive(restored) and alive(clone)
     dvr_here("verify")
+
+
+def test_a_heap_job_that_does_not_start_leaves_no_heap_and_default_sessions_differ(work, probe_bin):
+    proc = work.dvr("run", "--heap", "64M", "--heap-session", "hz", "--cwd", "/nonexistent", "--", probe_bin, expect=None)
+    assert proc.returncode != 0 and "/nonexistent" in proc.stderr, describe(proc)
+    assert not heap_file(work, "hz").exists(), "the failed start left its heap file"
+    # The same session again: no "already has a heap".
+    ctl = work.path("ctl-hz")
+    ctl.mkdir()
+    start_heap_job(work, [probe_bin, "hold", ctl, "1"], work.path("hz.out"), heap="64M", session="hz")
+    # Two jobs started in the same second without --heap-session get sessions of their own.
+    pids = []
+    for k in range(2):
+        out = work.dvr("run", "--heap", "64M", "--output", work.path(f"d{k}.out"), "--", "/bin/sleep", "600")
+        pids.append(int(out.stdout.strip()))
+        work.pids.add(pids[-1])
+    sessions = sorted(p.name for p in (work.store / "heaps").iterdir() if p.name.startswith("run-sleep-"))
+    assert len(sessions) == 2, sessions

@@ -342,3 +342,40 @@ def test_log_draws_the_tree_and_recover_names_the_newest_intact(make_store, tmp_
     assert sum(d["bytes_differ"] for d in diff["regions"]) > 0
     proc = store.dvr("log", "nosuch", expect=1)
     assert "no session 'nosuch'" in proc.stderr, describe(proc)
+
+
+def test_export_to_a_fifo_or_device_writes_into_it_and_leaves_it_in_place(populated, tmp_path):
+    """-o FILE that is a FIFO or a device is written in place: renaming the
+    part file over it replaced it (it replaced /dev/null once)."""
+    null = tmp_path / "null"
+    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    populated.dvr("export", "s/a", "-o", null)
+    assert stat.S_ISCHR(null.stat().st_mode)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    import threading
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    populated.dvr("export", "s/a", "-o", fifo)
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and len(got) == 1 and len(got[0]) > 0
+    other = tmp_path / "other"
+    run([populated.dvr_bin, "--store", other, "receive"], input=got[0], expect=0)
+    assert run([populated.dvr_bin, "--store", other, "ls", "--json"], expect=0).stdout.count('"name":"a"') == 1
+    proc = populated.dvr("export", "s/a", "-o", tmp_path, expect=2)
+    assert "is a directory" in proc.stderr, describe(proc)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "null", "other", populated.path.name]
+
+
+def test_an_empty_store_option_and_durations_or_sizes_that_are_no_numbers_are_refused(populated, dvr_bin, tmp_path):
+    """`--store "$S"` with S unset must not fall back on the default store (an
+    `rm` there would remove another store's snapshots); inf, nan and hex are
+    no sizes or durations."""
+    proc = run([dvr_bin, "--store", "", "rm", "s/a"], expect=2, env={"DVR_STORE": str(populated.path)})
+    assert "--store" in proc.stderr and "empty" in proc.stderr, describe(proc)
+    assert [s["name"] for s in populated.ls("s")] == ["a", "b"]
+    for args in (["run", "--heap", "inf", "--", "/bin/true"], ["run", "--heap", "0x10M", "--", "/bin/true"],
+                 ["prune", "s", "--keep-within", "infs", "--dry-run"], ["prune", "s", "--keep-within", "nan", "--dry-run"]):
+        proc = run([dvr_bin, "--store", populated.path, *args], expect=2)
+        assert "is not a" in proc.stderr, describe(proc)

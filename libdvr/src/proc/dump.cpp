@@ -50,9 +50,31 @@ namespace procpages = detail::procpages;
 // Refuses what cannot be dumped before anything runs.
 void check_dump_request(const Store& store, pid_t pid, const std::string& name) {
   detail::check_name("process snapshot", name);
-  if (name.size() > 120) throw Error(Errc::invalid_argument, "process snapshot name '" + name + "' is longer than 120 characters");
+  if (name.size() > 120)
+    throw Error(Errc::invalid_argument, "process snapshot name '" + name +
+                                            "' is longer than 120 characters (the most for a process snapshot: its heaps' snapshots are named proc.NAME)");
   require_root("dump a process");
   if (pid <= 0 || ::kill(pid, 0) != 0) throw Error(Errc::not_found, "cannot dump process " + std::to_string(pid) + ": no such process");
+  // A thread's id names no process tree CRIU can dump (it stops on an
+  // internal BUG); the process it belongs to is what to dump.
+  try {
+    const std::string status = detail::read_file("/proc/" + std::to_string(pid) + "/status");
+    const auto at = status.find("\nTgid:");
+    if (at != std::string::npos) {
+      const long tgid = std::strtol(status.c_str() + at + 6, nullptr, 10);
+      if (tgid > 0 && tgid != pid)
+        throw Error(Errc::invalid_argument, "cannot dump " + std::to_string(pid) + ": it is a thread of process " + std::to_string(tgid) +
+                                                "; dump that process (`dvr proc dump " + std::to_string(tgid) + " --name " + name + "`)");
+    }
+  } catch (const Error& e) {
+    if (e.code() == Errc::invalid_argument) throw;
+  }
+  // dvr inside the tree would be frozen by the CRIU it waits for: a hang.
+  for (pid_t p : process_tree(pid))
+    if (p == ::getpid())
+      throw Error(Errc::invalid_argument, "cannot dump process " + std::to_string(pid) +
+                                              ": it is dvr itself or one of its ancestors (the shell that runs dvr?), and CRIU would freeze "
+                                              "dvr with it; dump a job started apart (`dvr run -- CMD` starts one)");
   for (auto& s : store.list(kImageSession))
     if (s.name == name)
       throw Error(Errc::already_exists, "process snapshot '" + name + "' exists already in store " + store.path() +

@@ -136,11 +136,35 @@ std::string heap_preload() {
   return find_preload(kHeapPreloadFile);
 }
 
+namespace {
+pid_t run_job(const std::vector<std::string>& argv, const RunOptions& options, std::string& heap);
+}  // namespace
+
 pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
+  // A job that did not start leaves no heap behind: a second try with the
+  // same --heap-session would find it ("already has a heap").
+  std::string heap;
+  pid_t job = 0;
+  try {
+    job = run_job(argv, options, heap);
+  } catch (...) {
+    if (!heap.empty()) {
+      const std::string dir = dir_of(heap);
+      ::unlink(heap.c_str());
+      ::unlink((dir + "/." + kHeapRegion + ".status").c_str());
+      ::rmdir(dir.c_str());  // only when nothing else is in it
+    }
+    throw;
+  }
+  return job;
+}
+
+namespace {
+// run() without the clean-up: `heap` is set once the heap file exists.
+pid_t run_job(const std::vector<std::string>& argv, const RunOptions& options, std::string& heap) {
   if (argv.empty()) throw Error(Errc::invalid_argument, "dvr run needs a command: dvr run -- CMD [ARGS...]");
   // The job's environment: ours, plus the heap's when it has one.
   std::vector<std::string> env_strings;
-  std::string heap;
   if (options.heap_bytes > 0) {
     if (options.heap_store.empty() || options.heap_session.empty())
       throw Error(Errc::invalid_argument, "dvr run --heap needs a store and a heap session");
@@ -152,21 +176,19 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
                                          " was not found (build with libjemalloc-dev installed, or set DVR_HEAP_PRELOAD)");
     const std::uint64_t bytes = (options.heap_bytes + 4095) & ~std::uint64_t(4095);
     Store store = Store::open(options.heap_store, {.create = false});
-    heap = heap_path(store.path(), options.heap_session);
+    const std::string path = heap_path(store.path(), options.heap_session);
     detail::make_private_dir(store.path() + "/heaps");
-    detail::make_private_dir(dir_of(heap));
-    int fd = ::open(heap.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    detail::make_private_dir(dir_of(path));
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0 && errno == EEXIST)
-      throw Error(Errc::already_exists, "dvr run --heap: session '" + options.heap_session + "' already has a heap (" + heap +
+      throw Error(Errc::already_exists, "dvr run --heap: session '" + options.heap_session + "' already has a heap (" + path +
                                             "); choose another --heap-session, or remove it when no job uses it");
-    if (fd < 0) detail::throw_errno(errno, "dvr run --heap: cannot create heap file " + heap);
+    if (fd < 0) detail::throw_errno(errno, "dvr run --heap: cannot create heap file " + path);
+    heap = path;  // ours from here: removed if the job does not start
     int rc = ::ftruncate(fd, static_cast<off_t>(bytes));
     int err = errno;
     ::close(fd);
-    if (rc != 0) {
-      ::unlink(heap.c_str());
-      detail::throw_errno(err, "dvr run --heap: cannot size heap file " + heap);
-    }
+    if (rc != 0) detail::throw_errno(err, "dvr run --heap: cannot size heap file " + heap);
     std::string preload = shim + " libjemalloc.so.2";
     for (char** e = environ; *e; ++e) {
       std::string kv = *e;
@@ -281,8 +303,19 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
   if (first[0] <= 0) failure(-first[0], first[1]);
   if (n2 == sizeof second) failure(-second[0], second[1]);
   const pid_t job = static_cast<pid_t>(first[0]);
-  if (!heap.empty()) wait_for_heap(job, heap);
+  if (!heap.empty()) {
+    try {
+      wait_for_heap(job, heap);
+    } catch (...) {
+      // The heap is removed only once the program is gone (it maps it).
+      ::kill(job, SIGKILL);
+      for (int k = 0; k < 500 && ::kill(job, 0) == 0; ++k)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      throw;
+    }
+  }
   return job;
 }
+}  // namespace
 
 }  // namespace dvr::proc
