@@ -228,10 +228,14 @@ int cmd_rm(const RmArgs& a) {
     } catch (const Error& e) {
       if (e.code() != Errc::corrupt) throw;  // a damaged snapshot can still be removed
     }
+    // A process snapshot's heap goes with it (`dvr proc rm`), not alone.
+    if (std::string owner = proc::heap_owner(store, session, name); !owner.empty())
+      throw Error(Errc::invalid_argument, "snapshot '" + session + "/" + name + "' is the heap of process snapshot proc/" + owner +
+                                              ", which cannot be restored without it; remove both with `dvr proc rm " + owner + "` (nothing was removed)");
   }
   json removed = json::array();
   for (auto& [session, name] : refs) {
-    store.remove(session, name);
+    proc::remove_snapshot(store, session, name);  // proc/NAME: with its heap snapshots
     removed.push_back(jstr(session + "/" + name));
     if (!a.json) std::cout << "removed " << printable(session + "/" + name) << "\n";
   }

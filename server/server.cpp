@@ -1333,11 +1333,14 @@ json Server::run_action(StoreEntry& e, Operation& op, const std::string& action,
       } catch (const Error& x) {
         if (x.code() != Errc::corrupt) throw;  // a damaged snapshot can still be removed
       }
+      if (std::string owner = proc::heap_owner(s, session, n); !owner.empty())
+        throw ApiError(400, "invalid_argument", "snapshot '" + session + "/" + n + "' is the heap of process snapshot proc/" + owner,
+                       "remove the process snapshot (its heaps go with it)");
     }
     std::vector<std::string> removed;
     op.total = unique.size();
     for (auto& n : unique) {
-      s.remove(session, n);
+      proc::remove_snapshot(s, session, n);  // proc/NAME: with its heap snapshots
       removed.push_back(session + "/" + n);
       op.done = removed.size();
     }

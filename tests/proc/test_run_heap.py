@@ -1034,3 +1034,18 @@ def test_a_heap_job_that_does_not_start_leaves_no_heap_and_default_sessions_diff
         work.pids.add(pids[-1])
     sessions = sorted(p.name for p in (work.store / "heaps").iterdir() if p.name.startswith("run-sleep-"))
     assert len(sessions) == 2, sessions
+
+
+def test_rm_keeps_a_process_snapshot_and_its_heap_snapshot_together(work, probe_bin):
+    """`dvr rm SESSION/proc.NAME` alone would leave proc/NAME unrestorable: it
+    is refused; `dvr rm proc/NAME` removes the heap snapshot with it, as
+    `dvr proc rm` does."""
+    p = Probe(work, probe_bin, "hold", "1", heap="64M", session="pair")
+    p.wait_line("idle")
+    work.dump(p.pid, "a", leave_running=True)
+    refs = {f"{s['session']}/{s['name']}" for s in work.dvr_json("ls")["snapshots"]}
+    assert refs == {"proc/a", "pair/proc.a"}, refs
+    proc = work.dvr("rm", "pair/proc.a", expect=2)
+    assert "is the heap of process snapshot proc/a" in proc.stderr and "dvr proc rm a" in proc.stderr, describe(proc)
+    work.dvr("rm", "proc/a")
+    assert work.dvr_json("ls")["snapshots"] == []

@@ -214,6 +214,18 @@ DVR_EXPORT ProcInfo info(const Store& store, const std::string& name);
 /// Removes a process snapshot and its heap snapshot. Throws not_found.
 DVR_EXPORT void remove(Store& store, const std::string& name);
 
+/// The process snapshot whose heap snapshot SESSION/NAME is (NAME is
+/// kHeapPrefix + its name and it lists a heap of SESSION in this store), or
+/// "" when none is: what removing SESSION/NAME alone would break.
+DVR_EXPORT std::string heap_owner(const Store& store, const std::string& session, const std::string& name);
+
+/// Removes SESSION/NAME as `dvr rm` does: a process snapshot (session
+/// kImageSession) with its heap snapshots, as remove() (one whose metadata
+/// is damaged alone); a heap snapshot that a process snapshot still uses is
+/// refused (invalid_argument naming it and `dvr proc rm`); anything else as
+/// Store::remove. Throws not_found, invalid_argument.
+DVR_EXPORT void remove_snapshot(Store& store, const std::string& session, const std::string& name);
+
 struct RunOptions {
   std::string output;  // stdout and stderr of the job ("" = /dev/null)
   std::string cwd;     // working directory ("" = the caller's)

@@ -134,4 +134,39 @@ void remove(Store& store, const std::string& name) {
   heaps::remove_heaps(img);
 }
 
+std::string heap_owner(const Store& store, const std::string& session, const std::string& name) {
+  const std::string prefix = kHeapPrefix;
+  if (session == kImageSession || name.rfind(prefix, 0) != 0) return "";
+  const std::string owner = name.substr(prefix.size());
+  for (auto& si : store.list(kImageSession)) {
+    if (si.name != owner) continue;
+    try {
+      for (auto& h : impl::read_info(store, si, false).heaps)
+        if (h.session == session && (h.store.empty() || h.store == store.path())) return owner;
+    } catch (const Error&) {
+      return owner;  // damaged metadata: it may well use it
+    }
+  }
+  return "";
+}
+
+void remove_snapshot(Store& store, const std::string& session, const std::string& name) {
+  if (session == kImageSession) {
+    bool damaged = false;
+    try {
+      remove(store, name);
+      return;
+    } catch (const Error& e) {
+      if (e.code() != Errc::corrupt) throw;
+      damaged = true;
+    }
+    if (damaged) store.remove(session, name);  // its heaps cannot be named: the snapshot alone
+    return;
+  }
+  if (std::string owner = heap_owner(store, session, name); !owner.empty())
+    throw Error(Errc::invalid_argument, "snapshot '" + session + "/" + name + "' is the heap of process snapshot proc/" + owner +
+                                            ", which cannot be restored without it; remove both with `dvr proc rm " + owner + "`");
+  store.remove(session, name);
+}
+
 }  // namespace dvr::proc
