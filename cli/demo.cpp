@@ -97,7 +97,7 @@ int run_demo(Store& store, const DemoOptions& o) {
     if (!o.json) std::cout << line << std::flush;
   };
 
-  say("Memory DVR demo\nstore:    " + store.path() + " (" + medium_name(store.medium()) +
+  say("Memory DVR demo\nstore:    " + printable(store.path()) + " (" + medium_name(store.medium()) +
       (store.medium() == Medium::dram ? ": survives process crashes, not reboots" : "") + ")\n");
   say("data set: " + format_bytes(static_cast<double>(data_bytes)) + " float32 feature table (" + std::to_string(rows) + " rows × " +
       std::to_string(kColumns) + ") + " + format_bytes(static_cast<double>(rows * 4)) + " labels\n");
