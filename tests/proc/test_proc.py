@@ -835,3 +835,30 @@ def test_dump_of_dvrs_own_ancestor_or_of_a_thread_is_refused_at_once(work):
     proc = work.dvr("proc", "dump", tid, "--name", "th", "--leave-running", expect=2)
     assert f"it is a thread of process {threaded.pid}" in proc.stderr, describe(proc)
     assert work.proc_ls() == []
+
+
+def test_ctrl_c_to_a_foreground_restore_reaches_the_job(work):
+    """A restore that waits for its job passes SIGINT/SIGTERM on to it, like a
+    program run in the foreground: Ctrl-C used to end dvr and leave the job
+    running detached."""
+    job = work.start_job("counter", mib=4, wait_count=5)
+    work.dump(job.pid, "fg")
+    pidfile = work.path("fg.pid")
+    proc = subprocess.Popen([str(work.dvr_bin), "--store", str(work.store), "proc", "restore", "fg", "--pidfile", str(pidfile)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (pidfile.exists() and pidfile.read_text().strip()):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        pid = int(pidfile.read_text())
+        work.pids.add(pid)
+        job.wait_next(job.status())  # running
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGINT, (proc.returncode, err)
+    assert wait_gone(pid), "the job outlived the restore it was waited for by"

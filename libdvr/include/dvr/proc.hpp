@@ -89,7 +89,9 @@ struct DumpOptions {
 
 struct RestoreOptions {
   /// Return once the process runs (its PID is returned). Otherwise restore()
-  /// waits until the restored process exits and returns its exit status.
+  /// waits until the restored process exits and returns its exit status;
+  /// meanwhile SIGINT, SIGTERM and SIGHUP of the calling process are passed
+  /// on to it (the caller's own handlers are put back afterwards).
   bool detach = false;
   /// Restore beside a running original: a fresh PID namespace (the dump must
   /// come from a job in its own PID namespace, see run()), a private copy

@@ -21,6 +21,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -308,8 +310,43 @@ void write_user_pidfile(const Fd& fd, const std::string& path, pid_t pid) {
   }
 }
 
+// While a restore waits for its job: SIGINT, SIGTERM and SIGHUP sent to the
+// waiting process (Ctrl-C, `timeout`) go on to the job, as they would reach
+// a program run in the foreground, instead of ending the wait and leaving
+// the job running detached.
+std::atomic<pid_t> g_waited_job{0};
+extern "C" void forward_to_job(int sig) {
+  const pid_t job = g_waited_job.load();
+  if (job > 0) ::kill(job, sig);
+}
+
+class ForwardSignals {
+ public:
+  explicit ForwardSignals(pid_t job) {
+    g_waited_job = job;
+    struct sigaction sa {};
+    sa.sa_handler = forward_to_job;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (std::size_t k = 0; k < kSignals.size(); ++k)
+      ::sigaction(kSignals[k], &sa, &old_[k]);
+  }
+  ~ForwardSignals() {
+    for (std::size_t k = 0; k < kSignals.size(); ++k)
+      ::sigaction(kSignals[k], &old_[k], nullptr);
+    g_waited_job = 0;
+  }
+  ForwardSignals(const ForwardSignals&) = delete;
+  ForwardSignals& operator=(const ForwardSignals&) = delete;
+
+ private:
+  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> old_{};
+};
+
 // The exit status of our (subreaped) child `pid`, 128+N for signal N.
 int wait_for(pid_t pid) {
+  ForwardSignals forward(pid);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno == EINTR) continue;
