@@ -617,6 +617,11 @@ int cmd_import(const TransferArgs& a) {
   std::vector<transfer::VerifyKey> keys = required_keys(a);
   int fd = ::open(a.file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(errno == ENOENT ? Errc::not_found : Errc::io, "cannot open " + a.file + ": " + std::strerror(errno));
+  struct stat file {};
+  if (::fstat(fd, &file) == 0 && S_ISDIR(file.st_mode)) {
+    ::close(fd);
+    throw Error(Errc::invalid_argument, "cannot import " + a.file + ": it is a directory; give the file `dvr export` wrote");
+  }
   transfer::Stats st;
   try {
     Store store = open_store(true);
@@ -1265,6 +1270,8 @@ void add_require_option(CLI::App* sub, TransferArgs& t) {
 }
 
 int cmd_keygen(const std::string& prefix, bool as_json) {
+  if (prefix.empty() || prefix.back() == '/')
+    throw Error(Errc::invalid_argument, "--out " + prefix + " names no file: give a prefix like DIR/NAME (NAME.key and NAME.pub are written)");
   transfer::SigningKey k = transfer::SigningKey::generate();
   k.save(prefix);
   if (as_json) {
@@ -1439,7 +1446,12 @@ int run(int argc, char** argv) {
   p_dump->callback([&] { action = [&] { return cmd_proc_dump(pa); }; });
 
   auto* p_restore = c_proc->add_subcommand("restore", "bring a process snapshot back (waits for it and exits with its status, unless --detach)");
-  p_restore->add_option("name", pa.target, "the process snapshot")->required()->type_name("NAME");
+  // `proc/NAME`, the form ls and rm print, names the same process snapshot.
+  auto proc_ref = CLI::Validator([](std::string& v) {
+    if (v.rfind("proc/", 0) == 0) v.erase(0, 5);
+    return std::string();
+  }, "", "proc/NAME");
+  p_restore->add_option("name", pa.target, "the process snapshot")->required()->type_name("NAME")->transform(proc_ref);
   p_restore->add_flag("--detach", pa.detach, "return once it runs; print its PID");
   p_restore->add_option("--pidfile", pa.pidfile, "write its PID to FILE")->type_name("FILE");
   p_restore->add_flag("--tcp-established", pa.tcp_established, "restore its TCP connections (automatic for a dump that has them)");
@@ -1454,7 +1466,7 @@ int run(int argc, char** argv) {
   p_restore->callback([&] { action = [&] { return cmd_proc_restore(pa, false); }; });
 
   auto* p_clone = c_proc->add_subcommand("clone", "start a copy beside the running original (fresh PID namespace, private heaps)");
-  p_clone->add_option("name", pa.target, "the process snapshot")->required()->type_name("NAME");
+  p_clone->add_option("name", pa.target, "the process snapshot")->required()->type_name("NAME")->transform(proc_ref);
   p_clone->add_option("--net", pa.net, "new (a network namespace of its own, veth pair to the host) or NETNS (/run/netns/NETNS)");
   p_clone->add_option("--ip", pa.ip, "with --net new: the clone's address (default a free 10.213.x.y/30)")->type_name("ADDR/PREFIX");
   p_clone->add_option("--host-ip", pa.host_ip, "with --ip: the host end's address")->type_name("ADDR");
@@ -1471,12 +1483,12 @@ int run(int argc, char** argv) {
   p_ls->callback([&] { action = [&] { return cmd_proc_ls(pls_json); }; });
 
   auto* p_info = c_proc->add_subcommand("info", "one process snapshot: time, sizes, heaps, kernel, CRIU version");
-  p_info->add_option("name", pa.target, "the process snapshot")->required()->type_name("NAME");
+  p_info->add_option("name", pa.target, "the process snapshot")->required()->type_name("NAME")->transform(proc_ref);
   add_json(p_info, pa.json);
   p_info->callback([&] { action = [&] { return cmd_proc_info(pa); }; });
 
   auto* p_rm = c_proc->add_subcommand("rm", "remove process snapshots and their heap snapshots (every name checked first)");
-  p_rm->add_option("names", pa.names, "the process snapshots")->required()->type_name("NAME...");
+  p_rm->add_option("names", pa.names, "the process snapshots")->required()->type_name("NAME...")->transform(proc_ref);
   add_json(p_rm, pa.json);
   p_rm->callback([&] { action = [&] { return cmd_proc_rm(pa); }; });
 

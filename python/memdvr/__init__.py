@@ -1045,6 +1045,8 @@ class Session:
     def alloc(self, name: str, size: int) -> memoryview:
         """Allocates an SDK-owned, zero-filled region of ``size`` bytes; returns a writable memoryview."""
         _check_not_reserved(name)
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+            raise InvalidArgument(f"alloc '{_printable(name)}': size must be a whole number of bytes >= 0, not {size!r}")
         mv: memoryview = self._core.alloc(name, size)
         self._layouts[name] = None
         return mv

@@ -303,6 +303,8 @@ dvr::transfer::Stats import_from(dvr::Store& store, const std::string& file, con
     int fd;
     ~Closer() { ::close(fd); }
   } close_file{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) invalid("cannot import " + file + ": it is a directory; give the file export() wrote");
   dvr::transfer::ReceiveOptions o;
   o.progress = progress;
   o.require_signature = keys;

@@ -140,6 +140,7 @@ def test_proc_info_ls_and_rm_texts(work):
     assert info["time"].endswith("Z") and info["kernel"], info
     check(work.dvr_json("proc", "ls"), "proc_ls")
     assert info["criu_version"] in text and info["kernel"] in text, text
+    assert work.dvr_json("proc", "info", "proc/one")["name"] == "one"  # the form ls and rm print
     job2 = work.start_job("counter", mib=4, wait_count=5)
     proc = work.dvr("run", "--json", "--output", work.path("run2.out"), "--", str(work.job_bin), "counter", "--mib", "4",
                     "--status", str(work.path("run2.status")))
@@ -147,7 +148,7 @@ def test_proc_info_ls_and_rm_texts(work):
     check(doc, "run")
     work.pids.add(doc["pid"])
     work.dump(job2.pid, "two", leave_running=True)
-    doc = work.dvr_json("proc", "rm", "two")
+    doc = work.dvr_json("proc", "rm", "proc/two")
     check(doc, "proc_rm")
     assert doc["removed"] == ["two"]
     proc = work.dvr("proc", "rm", "one", "one")

@@ -155,3 +155,12 @@ def test_export_refuses_a_zstd_level_out_of_range_and_writes_nothing(store, tmp_
         store.export("s/x", out, compress="zstd", level=level)
     assert not out.exists() and [p for p in os.listdir(tmp_path) if p != "store"] == []
     assert store.export("s/x", out, compress="zstd", level=0).chunks_compressed == 0  # 0: documented as none
+
+
+def test_alloc_of_a_negative_size_and_import_of_a_directory_name_the_problem(store, tmp_path):
+    s = memdvr.Session(store, "s")
+    with pytest.raises(memdvr.InvalidArgument, match="size must be a whole number"):
+        s.alloc("a", -1)
+    assert s.regions() == []
+    with pytest.raises(memdvr.InvalidArgument, match=f"cannot import {tmp_path}: it is a directory"):
+        store.import_(tmp_path)

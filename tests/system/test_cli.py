@@ -379,3 +379,13 @@ def test_an_empty_store_option_and_durations_or_sizes_that_are_no_numbers_are_re
                  ["prune", "s", "--keep-within", "infs", "--dry-run"], ["prune", "s", "--keep-within", "nan", "--dry-run"]):
         proc = run([dvr_bin, "--store", populated.path, *args], expect=2)
         assert "is not a" in proc.stderr, describe(proc)
+
+
+def test_import_of_a_directory_and_keygen_into_a_directory_name_the_problem(populated, dvr_bin, tmp_path):
+    proc = populated.dvr("import", tmp_path, expect=2)
+    assert f"cannot import {tmp_path}: it is a directory" in proc.stderr, describe(proc)
+    out = tmp_path / "keys"
+    out.mkdir()
+    proc = run([dvr_bin, "keygen", "--out", f"{out}/"], expect=2)
+    assert "names no file" in proc.stderr, describe(proc)
+    assert list(out.iterdir()) == []
