@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 
-from dvrtest import alive, describe, wait_gone
+from dvrtest import alive, describe, popen_killed_at_end, wait_gone
 from schema_check import check
 
 SERIES = re.compile(r"tick-\d{8}T\d{6}Z(-\d+)?")
@@ -200,10 +200,9 @@ def test_ctrl_c_while_a_dump_of_the_series_runs_is_a_stop_not_a_failure(work):
     cut short ends the series like a stop between dumps (exit 0, the `end`
     event), and the job keeps running."""
     job = work.start_job("counter", mib=256, wait_count=5)
-    proc = subprocess.Popen([str(work.dvr_bin), "--store", str(work.store), "proc", "dump", str(job.pid), "--name", "tick",
-                             "--every", "1h", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    with popen_killed_at_end([str(work.dvr_bin), "--store", str(work.store), "proc", "dump", str(job.pid), "--name", "tick",
+                              "--every", "1h", "--json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
             if subprocess.run(["pgrep", "-g", str(proc.pid), "-x", "criu"], capture_output=True).returncode == 0:
@@ -211,10 +210,6 @@ def test_ctrl_c_while_a_dump_of_the_series_runs_is_a_stop_not_a_failure(work):
             time.sleep(0.005)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
     end = json.loads(out.strip().splitlines()[-1])
     assert end["event"] == "end" and "stopped by" in end["why"], end

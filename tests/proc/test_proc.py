@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dvrtest import (MIB, PYTHON, Job, alive, criu_dumps_inet_sockets, criu_version, data_extents, describe, free_pid,
+from dvrtest import (MIB, PYTHON, Job, alive, popen_killed_at_end, criu_dumps_inet_sockets, criu_version, data_extents, describe, free_pid,
                      kernel_version, ns_pid, pid_namespace, run, wait_gone)
 
 REDIS_SERVER = "/usr/bin/redis-server"
@@ -844,9 +844,8 @@ def test_ctrl_c_to_a_foreground_restore_reaches_the_job(work):
     job = work.start_job("counter", mib=4, wait_count=5)
     work.dump(job.pid, "fg")
     pidfile = work.path("fg.pid")
-    proc = subprocess.Popen([str(work.dvr_bin), "--store", str(work.store), "proc", "restore", "fg", "--pidfile", str(pidfile)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with popen_killed_at_end([str(work.dvr_bin), "--store", str(work.store), "proc", "restore", "fg", "--pidfile", str(pidfile)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (pidfile.exists() and pidfile.read_text().strip()):
             assert proc.poll() is None, proc.communicate()
@@ -856,9 +855,5 @@ def test_ctrl_c_to_a_foreground_restore_reaches_the_job(work):
         job.wait_next(job.status())  # running
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 128 + signal.SIGINT, (proc.returncode, err)
     assert wait_gone(pid), "the job outlived the restore it was waited for by"

@@ -16,6 +16,7 @@ binaries come from the environment CTest sets (tests/CMakeLists.txt):
     DVR_TEST_JOB=BUILD/dvr-test-job /usr/bin/python3 -m pytest tests/system
 """
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -312,6 +313,19 @@ def wait_gone(pid, timeout=20):
     zombie thread-group leader's threads still hold its files and sockets
     while they tear down its memory); False if it still runs after `timeout` s."""
     return wait_until(lambda: not alive(pid) and threads_left(pid) <= 1, timeout=timeout)
+
+
+@contextlib.contextmanager
+def popen_killed_at_end(*args, **kwargs):
+    """subprocess.Popen(*args, **kwargs) for a with block: SIGKILLed and
+    reaped at its end if it still runs (a failed assertion leaves nothing)."""
+    proc = subprocess.Popen(*args, **kwargs)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def kill9(pid, timeout=20):
