@@ -63,6 +63,10 @@ Store open_store(bool create) {
   return g.store_path.empty() ? Store::open_default(o) : Store::open(g.store_path, o);
 }
 
+// The start of a command a message suggests: `dvr`, with the store when one
+// was given (--store), quoted for a shell where it needs it.
+std::string dvr_here(const Store& store) { return g.store_path.empty() ? "dvr" : "dvr --store " + dvr::shell_word(store.path()); }
+
 std::string format_time(std::int64_t ns) {
   std::time_t t = static_cast<std::time_t>(ns / 1000000000);
   std::tm tm{};
@@ -85,7 +89,7 @@ void require_session(const Store& store, const std::string& session) {
   if (all.size() > 8) known += ", ...";
   throw Error(Errc::not_found, "no session '" + printable(session) + "' in store " + store.path() +
                                    (all.empty() ? std::string(" (it has no snapshots)") : " (sessions: " + known + ")") +
-                                   "; `dvr --store " + store.path() + " ls` lists the snapshots");
+                                   "; `dvr --store " + dvr::shell_word(store.path()) + " ls` lists the snapshots");
 }
 
 // A whole number within [lo, hi] (CLI11 validator: the message names the
@@ -231,7 +235,7 @@ int cmd_rm(const RmArgs& a) {
     // A process snapshot's heap goes with it (`dvr proc rm`), not alone.
     if (std::string owner = proc::heap_owner(store, session, name); !owner.empty())
       throw Error(Errc::invalid_argument, "snapshot '" + session + "/" + name + "' is the heap of process snapshot proc/" + owner +
-                                              ", which cannot be restored without it; remove both with `dvr proc rm " + owner + "` (nothing was removed)");
+                                              ", which cannot be restored without it; remove both with `" + dvr_here(store) + " proc rm " + owner + "` (nothing was removed)");
   }
   json removed = json::array();
   for (auto& [session, name] : refs) {
@@ -244,7 +248,7 @@ int cmd_rm(const RmArgs& a) {
     doc["removed"] = std::move(removed);
     print_json(doc);
   } else {
-    std::cout << "run `dvr gc` to reclaim the space\n";
+    std::cout << "run `" << printable(dvr_here(store)) << " gc` to reclaim the space\n";
   }
   return 0;
 }
@@ -288,7 +292,7 @@ int cmd_prune(const PruneArgs& a) {
   if (r.dry_run)
     std::cout << "; run it again without --dry-run to remove them\n";
   else
-    std::cout << (r.removed ? "; run `dvr gc` to reclaim the space\n" : "\n");
+    std::cout << (r.removed ? "; run `" + printable(dvr_here(store)) + " gc` to reclaim the space\n" : "\n");
   return 0;
 }
 
@@ -447,7 +451,7 @@ int cmd_recover(const LsArgs& a) {
   }
   std::cout << "newest intact snapshot: " << printable(a.session + "/" + found->name) << "  (" << format_time(found->time_ns) << ")\n"
             << "restore it in the program with session.restore(\"" << printable(found->name) << "\") (Python, C++), or copy it elsewhere with "
-            << "`dvr export " << printable(a.session + "/" + found->name) << " -o FILE`\n";
+            << "`" << printable(dvr_here(store)) << " export " << printable(a.session + "/" + found->name) << " -o FILE`\n";
   return 0;
 }
 
@@ -725,7 +729,7 @@ bool process_alive(pid_t pid) {
   return alive && !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
 }
 
-void print_dump(const proc::ProcInfo& p, const proc::DumpOptions& o) {
+void print_dump(const proc::ProcInfo& p, const proc::DumpOptions& o, const Store& store) {
   std::cout << "dumped process " << p.pid << " as proc/" << printable(p.name) << " in " << format_seconds(p.seconds) << ": " << bytes(p.image_bytes)
             << " of CRIU images, " << bytes(p.stored_bytes) << " added to the store"
             << (p.parent.empty() ? "" : " (compared with proc/" + printable(p.parent) + ")") << "\n";
@@ -734,8 +738,8 @@ void print_dump(const proc::ProcInfo& p, const proc::DumpOptions& o) {
               << " as " << printable(h.session) << "/" << proc::kHeapPrefix << printable(p.name) << "\n";
   std::cout << (o.leave_running ? "the process keeps running\n" : "the process was stopped\n");
   if (o.tcp_established)
-    std::cout << "its established TCP connections were dumped (their peers' packets wait until they are restored); `dvr proc restore "
-              << printable(p.name) << "` restores them\n";
+    std::cout << "its established TCP connections were dumped (their peers' packets wait until they are restored); `"
+              << printable(dvr_here(store)) << " proc restore " << printable(p.name) << "` restores them\n";
 }
 
 // A periodic dump series: NAME-YYYYMMDDTHHMMSSZ.
@@ -957,7 +961,7 @@ int periodic_dumps(pid_t pid, const PeriodicArgs& a) {
   for (auto& q : proc::list(store))
     kept += in_series(q.name, a.name);
   say(why + "; " + std::to_string(dumps) + " dump(s) taken, " + std::to_string(removed) + " removed, " + std::to_string(kept) + " of series " +
-          printable(a.name) + " in the store (`dvr proc ls`)",
+          printable(a.name) + " in the store (`" + printable(dvr_here(store)) + " proc ls`)",
       json{{"event", "end"}, {"why", why}, {"dumps", dumps}, {"removed", removed}, {"kept", kept}});
   return 0;
 }
@@ -1041,7 +1045,7 @@ int cmd_proc_dump(const ProcArgs& a) {
     doc.update(to_json(p));
     print_json(doc);
   } else {
-    print_dump(p, o);
+    print_dump(p, o, store);
   }
   return 0;
 }
@@ -1096,7 +1100,7 @@ int cmd_proc_ls(bool as_json) {
     return 0;
   }
   if (all.empty()) {
-    std::cout << "no process snapshots in " << printable(store.path()) << " (`dvr proc dump PID --name NAME` takes one)\n";
+    std::cout << "no process snapshots in " << printable(store.path()) << " (`" << printable(dvr_here(store)) << " proc dump PID --name NAME` takes one)\n";
     return 0;
   }
   std::printf("%-28s %-19s %8s %10s %10s %5s  %s\n", "NAME", "TIME", "PID", "IMAGES", "STORED", "HEAPS", "COMMAND");
@@ -1134,8 +1138,8 @@ int cmd_proc_info(const ProcArgs& a) {
     std::cout << "  " << printable(h.path) << "  " << bytes(h.bytes) << "  snapshot " << printable(h.session) << "/" << proc::kHeapPrefix
               << printable(p.name) << "\n";
   std::cout << "mapped files      " << p.files.size() << " (programs and libraries a restore needs unchanged)\n"
-            << "restore it with `dvr proc restore " << printable(p.name) << "`, or start a copy beside it with `dvr proc clone "
-            << printable(p.name) << "`\n";
+            << "restore it with `" << printable(dvr_here(store)) << " proc restore " << printable(p.name) << "`, or start a copy beside it with `"
+            << printable(dvr_here(store)) << " proc clone " << printable(p.name) << "`\n";
   return 0;
 }
 
@@ -1164,7 +1168,7 @@ int cmd_proc_rm(const ProcArgs& a) {
     doc["removed"] = std::move(removed);
     print_json(doc);
   } else {
-    std::cout << "run `dvr gc` to reclaim the space\n";
+    std::cout << "run `" << printable(dvr_here(store)) << " gc` to reclaim the space\n";
   }
   return 0;
 }
@@ -1236,7 +1240,7 @@ int cmd_run(const RunArgs& a) {
   }
   if (o.heap_bytes)
     std::cerr << "dvr run: heap " << proc::heap_path(o.heap_store, session) << " (" << bytes(o.heap_bytes) << ", session " << session
-              << "); dump it with `dvr --store " << printable(shell_quote(o.heap_store)) << " proc dump " << pid << " --name NAME`\n";
+              << "); dump it with `dvr --store " << printable(dvr::shell_word(o.heap_store)) << " proc dump " << pid << " --name NAME`\n";
   if (a.dump_every.empty()) return 0;
   PeriodicArgs p;
   p.name = a.name;

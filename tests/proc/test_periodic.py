@@ -133,7 +133,7 @@ def test_proc_info_ls_and_rm_texts(work):
     job = work.start_job("counter", mib=4, wait_count=5)
     work.dump(job.pid, "one", leave_running=True)
     text = work.dvr("proc", "info", "one").stdout
-    for what in ("proc/one", "time", "CRIU", "kernel", "heaps", "images", "dvr proc restore one"):
+    for what in ("proc/one", "time", "CRIU", "kernel", "heaps", "images", "proc restore one`"):
         assert what in text, text
     info = work.dvr_json("proc", "info", "one")
     check(info, "proc_info")

@@ -120,7 +120,7 @@ def test_rm_then_gc_reclaims_space(populated):
     before = store.stat()["pack_bytes"]
     b_only = sum(n for k, n in store.content_keys("b").items() if k[0] == "fresh")
     proc = store.dvr("rm", "s/b")
-    assert "removed s/b" in proc.stdout and "dvr gc" in proc.stdout, describe(proc)
+    assert "removed s/b" in proc.stdout and " gc` to reclaim the space" in proc.stdout, describe(proc)
     assert store.names("s") == {"a"}
     assert store.stat()["pack_bytes"] == before  # rm alone frees nothing
     gc = store.gc()
@@ -389,3 +389,16 @@ def test_import_of_a_directory_and_keygen_into_a_directory_name_the_problem(popu
     proc = run([dvr_bin, "keygen", "--out", f"{out}/"], expect=2)
     assert "names no file" in proc.stderr, describe(proc)
     assert list(out.iterdir()) == []
+
+
+def test_suggested_commands_name_the_store_as_one_shell_word(dvr_bin, tmp_path):
+    """A hint such as "`dvr --store PATH ls s` lists its snapshots" or "run
+    `dvr gc`" can be pasted: it names the store given with --store, quoted
+    where a shell would split or expand it."""
+    path = tmp_path / "dir with space" / "st $(x)"
+    quoted = f"'{path}'"
+    run([dvr_bin, "--store", path, "demo", "--size", "1M", "--trials", "1"], expect=0)
+    proc = run([dvr_bin, "--store", path, "info", "demo/nosuch"], expect=1)
+    assert f"`dvr --store {quoted} ls demo`" in proc.stderr, describe(proc)
+    proc = run([dvr_bin, "--store", path, "rm", "demo/loaded"], expect=0)
+    assert f"run `dvr --store {quoted} gc`" in proc.stdout, describe(proc)

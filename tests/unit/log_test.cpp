@@ -196,3 +196,11 @@ TEST_CASE("escape: one rule for every text output (C0, DEL, C1, separators, bidi
   // An escape can be told from text that looks like one.
   CHECK(dvr::escape_text("\\x1b") == "\\\\x1b");
 }
+
+TEST_CASE("shell_word: a path in a suggested command is one shell word", "[log][escape]") {
+  CHECK(dvr::shell_word("/dev/shm/dvr-0") == "/dev/shm/dvr-0");
+  CHECK(dvr::shell_word("/tmp/dir with space/st") == "'/tmp/dir with space/st'");
+  CHECK(dvr::shell_word("/tmp/$(rm -rf x)") == "'/tmp/$(rm -rf x)'");
+  CHECK(dvr::shell_word("it's") == "'it'\\''s'");
+  CHECK(dvr::shell_word("") == "''");
+}

@@ -68,6 +68,11 @@ DVR_EXPORT std::string escape_text(std::string_view text);
 /// must be UTF-8 and carry the exact text. Thread-safe.
 DVR_EXPORT std::string utf8_safe(std::string_view text);
 
+/// `text` as one word of a shell command that a message suggests (`dvr
+/// --store PATH ls`): as it is when it holds only A-Z a-z 0-9 and / . _ - + :
+/// @ % , =, else in single quotes (a quote inside as '\'').
+DVR_EXPORT std::string shell_word(std::string_view text);
+
 /// Where messages go: called with the level and one line of text, escaped
 /// with escape_text(), no trailing newline. nullptr restores the default sink, which writes
 /// "dvr[PID] LEVEL: message\n" to stderr in one write. The sink may be

@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -211,6 +213,17 @@ std::string walk_utf8(std::string_view text, Keep keep) {
   return out;
 }
 }  // namespace
+
+std::string shell_word(std::string_view text) {
+  bool plain = !text.empty();
+  for (unsigned char c : text)
+    plain = plain && (std::isalnum(c) || (c != 0 && std::strchr("/._-+:@%,=", c) != nullptr));
+  if (plain) return std::string(text);
+  std::string out = "'";
+  for (char c : text)
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
 
 std::string utf8_safe(std::string_view text) {
   return walk_utf8(text, [](std::string& out, char32_t, std::string_view seq) { out.append(seq); });

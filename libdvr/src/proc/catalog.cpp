@@ -124,7 +124,7 @@ ProcInfo info(const Store& store, const std::string& name) {
   detail::check_name("process snapshot", name);
   for (auto& si : store.list(kImageSession))
     if (si.name == name) return impl::read_info(store, si, false);
-  throw Error(Errc::not_found, "no process snapshot '" + name + "' in store " + store.path() + "; `dvr proc ls` lists them");
+  throw Error(Errc::not_found, "no process snapshot '" + name + "' in store " + store.path() + "; `" + detail::dvr_for(store.path()) + " proc ls` lists them");
 }
 
 void remove(Store& store, const std::string& name) {

@@ -86,14 +86,14 @@ Manifest StoreImpl::load_manifest(const std::string& session, const std::string&
       } catch (const Error&) {
       }
       throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "': there is no session '" + session + "' in store " + path +
-                                       did_you_mean(session, sessions) + "; `dvr --store " + path + " ls` lists the sessions");
+                                       did_you_mean(session, sessions) + "; `" + dvr_for(path) + " ls` lists the sessions");
     }
     std::vector<std::string> names;
     try {
       names = snapshot_names(session);
     } catch (const Error&) {
     }
-    throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "' in store " + path + did_you_mean(name, names) + "; `dvr --store " + path +
+    throw Error(Errc::not_found, "no snapshot '" + ref(session, name) + "' in store " + path + did_you_mean(name, names) + "; `" + dvr_for(path) +
                                      " ls " + session + "` lists its snapshots");
   }
   Manifest m = decode_manifest(bytes, ref(session, name) + " (" + file + ")");

@@ -12,6 +12,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "dvr/log.hpp"
 #include "dvr/store.hpp"
 #include "base/flat_map.hpp"
 #include "format/manifest.hpp"
@@ -32,6 +33,10 @@ inline constexpr std::uint64_t kInitialPackSize = 64ull << 20;  // packs start s
 /// Throws invalid_argument unless `name` is 1–128 characters of [A-Za-z0-9._-]
 /// not starting with '.', so it can never name anything outside its directory.
 void check_name(const char* kind, const std::string& name);
+
+/// `dvr --store PATH`, PATH as shell_word(): the start of a command a
+/// message suggests, for the store at PATH.
+inline std::string dvr_for(const std::string& store_path) { return "dvr --store " + dvr::shell_word(store_path); }
 
 /// " (did you mean 'X'?)" for the name in `known` closest to `want` (edit
 /// distance at most a third of its length, at least 1), or "" when none is
