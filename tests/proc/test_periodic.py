@@ -164,6 +164,15 @@ def test_a_dvr_run_job_stops_on_sigterm_and_sigint_like_the_program(work):
         job = work.start_job("counter", mib=4, wait_count=5)
         os.kill(job.pid, sig)
         assert wait_gone(job.pid), f"a `dvr run` job ignored {sig.name}"
+    # A program that sets the signal back to SIG_DFL itself (dash does so for
+    # SIGTERM as it starts) gets the same handler instead.
+    pid = work.dvr_run(["/bin/sh", "-c", "sleep 600; :"], work.path("sh.out"))
+    caught = lambda: int(next(l for l in open(f"/proc/{pid}/status") if l.startswith("SigCgt:")).split()[1], 16)
+    deadline = time.monotonic() + 30
+    while not caught() & (1 << (signal.SIGTERM - 1)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGTERM)
+    assert wait_gone(pid), "a `dvr run -- /bin/sh -c ...` job ignored SIGTERM"
     # The handler is part of the process: a restored job stops the same way.
     job = work.start_job("counter", mib=4, wait_count=5)
     work.dump(job.pid, "sig")
