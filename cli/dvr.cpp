@@ -1154,12 +1154,29 @@ int cmd_proc_rm(const ProcArgs& a) {
     infos.push_back(proc::info(store, n));  // every name is checked before anything is removed
   json removed = json::array();
   for (auto& p : infos) {
+    // Which heap snapshots there are to remove, asked before: one may be gone already.
+    std::vector<std::string> lines;
+    for (auto& h : p.heaps) {
+      const std::string ref = printable(h.session + "/" + proc::kHeapPrefix + p.name);
+      if (!h.store.empty() && h.store != store.path()) {
+        lines.push_back(" and its heap snapshot " + ref + " in store " + printable(h.store));
+        continue;
+      }
+      bool here = false;
+      try {
+        store.info(h.session, proc::kHeapPrefix + p.name);
+        here = true;
+      } catch (const Error& e) {
+        here = e.code() == Errc::corrupt;  // damaged, but there (and removed)
+      }
+      lines.push_back(here ? " and its heap snapshot " + ref : " (its heap snapshot " + ref + " was gone already)");
+    }
     proc::remove(store, p.name);
     removed.push_back(jstr(p.name));
     if (!a.json) {
       std::cout << "removed proc/" << printable(p.name);
-      for (auto& h : p.heaps)
-        std::cout << " and its heap snapshot " << printable(h.session) << "/" << proc::kHeapPrefix << printable(p.name);
+      for (auto& l : lines)
+        std::cout << l;
       std::cout << "\n";
     }
   }

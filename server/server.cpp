@@ -629,8 +629,9 @@ void Server::register_routes() {
     if (req.has_param("since")) {
       std::string t = req.get_param_value("since");
       char* end = nullptr;
+      errno = 0;
       since = std::strtoll(t.c_str(), &end, 10);
-      if (t.empty() || *end) throw ApiError(400, "invalid_argument", "since '" + t + "' is not a time in ns since the epoch", "e.g. ?since=0");
+      if (t.empty() || *end || errno == ERANGE) throw ApiError(400, "invalid_argument", "since '" + t + "' is not a time in ns since the epoch", "e.g. ?since=0");
     }
     json doc = cli::document();
     doc["interval_s"] = opt_.sample_every_s;

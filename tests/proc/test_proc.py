@@ -857,3 +857,12 @@ def test_ctrl_c_to_a_foreground_restore_reaches_the_job(work):
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, (proc.returncode, err)
     assert wait_gone(pid), "the job outlived the restore it was waited for by"
+
+
+def test_run_from_a_removed_working_directory_is_refused(work):
+    """CRIU cannot dump a process whose working directory is gone: `dvr run`
+    says so before anything starts, instead of a job no dump can take."""
+    gone = work.path("gone")
+    gone.mkdir()
+    proc = run(["bash", "-c", f'cd "{gone}" && rmdir "{gone}" && exec "{work.dvr_bin}" run -- /bin/sleep 600'], expect=2)
+    assert "working directory was removed" in proc.stderr and "--cwd" in proc.stderr, describe(proc)

@@ -32,6 +32,7 @@ from test_tcp_servers import (MEMCACHED, REDIS_CLI, REDIS_SERVER, free_port, lis
                               redis_cli, resp, wait_redis, wait_until_listening)
 
 HEAP_BASE = 0x200000000000
+PYTHON_BIN = "/usr/bin/python3"
 
 
 def _preload():
@@ -1049,3 +1050,9 @@ def test_rm_keeps_a_process_snapshot_and_its_heap_snapshot_together(work, probe_
     assert "is the heap of process snapshot proc/a" in proc.stderr and " proc rm a`" in proc.stderr, describe(proc)
     work.dvr("rm", "proc/a")
     assert work.dvr_json("ls")["snapshots"] == []
+    # `dvr proc rm` says what it removed: not a heap snapshot that was gone already
+    # (the library's Store::remove, which has no process snapshots to consult, can remove it alone).
+    work.dump(p.pid, "b", leave_running=True)
+    run([PYTHON_BIN, "-c", f"import memdvr; memdvr.Store({str(work.store)!r}).remove('pair', 'proc.b')"], expect=0)
+    out = work.dvr("proc", "rm", "b").stdout
+    assert "removed proc/b (its heap snapshot pair/proc.b was gone already)" in out, out

@@ -299,6 +299,7 @@ def test_memory_samples_grow_and_since_filters(server):
     later = server.get(f"/api/v1/memory?since={times[-2]}")["samples"]
     assert [x["time_ns"] for x in later][:1] == [times[-1]], later
     server.get("/api/v1/memory?since=yesterday", expect=400)
+    server.get("/api/v1/memory?since=99999999999999999999999", expect=400)  # beyond 64 bits: not silently the largest time
 
 
 def test_unknown_names_are_404_with_a_hint_and_bad_names_400(server):

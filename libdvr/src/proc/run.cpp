@@ -163,6 +163,14 @@ namespace {
 // run() without the clean-up: `heap` is set once the heap file exists.
 pid_t run_job(const std::vector<std::string>& argv, const RunOptions& options, std::string& heap) {
   if (argv.empty()) throw Error(Errc::invalid_argument, "dvr run needs a command: dvr run -- CMD [ARGS...]");
+  // The job starts in our working directory unless told otherwise; one that
+  // was removed would make every dump fail ("Can't create a directory").
+  if (options.cwd.empty()) {
+    char buf[4096];
+    if (!::getcwd(buf, sizeof buf) && errno == ENOENT)
+      throw Error(Errc::invalid_argument, "dvr run: the working directory was removed, and CRIU cannot dump a job that runs in it; "
+                                          "cd to an existing directory or give --cwd DIR");
+  }
   // The job's environment: ours, plus the heap's when it has one.
   std::vector<std::string> env_strings;
   if (options.heap_bytes > 0) {

@@ -214,7 +214,7 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     if (errno != ENOENT) throw_errno(errno, "cannot open store " + path);
-    if (!options.create) throw Error(Errc::not_found, "no store at " + path + "; create one by taking a snapshot there, or pass the right --store");
+    if (!options.create) throw Error(Errc::not_found, "no store at " + path + "; create one by taking a snapshot there, or give the right directory (dvr --store DIR, memdvr.Store(DIR))");
     make_dirs(path);
     if (::stat(path.c_str(), &st) != 0) throw_errno(errno, "cannot open store " + path);
   }
