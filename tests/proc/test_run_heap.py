@@ -1023,6 +1023,10 @@ def test_a_heap_job_that_does_not_start_leaves_no_heap_and_default_sessions_diff
     proc = work.dvr("run", "--heap", "64M", "--heap-session", "hz", "--cwd", "/nonexistent", "--", probe_bin, expect=None)
     assert proc.returncode != 0 and "/nonexistent" in proc.stderr, describe(proc)
     assert not heap_file(work, "hz").exists(), "the failed start left its heap file"
+    # A program that started but could not set its heap up (1 KiB is too small) is ended, and leaves nothing.
+    proc = work.dvr("run", "--heap", "1K", "--heap-session", "tiny", "--", probe_bin, expect=None)
+    assert proc.returncode != 0 and "could not set its heap up" in proc.stderr, describe(proc)
+    assert not (work.store / "heaps" / "tiny").exists(), list((work.store / "heaps" / "tiny").iterdir())
     # The same session again: no "already has a heap".
     ctl = work.path("ctl-hz")
     ctl.mkdir()

@@ -23,6 +23,7 @@
 #include "base/os.hpp"
 #include "dvr/proc.hpp"
 #include "proc/criu_runner.hpp"
+#include "proc/processes.hpp"
 #include "store/store_impl.hpp"
 
 extern char** environ;
@@ -152,6 +153,7 @@ pid_t run(const std::vector<std::string>& argv, const RunOptions& options) {
       const std::string dir = dir_of(heap);
       ::unlink(heap.c_str());
       ::unlink((dir + "/." + kHeapRegion + ".status").c_str());
+      ::unlink((dir + "/." + kHeapRegion + ".shim").c_str());  // what the shim wrote for dvr to find it
       ::rmdir(dir.c_str());  // only when nothing else is in it
     }
     throw;
@@ -317,8 +319,7 @@ pid_t run_job(const std::vector<std::string>& argv, const RunOptions& options, s
     } catch (...) {
       // The heap is removed only once the program is gone (it maps it).
       ::kill(job, SIGKILL);
-      for (int k = 0; k < 500 && ::kill(job, 0) == 0; ++k)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      impl::wait_exited({job}, std::chrono::milliseconds(5000));  // a zombie maps nothing any more
       throw;
     }
   }
