@@ -1020,8 +1020,9 @@ def test_a_store_given_as_a_relative_path_dumps_restores_and_clones(work, probe_
 
 
 def test_a_heap_job_that_does_not_start_leaves_no_heap_and_default_sessions_differ(work, probe_bin):
-    proc = work.dvr("run", "--heap", "64M", "--heap-session", "hz", "--cwd", "/nonexistent", "--", probe_bin, expect=None)
-    assert proc.returncode != 0 and "/nonexistent" in proc.stderr, describe(proc)
+    missing = work.path("no-such-dir")
+    proc = work.dvr("run", "--heap", "64M", "--heap-session", "hz", "--cwd", missing, "--", probe_bin, expect=None)
+    assert proc.returncode != 0 and str(missing) in proc.stderr, describe(proc)
     assert not heap_file(work, "hz").exists(), "the failed start left its heap file"
     # A program that started but could not set its heap up (1 KiB is too small) is ended, and leaves nothing.
     proc = work.dvr("run", "--heap", "1K", "--heap-session", "tiny", "--", probe_bin, expect=None)
