@@ -1,6 +1,8 @@
 // Incremental snapshots and rollback restores (write-protect tracking), checked
 // against plain copies kept by the test, in both tracking modes.
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
@@ -476,4 +478,52 @@ TEST_CASE("incremental: a session's first restore (pages read with pread) and la
       CHECK(mapped_kib(store.path() + "/packs/") < 512);
     }
   }
+}
+
+namespace {
+// A child process writes `value` over [p, p+n) and exits.
+void child_writes(unsigned char* p, std::size_t n, int value) {
+  pid_t c = ::fork();
+  REQUIRE(c >= 0);
+  if (c == 0) {
+    std::memset(p, value, n);
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(c, &status, 0) == c);
+  REQUIRE(WIFEXITED(status));
+}
+}  // namespace
+
+TEST_CASE("incremental: shared memory written by a child process is in the next snapshot, and a restore puts it back", "[incremental][shared]") {
+  // Write tracking sees this process's page tables only: a MAP_SHARED
+  // region is compared by hashing, and a persistent heap (MAP_SHARED, ours)
+  // from the first fork() on.
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  const std::size_t n = 256 * 1024;
+  Session s(store, "sh");
+  auto* shared = static_cast<unsigned char*>(::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(shared != MAP_FAILED);
+  std::memset(shared, 0xAA, n);
+  s.track("shm", shared, n);
+  CHECK(s.tracking("shm") == Tracking::hash);
+  Region& heap = s.alloc("heap", n, {.persistent = true});
+  auto* h = static_cast<unsigned char*>(heap.data());
+  std::memset(h, 0xAA, n);
+  s.snapshot("one");
+  s.snapshot("one-again");  // the heap's tracking is synced: the next one reads what was written since
+
+  child_writes(shared, n, 0xEE);
+  child_writes(h, n, 0xBB);
+  s.snapshot("two");
+  CHECK(s.tracking("heap") == Tracking::hash);
+  s.restore("one");
+  CHECK(std::count(shared, shared + n, 0xAA) == static_cast<long>(n));
+  CHECK(std::count(h, h + n, 0xAA) == static_cast<long>(n));
+  s.restore("two");
+  CHECK(std::count(shared, shared + n, 0xEE) == static_cast<long>(n));
+  CHECK(std::count(h, h + n, 0xBB) == static_cast<long>(n));
+  s.untrack("shm");
+  ::munmap(shared, n);
 }

@@ -57,6 +57,12 @@ struct RegionTrack {
   // snapshot or restore covered the region: memory tracked (or allocated)
   // since then is compared by hashing until one does.
   bool synced = false;
+  // Shared memory of ours (a persistent heap): a forked child maps it too,
+  // and what the child writes is not in this process's page tables. The
+  // number of fork()s when tracking began (g_forks): after another one, the
+  // region is compared by hashing.
+  bool shared = false;
+  std::uint64_t forks = 0;
   std::string why;  // why it is not tracked
   // Bytes written after a background snapshot that the tracker did not see
   // (while the snapshot held the memory): region-relative, sorted; part of
@@ -260,6 +266,32 @@ struct Session::State {
 };
 
 namespace {
+// fork()s of this process since the first shared region was tracked (the
+// parent side of pthread_atfork), for RegionTrack::forks.
+std::atomic<std::uint64_t> g_forks{0};
+std::uint64_t count_forks() {
+  static std::once_flag once;
+  std::call_once(once, [] { ::pthread_atfork(nullptr, [] { g_forks.fetch_add(1, std::memory_order_relaxed); }, nullptr); });
+  return g_forks.load(std::memory_order_relaxed);
+}
+
+// Whether [b, e) lies, even in part, in a MAP_SHARED mapping of this process
+// (/proc/self/maps: the fourth permission letter is 's'). On a read error:
+// yes (the caller then compares by hashing, which is always right).
+bool in_shared_mapping(std::uintptr_t b, std::uintptr_t e) {
+  std::FILE* f = std::fopen("/proc/self/maps", "re");
+  if (!f) return true;
+  char line[512];
+  bool shared = false;
+  while (!shared && std::fgets(line, sizeof line, f)) {
+    unsigned long lo = 0, hi = 0;
+    char perms[8] = {};
+    if (std::sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo < e && b < hi) shared = perms[3] == 's';
+  }
+  std::fclose(f);
+  return shared;
+}
+
 // Every tracking note this process has published. A fork invalidates them
 // all: the child's copy of a heap mapping is not write-tracked, so what it
 // writes would not show in the parent's marks.
@@ -334,11 +366,20 @@ void Session::State::start_tracking(Region& r, bool fresh) {
     t.why = tracker_why;
   } else if (inner_b >= inner_e) {
     t.why = "region '" + r.name() + "' holds no whole page";
+  } else if (!fresh && !heap_files.count(&r) && in_shared_mapping(inner_b, inner_e)) {
+    // Memory others write too (a fork child, another mapping of the same
+    // file or memfd, a hole punched in it): none of it shows in this
+    // process's page tables, so only hashing sees it.
+    t.why = "region '" + r.name() + "' is shared memory (MAP_SHARED): other processes and mappings write it unseen";
   } else if (tracker->add({inner_b, inner_e}, &t.why, !fresh)) {
     // Unprotected (fresh): the tracker reports every page as written until
     // the first snapshot or restore of the region protects it, and nothing
     // asks it before then (synced is false until that snapshot or restore).
     t.tracked = {inner_b, inner_e};
+    if (heap_files.count(&r)) {
+      t.shared = true;
+      t.forks = count_forks();
+    }
     if (b < inner_b) t.edges.emplace_back(b & ~(kPage - 1), inner_b);
     if (inner_e < e) t.edges.emplace_back(inner_e, inner_e + kPage);
   } else {
@@ -366,6 +407,16 @@ const ManifestRegion* Session::State::base_region(const Region& r) const {
 bool Session::State::written_since_base(const Region& r, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
   auto it = tracks.find(&r);
   if (!base_region(r) || it == tracks.end() || it->second.tracked.first == it->second.tracked.second || !it->second.synced) return false;
+  if (it->second.shared && it->second.forks != g_forks.load(std::memory_order_relaxed)) {
+    // A child process shares this heap since a fork(): its writes are not
+    // in our page tables. From now on this region is compared by hashing.
+    tracker->remove(it->second.tracked);
+    it->second.tracked = {0, 0};
+    it->second.why = "region '" + r.name() + "' is shared with a child process since fork(); write tracking cannot see its writes";
+    DVR_LOG(info, "session '" + name + "': " + it->second.why + "; it falls back to hash tracking");
+    drop_note(r);
+    return false;
+  }
   std::vector<detail::AddrRange> pages;
   if (!tracker->written(it->second.tracked, pages)) {
     // The memory was unmapped and mapped again (or this is a forked child):
