@@ -56,6 +56,7 @@ void BackgroundJob::run() {
   DVR_LOG(info, "background snapshot " + StoreImpl::ref(session, name) + " started: " + std::to_string(bytes_total.load()) + " bytes to read");
   std::exception_ptr error_out;
   bool handed_back = false;
+  std::string discarded;  // what the program discarded under the guard, if it did
   written_after.assign(sources.size(), {});
   lost.assign(sources.size(), {});
   // The guard lets go of the memory, and the session's tracker takes it
@@ -72,7 +73,14 @@ void BackgroundJob::run() {
     }
     faults = guard->faults();
     copied = guard->copied() * store->chunk_size;
-    guard.reset();  // stops the handler; the copies aside are freed
+    guard->finish();  // every event it read is handled
+    int a = -1;
+    std::uint64_t lo = 0, hi = 0;
+    if (guard->discarded(&a, &lo, &hi))
+      for (std::size_t r = 0; r < sources.size(); ++r)
+        if (area[r] == a)
+          discarded = "region '" + sources[r].name + "' bytes [" + std::to_string(lo) + ", " + std::to_string(hi) + ")";
+    guard.reset();  // the copies aside are freed
   };
   try {
     WriteBatch batch(*store);
@@ -81,6 +89,10 @@ void BackgroundJob::run() {
     write_snapshot(writer, sources, base, tracked, &g);
     if (cancel.load()) throw Error(Errc::cancelled, "background snapshot '" + StoreImpl::ref(session, name) + "' was cancelled; nothing was published");
     give_back(&writer.manifest());
+    if (!discarded.empty())
+      throw Error(Errc::io, "background snapshot '" + StoreImpl::ref(session, name) + "': the program discarded memory of " + discarded +
+                                " (madvise MADV_DONTNEED or MADV_REMOVE, or a hole punched) while it was being read, so the snapshot could "
+                                "not hold the memory of the call; nothing was published: take it again (a snapshot taken at once, not in the background, holds it)");
     std::exception_ptr after_commit;
     batch.publish({&writer}, &after_commit);
     std::lock_guard<std::mutex> l(mu);

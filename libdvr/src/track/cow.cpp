@@ -53,7 +53,9 @@ std::unique_ptr<CowGuard> CowGuard::open(std::string* why) {
   }
   uffdio_api api{};
   api.api = UFFD_API;
-  api.features = kFeatureWpUnpopulated | kFeatureWpHugetlbfsShmem;
+  // EVENT_REMOVE: memory the program discards (madvise DONTNEED/REMOVE)
+  // while the snapshot reads it is reported (discarded()).
+  api.features = kFeatureWpUnpopulated | kFeatureWpHugetlbfsShmem | UFFD_FEATURE_EVENT_REMOVE;
   if (::ioctl(uffd, UFFDIO_API, &api) != 0) {
     int err = errno;
     ::close(uffd);
@@ -74,12 +76,16 @@ std::unique_ptr<CowGuard> CowGuard::open(std::string* why) {
 
 CowGuard::CowGuard(int uffd, int wake) : uffd_(uffd), wake_(wake) {}
 
-CowGuard::~CowGuard() {
+void CowGuard::finish() {
   if (handler_.joinable()) {
     std::uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(wake_, &one, sizeof one);
     handler_.join();
   }
+}
+
+CowGuard::~CowGuard() {
+  finish();
   for (std::size_t a = 0; a < areas_.size(); ++a)
     release(static_cast<int>(a));
   ::close(uffd_);
@@ -225,9 +231,31 @@ void CowGuard::run() {
         continue;
       }
       idle = 0;
-      for (ssize_t i = 0; i < n / static_cast<ssize_t>(sizeof(uffd_msg)); ++i)
+      for (ssize_t i = 0; i < n / static_cast<ssize_t>(sizeof(uffd_msg)); ++i) {
         if (msgs[i].event == UFFD_EVENT_PAGEFAULT) handle(static_cast<std::uintptr_t>(msgs[i].arg.pagefault.address));
+        // The discarding thread goes on as soon as this is read, and zaps the
+        // pages: whether before or after the snapshot read them is unknown.
+        if (msgs[i].event == UFFD_EVENT_REMOVE)
+          removed(static_cast<std::uintptr_t>(msgs[i].arg.remove.start), static_cast<std::uintptr_t>(msgs[i].arg.remove.end));
+      }
     }
+  }
+}
+
+void CowGuard::removed(std::uintptr_t start, std::uintptr_t end) {
+  // Only registered memory sends this, and the areas do not change once the
+  // handler runs.
+  for (std::size_t a = 0; a < areas_.size(); ++a) {
+    const Area& ar = *areas_[a];
+    if (end <= ar.range.first || ar.range.second <= start) continue;
+    if (!discarded_.load(std::memory_order_relaxed)) {
+      const auto b = reinterpret_cast<std::uintptr_t>(ar.data);
+      discarded_area_ = static_cast<int>(a);
+      discarded_lo_ = std::max(start, b) - b;
+      discarded_hi_ = std::min<std::uintptr_t>(end, b + ar.size) - b;
+      discarded_.store(true, std::memory_order_release);
+    }
+    return;
   }
 }
 

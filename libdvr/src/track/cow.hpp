@@ -75,6 +75,24 @@ class CowGuard {
   /// caller hands the range back to the session's tracker.
   void release(int a);
 
+  /// Stops the handler thread (after release() of every area): every event
+  /// it read has been handled. Idempotent; the destructor calls it.
+  void finish();
+  /// Whether the program discarded memory of an area while it was under the
+  /// guard (madvise(MADV_DONTNEED/MADV_REMOVE), a hole punched): the kernel
+  /// zaps those pages without a write, so neither a fault nor a copy aside
+  /// preserves them, and chunks read after the zap hold zeros (or mix them
+  /// with the old bytes). The snapshot must not be published then. Then
+  /// also the first such area and the region bytes [lo, hi) discarded in it.
+  /// Valid after finish().
+  bool discarded(int* area, std::uint64_t* lo, std::uint64_t* hi) const {
+    if (!discarded_.load(std::memory_order_acquire)) return false;
+    *area = discarded_area_;
+    *lo = discarded_lo_;
+    *hi = discarded_hi_;
+    return true;
+  }
+
   /// Protection faults handled so far, and chunks copied aside because the
   /// program wrote to them before they were read.
   std::uint64_t faults() const { return faults_.load(std::memory_order_relaxed); }
@@ -97,6 +115,8 @@ class CowGuard {
   };
   void run();
   void handle(std::uintptr_t address);
+  // A UFFD_EVENT_REMOVE for [start, end): recorded when it meets an area.
+  void removed(std::uintptr_t start, std::uintptr_t end);
   // Copies chunk j of `ar` aside (once, and only while it is still wanted).
   void copy_aside(Area& ar, std::uint64_t j);
   const char* copy_of(const Area& ar, std::uint64_t j) const;
@@ -113,6 +133,9 @@ class CowGuard {
   std::uint64_t pool_slots_ = 0;
   std::thread handler_;
   std::atomic<std::uint64_t> faults_{0}, copied_{0};
+  std::atomic<bool> discarded_{false};
+  int discarded_area_ = -1;  // written by the handler thread before discarded_ is set
+  std::uint64_t discarded_lo_ = 0, discarded_hi_ = 0;
 };
 
 }  // namespace dvr::detail
