@@ -1,11 +1,13 @@
 // Unit tests of failures: restore errors leave live memory untouched, damaged
 // packs and manifests are reported (restore, info, list, verify), names that
 // could escape the store are refused, and the API's rules are enforced.
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <csignal>
 #include <unistd.h>
 
 #include <set>
+#include <tuple>
 
 #include "format/manifest.hpp"
 #include "test_support.hpp"
@@ -13,6 +15,7 @@
 using dvr::Errc;
 using dvr::Session;
 using dvr::Store;
+using dvrtest::Caught;
 using dvrtest::catch_error;
 using dvrtest::diff;
 using dvrtest::TempDir;
@@ -600,4 +603,31 @@ TEST_CASE("an unknown snapshot or session names the store and the closest name",
   // Nothing close: no guess.
   auto e3 = catch_error([&] { store.info("sweep", "zzzzzzzz"); });
   CHECK(e3.what.find("did you mean") == std::string::npos);
+}
+
+TEST_CASE("errors: memory that is not mapped read-write cannot be tracked (a later snapshot or restore would crash)", "[errors][track]") {
+  TempDir dir;
+  Store store = Store::open(dir.store());
+  Session s(store, "ro");
+  const std::size_t n = 4 * 4096;
+  auto* ro = static_cast<char*>(::mmap(nullptr, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  auto* none = static_cast<char*>(::mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  auto* gone = static_cast<char*>(::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE((ro != MAP_FAILED && none != MAP_FAILED && gone != MAP_FAILED));
+  REQUIRE(::munmap(gone + 2 * 4096, 2 * 4096) == 0);  // half of it unmapped
+  static const char text[8192] = "read-only data of the program";
+  for (auto [name, p, len] : {std::tuple<const char*, const void*, std::size_t>{"ro", ro, n}, {"none", none, n}, {"gone", gone, n},
+                              {"const", text, sizeof text}}) {
+    INFO(name);
+    Caught c = catch_error([&] { s.track(name, const_cast<void*>(p), len); });
+    CHECK(c.code == Errc::invalid_argument);
+    CHECK(c.what.find("not all mapped readable and writable") != std::string::npos);
+  }
+  CHECK(s.regions().empty());
+  s.track("ok", gone, 2 * 4096);  // the part still mapped
+  s.snapshot("one");
+  ::munmap(ro, n);
+  ::munmap(none, n);
+  s.untrack("ok");
+  ::munmap(gone, 2 * 4096);
 }

@@ -154,7 +154,9 @@ DVR_EXPORT void dvr_session_close(dvr_session* session);
  * memory must stay valid until dvr_untrack or dvr_session_close. Snapshots
  * capture it and restores write it back in place.
  * Errors: INVALID_ARGUMENT (NULL argument, bad name, size 0, overlap with
- * another region), ALREADY_EXISTS (a region of that name exists). */
+ * another region, memory not all mapped readable and writable),
+ * ALREADY_EXISTS (a region of that name exists). Memory in a MAP_SHARED
+ * mapping is compared by hashing (docs/incremental.md). */
 DVR_EXPORT dvr_status dvr_track(dvr_session* session, const char* region, void* data, size_t size);
 
 /* Allocates an SDK-owned region `region` of `size` bytes, page-aligned and

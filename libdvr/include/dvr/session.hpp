@@ -179,7 +179,9 @@ class DVR_EXPORT Session {
 
   /// Registers caller-owned memory [data, data+size) as region `name`. The memory
   /// must stay valid while tracked. Throws already_exists, invalid_argument
-  /// (bad name, size 0, null pointer, overlap with another region).
+  /// (bad name, size 0, null pointer, overlap with another region, memory
+  /// not all mapped readable and writable). Memory in a MAP_SHARED mapping
+  /// is compared by hashing (docs/incremental.md): others write it unseen.
   Region& track(const std::string& name, void* data, std::size_t size);
 
   /// Allocates an SDK-owned, page-aligned, zero-filled region of `size` bytes. It

@@ -172,7 +172,9 @@ struct Images {
   std::vector<std::unique_ptr<procpages::Windows>> windows;
 
   void* map_file(const std::string& path, std::uint64_t n, int fd) {
-    maps.push_back(Mapping::file(fd, n, PROT_READ, MAP_PRIVATE, "CRIU image " + path));
+    // Writable (private: nothing reaches the file) because a tracked region
+    // must be; only read here.
+    maps.push_back(Mapping::file(fd, n, PROT_READ | PROT_WRITE, MAP_PRIVATE, "CRIU image " + path));
     return maps.back().data();
   }
 };

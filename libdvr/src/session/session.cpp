@@ -275,21 +275,34 @@ std::uint64_t count_forks() {
   return g_forks.load(std::memory_order_relaxed);
 }
 
-// Whether [b, e) lies, even in part, in a MAP_SHARED mapping of this process
-// (/proc/self/maps: the fourth permission letter is 's'). On a read error:
-// yes (the caller then compares by hashing, which is always right).
-bool in_shared_mapping(std::uintptr_t b, std::uintptr_t e) {
-  std::FILE* f = std::fopen("/proc/self/maps", "re");
-  if (!f) return true;
-  char line[512];
+// What /proc/self/maps says of [b, e): whether every byte is mapped readable
+// and writable, and whether any of it is a MAP_SHARED mapping (the fourth
+// permission letter 's'). Unreadable maps: nothing known (ok, shared), and
+// the caller compares by hashing, which is always right.
+struct MemoryProbe {
+  bool writable = true;  // mapped, readable and writable, all of it
   bool shared = false;
-  while (!shared && std::fgets(line, sizeof line, f)) {
+};
+MemoryProbe probe_memory(std::uintptr_t b, std::uintptr_t e) {
+  MemoryProbe m;
+  std::FILE* f = std::fopen("/proc/self/maps", "re");
+  if (!f) {
+    m.shared = true;
+    return m;
+  }
+  char line[512];
+  std::uintptr_t covered = b;  // mappings are listed in address order
+  while (std::fgets(line, sizeof line, f)) {
     unsigned long lo = 0, hi = 0;
     char perms[8] = {};
-    if (std::sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo < e && b < hi) shared = perms[3] == 's';
+    if (std::sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || hi <= b || lo >= e) continue;
+    if (lo > covered || perms[0] != 'r' || perms[1] != 'w') m.writable = false;
+    if (perms[3] == 's') m.shared = true;
+    covered = std::max<std::uintptr_t>(covered, hi);
   }
   std::fclose(f);
-  return shared;
+  if (covered < e) m.writable = false;
+  return m;
 }
 
 // Every tracking note this process has published. A fork invalidates them
@@ -366,7 +379,7 @@ void Session::State::start_tracking(Region& r, bool fresh) {
     t.why = tracker_why;
   } else if (inner_b >= inner_e) {
     t.why = "region '" + r.name() + "' holds no whole page";
-  } else if (!fresh && !heap_files.count(&r) && in_shared_mapping(inner_b, inner_e)) {
+  } else if (!fresh && !heap_files.count(&r) && probe_memory(inner_b, inner_e).shared) {
     // Memory others write too (a fork child, another mapping of the same
     // file or memfd, a hole punched in it): none of it shows in this
     // process's page tables, so only hashing sees it.
@@ -644,6 +657,12 @@ Region& Session::track(const std::string& name, void* data, std::size_t size) {
   state_->settle(false);
   if (!data) throw Error(Errc::invalid_argument, "region '" + name + "': pointer is null");
   check_new_region(state_->regions, state_->name, name, data, size);
+  // A restore writes the region and a snapshot reads it: memory that is not
+  // mapped read-write would crash the program there, not here.
+  const auto b = reinterpret_cast<std::uintptr_t>(data);
+  if (size > 0 && !probe_memory(b, b + size).writable)
+    throw Error(Errc::invalid_argument, "region '" + name + "': its memory is not all mapped readable and writable (read-only, PROT_NONE or "
+                                        "unmapped); track memory the program can write");
   state_->regions.push_back(std::make_unique<Region>(name, data, size, false));
   state_->start_tracking(*state_->regions.back());
   return *state_->regions.back();
