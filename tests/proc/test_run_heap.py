@@ -1058,6 +1058,8 @@ def test_rm_keeps_a_process_snapshot_and_its_heap_snapshot_together(work, probe_
     # `dvr proc rm` says what it removed: not a heap snapshot that was gone already
     # (the library's Store::remove, which has no process snapshots to consult, can remove it alone).
     work.dump(p.pid, "b", leave_running=True)
-    run([PYTHON_BIN, "-c", f"import memdvr; memdvr.Store({str(work.store)!r}).remove('pair', 'proc.b')"], expect=0)
+    python_dir = Path(work.dvr_bin).resolve().parent / "python"  # the build's memdvr, beside dvr
+    run([PYTHON_BIN, "-c", f"import memdvr; memdvr.Store({str(work.store)!r}).remove('pair', 'proc.b')"], expect=0,
+        env={"PYTHONPATH": str(python_dir)})
     out = work.dvr("proc", "rm", "b").stdout
     assert "removed proc/b (its heap snapshot pair/proc.b was gone already)" in out, out
