@@ -232,10 +232,7 @@ int cmd_rm(const RmArgs& a) {
     } catch (const Error& e) {
       if (e.code() != Errc::corrupt) throw;  // a damaged snapshot can still be removed
     }
-    // A process snapshot's heap goes with it (`dvr proc rm`), not alone.
-    if (std::string owner = proc::heap_owner(store, session, name); !owner.empty())
-      throw Error(Errc::invalid_argument, "snapshot '" + session + "/" + name + "' is the heap of process snapshot proc/" + owner +
-                                              ", which cannot be restored without it; remove both with `" + dvr_here(store) + " proc rm " + owner + "` (nothing was removed)");
+    proc::check_removable(store, session, name);  // a process snapshot's heap goes with it, not alone
   }
   json removed = json::array();
   for (auto& [session, name] : refs) {
@@ -1220,9 +1217,7 @@ int cmd_run(const RunArgs& a) {
       session = "run-" + (base.empty() ? std::string("job") : base) + "-" + std::to_string(::time(nullptr));
       // Two jobs started in one second get sessions of their own.
       const std::string first = session;
-      for (int n = 2; ::access(proc::heap_path(store->path(), session).c_str(), F_OK) == 0 ||
-                      ::access((store->path() + "/heaps/" + session).c_str(), F_OK) == 0;
-           ++n)
+      for (int n = 2; ::access((store->path() + "/heaps/" + session).c_str(), F_OK) == 0; ++n)  // the heap's directory
         session = first + "-" + std::to_string(n);
     }
     o.heap_store = store->path();

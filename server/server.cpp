@@ -1334,9 +1334,7 @@ json Server::run_action(StoreEntry& e, Operation& op, const std::string& action,
       } catch (const Error& x) {
         if (x.code() != Errc::corrupt) throw;  // a damaged snapshot can still be removed
       }
-      if (std::string owner = proc::heap_owner(s, session, n); !owner.empty())
-        throw ApiError(400, "invalid_argument", "snapshot '" + session + "/" + n + "' is the heap of process snapshot proc/" + owner,
-                       "remove the process snapshot (its heaps go with it)");
+      proc::check_removable(s, session, n);  // a process snapshot's heap goes with it, not alone
     }
     std::vector<std::string> removed;
     op.total = unique.size();

@@ -221,6 +221,11 @@ DVR_EXPORT void remove(Store& store, const std::string& name);
 /// "" when none is: what removing SESSION/NAME alone would break.
 DVR_EXPORT std::string heap_owner(const Store& store, const std::string& session, const std::string& name);
 
+/// Throws invalid_argument, naming the process snapshot and `dvr proc rm`,
+/// when SESSION/NAME is a heap snapshot a process snapshot still uses
+/// (heap_owner): what remove_snapshot() refuses, for checking a list first.
+DVR_EXPORT void check_removable(const Store& store, const std::string& session, const std::string& name);
+
 /// Removes SESSION/NAME as `dvr rm` does: a process snapshot (session
 /// kImageSession) with its heap snapshots, as remove() (one whose metadata
 /// is damaged alone); a heap snapshot that a process snapshot still uses is

@@ -163,10 +163,15 @@ void remove_snapshot(Store& store, const std::string& session, const std::string
     if (damaged) store.remove(session, name);  // its heaps cannot be named: the snapshot alone
     return;
   }
+  check_removable(store, session, name);
+  store.remove(session, name);
+}
+
+void check_removable(const Store& store, const std::string& session, const std::string& name) {
   if (std::string owner = heap_owner(store, session, name); !owner.empty())
     throw Error(Errc::invalid_argument, "snapshot '" + session + "/" + name + "' is the heap of process snapshot proc/" + owner +
-                                            ", which cannot be restored without it; remove both with `dvr proc rm " + owner + "`");
-  store.remove(session, name);
+                                            ", which cannot be restored without it; remove both with `" + detail::dvr_for(store.path()) +
+                                            " proc rm " + owner + "`");
 }
 
 }  // namespace dvr::proc
