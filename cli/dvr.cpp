@@ -1701,6 +1701,7 @@ int run(int argc, char** argv) {
     }
     if (argc == 1) std::cerr << app.help();
     std::cerr << "dvr: " << msg << "; see `" << path << " --help`\n";
+    if (json_requested(argc, argv)) print_json(error_document("invalid_argument", msg + "; see `" + path + " --help`", 2));
     return 2;
   }
   if (!action) return 2;
@@ -1735,6 +1736,21 @@ void tune_heap() {
 #endif
 }
 
+// A failed command: its message on stderr and, when JSON was asked for, an
+// `error` document on stdout (a script reading the one document learns what
+// went wrong as well as the exit status).
+int failed(int argc, char** argv, const char* code, const char* message, int status) {
+  std::cerr << "dvr: " << printable_lines(message) << "\n";
+  if (json_requested(argc, argv)) {
+    try {
+      print_json(error_document(code, message, status));
+    } catch (const std::exception&) {
+      // stdout itself failed: the message above is all there is
+    }
+  }
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1743,13 +1759,10 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const dvr::Error& e) {
-    std::cerr << "dvr: " << printable_lines(e.what()) << "\n";
-    return e.code() == dvr::Errc::invalid_argument ? 2 : 1;
+    return failed(argc, argv, dvr::errc_name(e.code()), e.what(), e.code() == dvr::Errc::invalid_argument ? 2 : 1);
   } catch (const std::invalid_argument& e) {
-    std::cerr << "dvr: " << printable_lines(e.what()) << "\n";
-    return 2;
+    return failed(argc, argv, "invalid_argument", e.what(), 2);
   } catch (const std::exception& e) {
-    std::cerr << "dvr: " << printable_lines(e.what()) << "\n";
-    return 1;
+    return failed(argc, argv, "io", e.what(), 1);
   }
 }

@@ -241,4 +241,19 @@ json removed_document(const std::vector<std::string>& removed) {
 
 void print_json(const json& doc) { std::cout << doc.dump() << "\n"; }
 
+json error_document(const std::string& code, const std::string& message, int exit_status) {
+  json doc = document();
+  doc["error"] = json{{"code", code}, {"message", jstr(message)}, {"exit_status", exit_status}};
+  return doc;
+}
+
+bool json_requested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") return false;
+    if (arg == "--json") return true;
+  }
+  return false;
+}
+
 }  // namespace dvr::cli

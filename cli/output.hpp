@@ -73,4 +73,13 @@ json removed_document(const std::vector<std::string>& removed);
 /// Prints a document on stdout, one line.
 void print_json(const json& doc);
 
+/// The `error` document of a command that failed with `--json`:
+/// {error: {code, message, exit_status}}; `code` is dvr::errc_name's
+/// ("not_found", ...), or "invalid_argument" for bad usage.
+json error_document(const std::string& code, const std::string& message, int exit_status);
+
+/// Whether the command line asks for JSON: `--json` before any `--` (what
+/// follows `--` is a program's own arguments).
+bool json_requested(int argc, char** argv);
+
 }  // namespace dvr::cli

@@ -21,7 +21,8 @@ what it would remove.
 Without --store the default store (memdvr.default_path()) is used. --json
 prints the same documents as `dvr --json` (docs/cli.md, "JSON documents":
 same names, same shapes, "schema_version": 1). Errors are printed as
-"memdvr: MESSAGE" with exit status 2 for bad usage and 1 otherwise; an
+"memdvr: MESSAGE" with exit status 2 for bad usage and 1 otherwise (with
+--json also the `error` document on stdout, as dvr prints it); an
 unknown session or snapshot is an error for every verb.
 """
 
@@ -32,7 +33,7 @@ import datetime as _dt
 import json
 import re
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 from . import DvrError, NotFound, Store, _printable, default_path
 from ._core import split_ref
@@ -108,6 +109,36 @@ def _snapshot(s: Any) -> Dict[str, Any]:
 def _print_json(value: Any) -> None:
     json.dump(value, sys.stdout, ensure_ascii=False)
     sys.stdout.write("\n")
+
+
+def _json_requested(argv: List[str]) -> bool:
+    """Whether the command line asks for JSON (`--json` before any `--`), as dvr decides it."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
+
+def _fail(argv: List[str], code: str, message: str, status: int) -> int:
+    """A failed verb: "memdvr: MESSAGE" on stderr and, when JSON was asked
+    for, dvr's `error` document on stdout. Returns the exit status."""
+    print(f"memdvr: {message}", file=sys.stderr)
+    if _json_requested(argv):
+        _print_json(_doc(error={"code": code, "message": _utf8(message), "exit_status": status}))
+    return status
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors also print the `error` document under --json."""
+
+    argv: List[str] = []
+
+    def error(self, message: str) -> NoReturn:
+        if _json_requested(self.argv):
+            _print_json(_doc(error={"code": "invalid_argument", "message": f"{self.prog}: {message}", "exit_status": 2}))
+        super().error(message)
 
 
 def _open(args: argparse.Namespace, create: bool = False) -> Store:
@@ -386,7 +417,7 @@ def _prune(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m memdvr", description="Memory DVR store commands (the dvr command's store verbs).")
+    p = _Parser(prog="python -m memdvr", description="Memory DVR store commands (the dvr command's store verbs).")
     p.add_argument("--store", help="store directory (default: memdvr.default_path())")
     sub = p.add_subparsers(dest="verb", required=True)
 
@@ -421,12 +452,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs one verb; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _Parser.argv = argv
     args = _parser().parse_args(argv)
     try:
         return int(args.func(args))
     except DvrError as e:
-        print(f"memdvr: {e}", file=sys.stderr)
-        return 2 if type(e).__name__ == "InvalidArgument" else 1
+        return _fail(argv, e.code, str(e), 2 if type(e).__name__ == "InvalidArgument" else 1)
 
 
 if __name__ == "__main__":

@@ -171,6 +171,31 @@ def test_unknown_names_are_errors_in_both(dvr_bin, store):
     assert [s["name"] for s in both(dvr_bin, store, "ls", "s")[0]["snapshots"]] == ["one", "two", "three"]
 
 
+def test_failures_print_the_error_document_in_both(dvr_bin, store):
+    """With --json a failed verb still prints one document on stdout, the
+    `error` document: the library's code, the message (also on stderr) and
+    the exit status; bad usage is invalid_argument, exit status 2. Without
+    --json stdout stays empty."""
+    schema = load_schema()
+    cases = [(("info", "s/nosuch"), 1, "not_found"), (("ls", "nosuch"), 1, "not_found"),
+             (("rm", "s/one", "s/nosuch"), 1, "not_found"), (("info", "s/.."), 2, "invalid_argument"),
+             (("prune", "s", "--keep-last", "x"), 2, "invalid_argument")]
+    for args, status, code in cases:
+        for front, proc in (("dvr", dvr(dvr_bin, store, *args, "--json", expect=status)),
+                            ("memdvr", py(store, *args, "--json", expect=status))):
+            lines = proc.stdout.splitlines()
+            assert len(lines) == 1, (front, args, proc.stdout, proc.stderr)
+            doc = json.loads(lines[0])
+            check(doc, "error", schema)
+            assert doc["error"]["code"] == code and doc["error"]["exit_status"] == status, (front, args, doc)
+            assert doc["error"]["message"] and proc.stderr.strip(), (front, args, doc, proc.stderr)
+            if status == 1:  # the library's message, on both channels
+                assert doc["error"]["message"] in proc.stderr, (front, args, doc, proc.stderr)
+        assert dvr(dvr_bin, store, *args, expect=status).stdout == "", args
+    # rm checked every name first: nothing was removed by the failed rm.
+    assert [s["name"] for s in both(dvr_bin, store, "ls", "s")[0]["snapshots"]] == ["one", "two", "three"]
+
+
 def test_import_progress_lines_are_monotonic_and_a_pipe_gets_none(dvr_bin, tmp_path):
     schema = load_schema()
     src = tmp_path / "src"

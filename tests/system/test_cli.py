@@ -50,7 +50,8 @@ def test_ls_json_has_the_documented_fields_and_true_values(populated):
     # One session only, oldest first.
     assert [s["name"] for s in store.ls("s")] == ["a", "b"]
     proc = store.dvr("ls", "nosuch", "--json", expect=1)
-    assert proc.stdout == "" and "no session 'nosuch'" in proc.stderr and f"`dvr --store {store.path} ls`" in proc.stderr, describe(proc)
+    assert "no session 'nosuch'" in proc.stderr and f"`dvr --store {store.path} ls`" in proc.stderr, describe(proc)
+    assert json.loads(proc.stdout)["error"]["code"] == "not_found", describe(proc)  # the `error` document
 
 
 def test_ls_text(populated):

@@ -55,7 +55,7 @@ def test_verify_names_each_damaged_snapshot_in_text_and_json(damaged_store):
     by_snapshot = {p["snapshot"]: p["what"] for p in report["problems"]}
     assert set(by_snapshot) == {"b", "c"} and all(p["session"] == "s" for p in report["problems"])
     # Each problem says what is wrong where, and what to do.
-    assert "region 'r0'" in by_snapshot["b"] and "dvr rm s/b" in by_snapshot["b"], by_snapshot["b"]
+    assert "region 'r0'" in by_snapshot["b"] and f"dvr --store {store.path} rm s/b" in by_snapshot["b"], by_snapshot["b"]
     assert "truncated" in by_snapshot["c"] or "damaged" in by_snapshot["c"], by_snapshot["c"]
 
 
@@ -90,7 +90,7 @@ def test_restoring_a_damaged_snapshot_fails_with_corrupt_naming_it(damaged_store
 def test_gc_refuses_while_a_manifest_is_unreadable_and_recovers_after_rm(damaged_store):
     store = damaged_store
     proc = store.dvr("gc", expect=1)
-    assert "s/c" in proc.stderr and "dvr rm" in proc.stderr, describe(proc)
+    assert "s/c" in proc.stderr and f"dvr --store {store.path} rm" in proc.stderr, describe(proc)
     store.dvr("rm", "s/c", "s/b")
     store.gc()
     assert store.verify()["ok"]

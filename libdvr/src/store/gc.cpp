@@ -115,7 +115,7 @@ GcReport Store::gc(const Progress& progress) {
     throw Error(
         Errc::corrupt,
         "gc refused: the manifest of " + names +
-            " cannot be read, so gc cannot tell which data it needs; inspect with `dvr verify`, then remove it with `dvr rm` and run gc again");
+            " cannot be read, so gc cannot tell which data it needs; inspect with `" + dvr_for(impl_->path) + " verify`, then remove it with `" + dvr_for(impl_->path) + " rm` and run gc again");
   }
 
   auto pack_ids = impl_->packs->ids();

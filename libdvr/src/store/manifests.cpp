@@ -99,7 +99,7 @@ Manifest StoreImpl::load_manifest(const std::string& session, const std::string&
   Manifest m = decode_manifest(bytes, ref(session, name) + " (" + file + ")");
   if (m.session != session || m.name != name || m.chunk_size != chunk_size)
     throw Error(Errc::corrupt, "manifest " + file + " records snapshot '" + ref(m.session, m.name) + "' with chunk size " +
-                                   std::to_string(m.chunk_size) + "; it was moved or belongs to another store — remove it with `dvr rm`");
+                                   std::to_string(m.chunk_size) + "; it was moved or belongs to another store — remove it with `" + dvr_for(path) + " rm " + shell_word(ref(session, name)) + "`");
   if (raw) *raw = std::move(bytes);
   if (with_page_hashes) hydrate(m);
   return m;

@@ -134,7 +134,7 @@ VerifyReport Store::verify(const Progress& progress) const {
     for (std::size_t i = 1; i < std::min<std::size_t>(items.size(), 3); ++i)
       what += "; " + items[i];
     if (items.size() > 3) what += "; ...";
-    what += damage  ? " — this snapshot cannot be restored; remove it with `dvr rm " + session + "/" + name + "`"
+    what += damage  ? " — this snapshot cannot be restored; remove it with `" + dvr_for(impl_->path) + " rm " + shell_word(session + "/" + name) + "`"
             : newer ? " — upgrade Memory DVR to read it"
                     : " — check the permissions and health of the store's files, then verify again";
     report.problems.push_back({session, name, what});

@@ -153,7 +153,7 @@ void check_new_snapshot(StoreImpl& store, const std::string& session, const std:
   check_name("snapshot", name);
   const std::string ref = StoreImpl::ref(session, name);
   if (!replace && path_exists(store.manifest_path(session, name)))
-    throw Error(Errc::already_exists, "snapshot '" + ref + "' exists already; pick another name, pass replace, or `dvr rm " + ref + "` first");
+    throw Error(Errc::already_exists, "snapshot '" + ref + "' exists already; pick another name, pass replace, or `" + dvr_for(store.path) + " rm " + shell_word(ref) + "` first");
 }
 
 SnapshotWriter::SnapshotWriter(WriteBatch& batch, const std::string& session, const std::string& name, const WriterOptions& options, Manifest* reuse)

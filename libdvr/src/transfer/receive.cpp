@@ -462,7 +462,7 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
   }
   if (detail::path_exists(si.manifest_path(in.session, in.name)))
     throw Error(Errc::already_exists, "snapshot '" + in.session + "/" + in.name + "' exists already in store " + si.path +
-                                          "; remove it first (`dvr rm`) to receive it again — nothing was stored");
+                                          "; remove it first (`" + detail::dvr_for(si.path) + " rm " + shell_word(in.session + "/" + in.name) + "`) to receive it again — nothing was stored");
   if (!in.base.empty()) {
     if (!detail::valid_name(in.base) || !detail::path_exists(si.manifest_path(in.session, in.base)))
       throw Error(Errc::not_found, "the stream is relative to snapshot '" + in.session + "/" + in.base + "', which store " + si.path +
