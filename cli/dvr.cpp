@@ -631,7 +631,7 @@ int cmd_import(const TransferArgs& a) {
     ::close(fd);
     // A refused stream: the message says what; this says which file.
     if (e.code() == Errc::corrupt || e.code() == Errc::permission || e.code() == Errc::unsupported)
-      throw Error(e.code(), "import of " + printable(a.file) + ": " + e.what());
+      throw Error(e.code(), "import of " + a.file + ": " + e.what());
     throw;
   } catch (...) {
     ::close(fd);
@@ -1153,9 +1153,12 @@ int cmd_proc_rm(const ProcArgs& a) {
   for (auto& p : infos) {
     // Which heap snapshots there are to remove, asked before: one may be gone already.
     std::vector<std::string> lines;
+    // A received snapshot's heap snapshots are removed in this store only,
+    // whatever store its metadata names (proc::remove, docs/migration.md).
+    const bool received = p.origin_time_ns != p.time_ns;
     for (auto& h : p.heaps) {
       const std::string ref = printable(h.session + "/" + proc::kHeapPrefix + p.name);
-      if (!h.store.empty() && h.store != store.path()) {
+      if (!h.store.empty() && h.store != store.path() && !received) {
         lines.push_back(" and its heap snapshot " + ref + " in store " + printable(h.store));
         continue;
       }

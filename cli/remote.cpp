@@ -317,13 +317,6 @@ SshTarget parse_ssh_url(const std::string& url) {
   return t;
 }
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s)
-    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 std::string ssh_control_dir() { return private_dir("dvr-ssh", "ssh connections"); }
 
 long keep_ssh_seconds(const std::string& option) {
@@ -354,7 +347,7 @@ SshChild::SshChild(const std::string& ssh, const SshTarget& t, const std::vector
   argv.push_back(t.host);
   std::string cmd;
   for (auto& r : remote)
-    cmd += (cmd.empty() ? "" : " ") + shell_quote(r);
+    cmd += (cmd.empty() ? "" : " ") + shell_word(r);
   argv.push_back(cmd);
   int a[2], b[2];
   if (::pipe2(a, O_CLOEXEC) != 0 || ::pipe2(b, O_CLOEXEC) != 0) throw Error(Errc::io, "cannot create pipes for ssh");
@@ -420,7 +413,7 @@ void keep_receiver(const std::string& ssh, const SshTarget& t, const std::string
     if (why.empty()) {
       std::vector<std::string> start = ssh_words(ssh, t, keep_s);
       start.push_back(t.host);
-      start.push_back(shell_quote(remote_dvr) + " --store " + shell_quote(t.path) + " receive --listen --idle " + std::to_string(keep_s));
+      start.push_back(shell_word(remote_dvr) + " --store " + shell_word(t.path) + " receive --listen --idle " + std::to_string(keep_s));
       auto [rc, out] = run_collected(start, 60);
       std::string far;
       const auto at = out.rfind("listening /");

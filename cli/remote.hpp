@@ -26,10 +26,6 @@ struct SshTarget {
 /// naming what is wrong.
 SshTarget parse_ssh_url(const std::string& url);
 
-/// S in single quotes for a POSIX shell (the far side runs our command
-/// through the user's shell).
-std::string shell_quote(const std::string& s);
-
 /// The directory where --keep-ssh's connections keep their control sockets
 /// (and the kept receivers their forwarded sockets): $XDG_RUNTIME_DIR/dvr-ssh,
 /// else /tmp/dvr-ssh-UID; made if missing, refused (permission) unless it is

@@ -236,8 +236,8 @@ auto with_progress(PyProgress& progress, Op&& op) {
 
 py::dict transfer_stats_dict(const dvr::transfer::Stats& st) {
   py::dict d;
-  d["refs"] = st.refs;
-  d["base"] = st.base;
+  d["refs"] = texts(st.refs);
+  d["base"] = text(st.base);
   d["logical_bytes"] = st.logical_bytes;
   d["wire_bytes"] = st.wire_bytes;
   d["data_bytes"] = st.data_bytes;
@@ -620,7 +620,7 @@ PYBIND11_MODULE(_core, m) {
               py::dict d;
               d["snapshot"] = snapshot_info_dict(dec.snapshot);
               d["keep"] = dec.keep;
-              d["reason"] = dec.reason;
+              d["reason"] = text(dec.reason);
               decisions.append(d);
             }
             py::dict out;
@@ -646,14 +646,14 @@ PYBIND11_MODULE(_core, m) {
             py::list problems;
             for (const auto& pr : r.problems) {
               py::dict pd;
-              pd["session"] = pr.session;
-              pd["snapshot"] = pr.snapshot;
-              pd["what"] = pr.what;
+              pd["session"] = text(pr.session);
+              pd["snapshot"] = text(pr.snapshot);
+              pd["what"] = text(pr.what);
               problems.append(pd);
             }
             d["problems"] = problems;
-            d["damaged_snapshots"] = r.damaged_snapshots();
-            d["warnings"] = r.warnings;
+            d["damaged_snapshots"] = texts(r.damaged_snapshots());
+            d["warnings"] = texts(r.warnings);
             return d;
           },
           py::arg("progress") = py::none(), "Re-hashes everything; progress(done, total) in bytes if given (GIL released meanwhile).")
@@ -699,7 +699,7 @@ PYBIND11_MODULE(_core, m) {
                st = s.stats();
              }
              py::dict d;
-             d["path"] = st.path;
+             d["path"] = text(st.path);
              d["medium"] = dvr::medium_name(st.medium);
              d["format_version"] = st.format_version;
              d["chunk_size"] = st.chunk_size;
@@ -708,7 +708,7 @@ PYBIND11_MODULE(_core, m) {
              d["logical_bytes"] = st.logical_bytes;
              d["pack_bytes"] = st.pack_bytes;
              d["pack_files"] = st.pack_files;
-             d["warnings"] = st.warnings;
+             d["warnings"] = texts(st.warnings);
              return d;
            })
       .def(
@@ -722,7 +722,7 @@ PYBIND11_MODULE(_core, m) {
             py::list out;
             for (const auto& r : diffs) {
               py::dict d;
-              d["name"] = r.name;
+              d["name"] = text(r.name);
               d["size_a"] = r.size_a;
               d["size_b"] = r.size_b;
               d["only_in_a"] = r.only_in_a;

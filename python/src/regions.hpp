@@ -67,9 +67,27 @@ void register_memory_owner(py::module_& m) {
   });
 }
 
+// Text the store holds as Python str: UTF-8, or any bytes a snapshot
+// received from elsewhere carried (a label may hold any): bytes that are not
+// UTF-8 become lone surrogates (surrogateescape, as os.fsdecode gives file
+// names), so nothing is lost and nothing raises UnicodeDecodeError; memdvr's
+// printers write them as \xNN (docs/cli.md, "Text output").
+inline py::str text(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
+  if (!o) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
+inline py::list texts(const std::vector<std::string>& v) {
+  py::list out;
+  for (const auto& s : v)
+    out.append(text(s));
+  return out;
+}
+
 py::dict region_info_dict(const dvr::RegionInfo& r) {
   py::dict d;
-  d["name"] = r.name;
+  d["name"] = text(r.name);
   d["size"] = r.size;
   d["sdk_owned"] = r.sdk_owned;
   return d;
@@ -84,10 +102,10 @@ py::list regions_list(const std::vector<dvr::Region*>& regions) {
 
 py::dict snapshot_info_dict(const dvr::SnapshotInfo& i) {
   py::dict d;
-  d["session"] = i.session;
-  d["name"] = i.name;
-  d["parent"] = i.parent;
-  d["label"] = i.label;
+  d["session"] = text(i.session);
+  d["name"] = text(i.name);
+  d["parent"] = text(i.parent);
+  d["label"] = text(i.label);
   d["time_ns"] = i.time_ns;
   d["seq"] = i.seq;
   d["origin_time_ns"] = i.origin_time_ns;
@@ -99,10 +117,10 @@ py::dict snapshot_info_dict(const dvr::SnapshotInfo& i) {
   for (const auto& r : i.regions)
     regions.append(region_info_dict(r));
   d["regions"] = regions;
-  d["tracking"] = i.tracking;
+  d["tracking"] = text(i.tracking);
   d["chunks_read"] = i.chunks_read;
   d["damaged"] = i.damaged;
-  d["damage"] = i.damage;
+  d["damage"] = text(i.damage);
   d["pending"] = i.pending;
   return d;
 }

@@ -17,6 +17,7 @@ What must hold:
 """
 
 import ctypes
+import json
 import os
 import pty
 import re
@@ -24,6 +25,7 @@ import select
 import struct
 import shlex
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -1194,3 +1196,117 @@ def test_a_heap_job_migrates_with_its_heap(work, store_a, store_b, dvr_bin, requ
     job.pid = pid
     job.assert_intact(job.mutate(), gen=2)
     store_b.verify()
+
+
+# --- fields of the snapshot record a forger chooses (the record resealed)
+
+def snapshot_fields(data):
+    """(offset of the snapshot record, its payload split as [session, name,
+    label, parent, middle, base, base fingerprint]): str fields are u32 length
+    and bytes; the base is the last str, before 16 fingerprint bytes."""
+    off, kind, length = records(data)[0]
+    assert kind == KIND_SNAPSHOT
+    payload = bytes(data[off + 8:off + 8 + length])
+    fields, at = [], 0
+    for _ in range(4):
+        (n,) = struct.unpack_from("<I", payload, at)
+        fields.append(payload[at + 4:at + 4 + n])
+        at += 4 + n
+    (n_base,) = struct.unpack_from("<I", payload, len(payload) - 16 - 4)
+    assert n_base == 0, "the stream should be a full one (no base)"
+    fields += [payload[at:len(payload) - 20], b"", payload[-16:]]
+    return off, fields
+
+
+def forge(data, xxh, **changes):
+    """The stream with snapshot-record fields (session, name, label, base) replaced, resealed."""
+    off, f = snapshot_fields(data)
+    keys = ["session", "name", "label", "parent"]
+    for key, value in changes.items():
+        f[keys.index(key) if key in keys else 5] = value
+    s = lambda b: struct.pack("<I", len(b)) + b  # noqa: E731
+    payload = s(f[0]) + s(f[1]) + s(f[2]) + s(f[3]) + f[4] + s(f[5]) + f[6]
+    return replace_record(data, off, payload, xxh)
+
+
+@pytest.mark.parametrize("field,value", [("session", b"se\x00s"), ("name", b"n\nx"), ("session", b"s\x99"), ("name", b"n\x1b[2J"),
+                                         ("base", b"n1\ndvr: received s/evil OK, signed by ed25519:0000")])
+def test_a_forged_name_is_damage_reported_on_one_line(store_b, stream, scratch, xxh, field, value):
+    """A name the stream carries that is not valid (a control character, a
+    byte that is not UTF-8, a base name with a line of its own) is damage:
+    exit status 1 (not bad usage), nothing stored, and the message is one line
+    that names the file, shows the byte by its value and escapes nothing twice
+    (no line of the stream's choosing reaches the terminal)."""
+    _, data = stream("default")
+    path = corrupt_copy(forge(data, xxh, **{field: value}), scratch / "forged")
+    proc = refuse(store_b, path, "import", r"damaged", context=f"a stream whose {field} is {value!r}")
+    assert proc.returncode == 1, describe(proc)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"dvr: import of {path}: the stream is damaged: "), describe(proc)
+    assert "nothing was stored" in lines[0] and "is not valid" in lines[0] and "\\\\" not in lines[0], describe(proc)
+    bad = next(c for c in value if c < 0x20 or c >= 0x80)
+    assert f"the byte 0x{bad:02x}" in lines[0], describe(proc)
+
+
+def test_a_label_that_is_not_utf8_is_kept_and_read_everywhere(store_b, stream, scratch, xxh):
+    """A label may hold any bytes (docs/cli.md, "JSON documents"): one from a
+    stream is stored as it is; dvr escapes it, JSON writes \\xNN, and the
+    Python API gives it as a str with surrogates (surrogateescape) instead of
+    failing for the whole store with UnicodeDecodeError."""
+    import memdvr
+    label = b"lab\xff\xfe\x1b"
+    _, data = stream("default")
+    import_json(store_b, corrupt_copy(forge(data, xxh, label=label), scratch / "labelled"))
+    assert "lab\\xff\\xfe\\x1b" in store_b.dvr("ls", "s").stdout
+    assert json.loads(store_b.dvr("info", "s/n1", "--json").stdout)["label"] == "lab\\xff\\xfe\x1b"
+    st = memdvr.Store(store_b.path, create=False)
+    want = label.decode("utf-8", "surrogateescape")
+    assert [i.label for i in st.list("s")] == [want]
+    assert st.info("s", "n1").label == want and st.latest("s").label == want
+    proc = run([sys.executable, "-m", "memdvr", "--store", store_b.path, "ls", "s"], expect=0)
+    assert "lab\\xff\\xfe\\x1b" in proc.stdout, describe(proc)
+    proc = run([sys.executable, "-m", "memdvr", "--store", store_b.path, "info", "s/n1", "--json"], expect=0)
+    assert json.loads(proc.stdout)["label"] == "lab\\xff\\xfe\x1b", describe(proc)
+
+
+def proc_stream(xxh, meta, chunk_size=262144):
+    """A stream of process snapshot proc/night1 built by hand (docs/format.md,
+    "Stream format"): its metadata region `meta` and one CRIU image."""
+    def s(b):
+        return struct.pack("<I", len(b)) + b
+
+    def rec(kind, payload):
+        head = struct.pack("<II", kind, len(payload))
+        return head + payload + struct.pack("<Q", xxh.h64(head + payload))
+
+    regions = [(b"dvr-proc.meta", meta), (b"core-1.img", b"c" * 100)]
+    head = s(b"proc") + s(b"night1") + s(b"") + s(b"") + struct.pack("<QIBI", 1, chunk_size, 1, len(regions))
+    head += b"".join(s(n) + struct.pack("<QB", len(d), 1) for n, d in regions) + s(b"") + bytes(16)
+    out, fp = [rec(KIND_SNAPSHOT, head)], struct.pack("<IB", chunk_size, 1)
+    fp += b"".join(s(n) + struct.pack("<Q", len(d)) for n, d in regions)
+    for i, (_, d) in enumerate(regions):
+        lo, hi = xxh.chunk_hash(d)
+        fp += struct.pack("<QQ", lo, hi)
+        out.append(rec(KIND_CHUNK, struct.pack("<IQQQBII", i, 0, lo, hi, 0, len(d), len(d)) + d))
+    lo, hi = xxh.h128(fp)
+    out += [rec(KIND_SNAPSHOT_END, struct.pack("<QQQ", lo, hi, len(regions))), rec(KIND_STREAM_END, struct.pack("<I", 1))]
+    return MAGIC + struct.pack("<II", 1, 0) + b"".join(out)
+
+
+def test_a_received_process_snapshot_removes_heap_snapshots_only_here(store_a, store_b, scratch, xxh):
+    """The heap stores a received process snapshot's metadata names are the
+    sender's choice: `dvr proc rm` removes its heap snapshots in the receiving
+    store only, and `proc info` counts nothing of another store."""
+    store_a.snap("sim", "proc.night1")  # the victim: another store of this host
+    before = store_a.state()
+    meta = (f"dvr-proc 1\npid=4242\nown_pid_namespace=1\ncriu_version=4.1.1\nleave_running=0\ntcp_established=0\n"
+            f"image_bytes=5000\nheap=5000\t{store_a.path}\tsim\t{store_a.path}/heaps/sim/state\nkernel=6.1\ncommand=job\n").encode()
+    path = scratch / "proc.dvr"
+    path.write_bytes(proc_stream(xxh, meta))
+    import_json(store_b, path)
+    info = json.loads(store_b.dvr("proc", "info", "night1", "--json").stdout)
+    assert info["stored_bytes"] < 64 * 1024, info  # the victim's heap snapshot is not counted
+    proc = store_b.dvr("proc", "rm", "night1")
+    assert "in store" not in proc.stdout, describe(proc)  # no heap snapshot elsewhere is claimed removed
+    store_a.assert_unchanged(before, "after `dvr proc rm` of a received snapshot naming this store")
+    assert "sim/proc.night1" in store_a.refs()

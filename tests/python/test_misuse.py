@@ -133,14 +133,17 @@ def test_the_session_name_proc_is_refused(store):
     assert store.sessions() == []
 
 
-# The whole character (not the first byte of é); NUL as text (a message is a
-# C string); other control characters as they are (text output escapes them).
-@pytest.mark.parametrize("name, shown", [("é", "'é'"), ("a\0b", "'\\x00'"), ("x\x01", "'\x01'")])
+# The whole character (not the first byte of é); a control character by its
+# value (a message is a C string, and a newline would start a line of the
+# name's choosing) and the name with U+FFFD for it.
+@pytest.mark.parametrize("name, shown", [("é", "'é'"), ("a\0b", "the byte 0x00"), ("x\x01", "the byte 0x01"),
+                                         ("a\nb", "the byte 0x0a"), ("a\xffb", "'\xff'")])
 def test_a_name_that_is_not_allowed_is_named_in_the_message(store, name, shown):
     s = memdvr.Session(store, "s")
     with pytest.raises(memdvr.InvalidArgument) as e:
         s.track(name, bytearray(2))
     assert f"it contains {shown}" in str(e.value), str(e.value)
+    assert "\\" not in str(e.value) and not any(ord(c) < 0x20 for c in str(e.value)), str(e.value)
     with pytest.raises(memdvr.InvalidArgument, match="session name .* is not valid"):
         memdvr.Session(store, name)
 

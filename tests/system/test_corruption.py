@@ -147,3 +147,45 @@ def test_a_new_snapshot_of_intact_memory_does_not_inherit_stored_damage(store):
     proc = store.check("t", "b", expect=None)
     assert proc.returncode == 0, "a snapshot taken after the damage reuses the damaged chunk:\n" + describe(proc)
     assert store.verify(expect=1)["damaged_snapshots"] == ["s/b"]
+
+
+def test_a_forged_commit_number_is_damage_and_does_not_wrap_the_next(store):
+    """A manifest whose seq was set to 2^64-1 and its checksum recomputed (XXH3
+    is no authentication): it is reported damaged, and the next snapshot is
+    still the newest (its number did not wrap to 0)."""
+    import ctypes
+    import struct
+    try:
+        lib = ctypes.CDLL("libxxhash.so.0")
+    except OSError as e:
+        pytest.skip(f"libxxhash.so.0 cannot be loaded through ctypes ({e})")
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    store.snap("s", "old")
+    manifest = store.path / "sessions" / "s" / "old.snap"
+    data = bytearray(manifest.read_bytes())
+    (body,) = struct.unpack_from("<Q", data, 16)
+    struct.pack_into("<Q", data, 72, 2**64 - 1)  # seq (docs/format.md, the manifest header)
+    struct.pack_into("<Q", data, body, lib.XXH3_64bits(bytes(data[:body]), body))
+    manifest.write_bytes(data)
+    store.snap("s", "new")
+    snaps = {s["name"]: s for s in store.ls("s")}
+    assert snaps["old"]["damaged"] and "commit number" in snaps["old"]["damage"], snaps["old"]
+    assert 0 < snaps["new"]["seq"] < 2**48, snaps["new"]
+    assert store.dvr_json("recover", "s")["latest"]["name"] == "new"
+    assert store.verify(expect=1)["damaged_snapshots"] == ["s/old"]
+    store.check("s", "new")
+
+
+@pytest.mark.parametrize("content", [b"", bytes(4096)])
+def test_a_superblock_whose_data_was_lost_is_corrupt_not_a_foreign_directory(store, content):
+    """A DVRSTORE emptied or zeroed (a file system that lost a file's data) is
+    damage (exit status 1, restore it from a backup), not bad usage."""
+    store.snap("s", "a")
+    (store.path / "DVRSTORE").write_bytes(content)
+    for verb in ("ls", "verify"):
+        proc = store.dvr(verb, expect=1)
+        assert "corrupt superblock" in proc.stderr and ("empty" if not content else "all zero bytes") in proc.stderr, describe(proc)
+    (store.path / "DVRSTORE").write_text("something else\n")
+    proc = store.dvr("ls", expect=2)
+    assert "is not a Memory DVR superblock" in proc.stderr, describe(proc)

@@ -109,7 +109,8 @@ std::uint64_t manifest_seq_hint(std::string_view bytes) {
   // stored, chunks read 8 each: seq at 72.
   constexpr std::size_t kSeqAt = 72;
   if (bytes.size() < kSeqAt + 8 || std::memcmp(bytes.data(), kMagic, 8) != 0 || decode_fixed<std::uint32_t>(bytes.data() + 8) < 4) return 0;
-  return decode_fixed<std::uint64_t>(bytes.data() + kSeqAt);
+  const auto seq = decode_fixed<std::uint64_t>(bytes.data() + kSeqAt);
+  return seq > kMaxSeq ? 0 : seq;
 }
 
 Manifest decode_manifest(std::string_view bytes, const std::string& where) {
@@ -147,6 +148,9 @@ Manifest decode_manifest(std::string_view bytes, const std::string& where) {
   m.chunks_read = version >= 2 ? in.u64() : chunk_count;
   if (version >= 4) {
     m.seq = in.u64();
+    // One number per commit: anything near 2^64 was forged (its checksum is
+    // no authentication) and would make the next number wrap to 0.
+    if (m.seq > kMaxSeq) in.fail("its commit number " + std::to_string(m.seq) + " is beyond any real count of snapshots");
     m.origin_time_ns = in.i64();
   } else {
     m.origin_time_ns = m.time_ns;  // made here, as far as anyone can tell

@@ -18,6 +18,9 @@ namespace dvr::detail {
 // 2 added flags bit 0 and chunks_read; 3 added page hashes and overlays;
 // 4 added seq and origin_time_ns (older ones decode with seq 0, origin = time).
 inline constexpr std::uint32_t kManifestVersion = 4;
+/// The highest commit number a manifest may carry (docs/format.md): far above
+/// any real count, far below where the next one would wrap.
+inline constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 48;
 inline constexpr std::uint32_t kManifestTrackedWrites = 1u << 0;  // flags: taken with write-protect tracking
 
 /// Where a chunk's bytes are. pack == 0 marks the all-zero chunk (not stored).

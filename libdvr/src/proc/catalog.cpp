@@ -34,8 +34,14 @@ heaps::HeapImage heap_image(const ProcInfo& p) {
 
 heaps::HeapImage heap_image_in(const Store& store, const ProcInfo& p) {
   heaps::HeapImage img = heap_image(p);
+  // A snapshot received from elsewhere names stores of the sender's choosing
+  // in its metadata: its heap snapshots are looked for (counted, removed
+  // with it) in this store only, as its restore reads them from nowhere else
+  // (docs/migration.md, "Security model"). One dumped here may have its heap
+  // in the store the heap lives in.
+  const bool received = p.origin_time_ns != p.time_ns;
   for (auto& h : img.heaps)
-    h.store = heaps::heap_store(h, img.snapshot, store.path());
+    h.store = received ? store.path() : heaps::heap_store(h, img.snapshot, store.path());
   return img;
 }
 

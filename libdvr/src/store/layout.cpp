@@ -93,15 +93,27 @@ bool valid_name(const std::string& name) {
 }
 
 namespace {
-// `text` for an error message: valid UTF-8 (bytes that are not become \xNN)
-// without NUL (a message is read as a C string: what() would end there).
+// One character of `text` at `i`: its bytes when they are well-formed UTF-8
+// and no control character, else "" (one byte that cannot be shown as it is:
+// a newline in a message would start a line of the sender's choosing).
+std::string char_at(const std::string& text, std::size_t i) {
+  const unsigned char c = static_cast<unsigned char>(text[i]);
+  const std::size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+  std::string ch = text.substr(i, len);
+  return c < 0x20 || c == 0x7f || utf8_safe(ch) != ch ? std::string() : ch;
+}
+
+// `text` for an error message: valid UTF-8 without NUL (a message is read as
+// a C string: what() would end there) or other control characters, each byte
+// that is not shown as U+FFFD. No backslash escapes: the front ends escape what they print
+// (docs/cli.md, "Text output"), and an escape made here would be escaped
+// again.
 std::string message_text(const std::string& text) {
   std::string out;
-  for (char c : utf8_safe(text)) {
-    if (c == '\0')
-      out += "\\x00";
-    else
-      out += c;
+  for (std::size_t i = 0; i < text.size();) {
+    const std::string ch = char_at(text, i);
+    out += ch.empty() ? "\xef\xbf\xbd" : ch;
+    i += ch.empty() ? 1 : ch.size();
   }
   return out;
 }
@@ -118,11 +130,12 @@ void check_name(const char* kind, const std::string& name) {
   for (std::size_t i = 0; i < name.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(name[i]);
     if (std::isalnum(c) || c == '.' || c == '_' || c == '-') continue;
-    // The whole character when it is one (é, not its first byte).
-    const std::size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
-    std::string ch = name.substr(i, len);
-    if (utf8_safe(ch) != ch) ch = name.substr(i, 1);
-    bad("it contains '" + message_text(ch) + "'");
+    // The whole character when it is one (é, not its first byte); a control
+    // character or a byte that is not UTF-8 by its value.
+    const std::string ch = char_at(name, i);
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", c);
+    bad(ch.empty() ? "it contains the byte " + std::string(hex) : "it contains '" + ch + "'");
   }
 }
 
@@ -272,6 +285,11 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
   std::istringstream in(text.substr(0, text.find('\0')));
   std::string magic, key;
   std::getline(in, magic);
+  // Empty or all zero bytes: a store's superblock whose contents were lost
+  // (a file system that lost the data of a file it kept), not a foreign file.
+  if (text.find_first_not_of('\0') == std::string::npos)
+    throw Error(Errc::corrupt, "corrupt superblock " + sb_path + ": it is " + (text.empty() ? "empty" : "all zero bytes") +
+                                   "; restore it from a backup of the store (the snapshots are still in " + path + ")");
   if (magic != kSuperblockMagic) throw Error(Errc::invalid_argument, sb_path + " is not a Memory DVR superblock; " + path + " is not a store");
   std::map<std::string, std::string> kv;
   std::string value;

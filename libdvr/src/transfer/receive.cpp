@@ -424,8 +424,18 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
   in.chunk_size = p.u32();
   in.paged = p.u8() != 0;
   std::uint32_t n = p.u32();
-  detail::check_name("session", in.session);
-  detail::check_name("snapshot", in.name);
+  // Names the stream carries are the sender's: one that is not valid is
+  // damage (or a forgery), not a usage error of this side.
+  auto stream_name = [](const char* kind, const std::string& name) {
+    try {
+      detail::check_name(kind, name);
+    } catch (const Error& e) {
+      bad_stream(e.what());
+    }
+  };
+  if (session_override.empty()) stream_name("session", in.session);
+  detail::check_name("session", in.session);  // the caller's --session
+  stream_name("snapshot", in.name);
   if (in.chunk_size < 4096 || in.chunk_size > (16u << 20) || (in.chunk_size & (in.chunk_size - 1))) bad_stream("bad chunk size");
   if (n == 0 || n > 65536) bad_stream("bad region count");
   for (std::uint32_t k = 0; k < n; ++k) {
@@ -433,7 +443,7 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
     r.name = p.str();
     r.size = p.u64();
     r.sdk_owned = p.u8() != 0;
-    detail::check_name("region", r.name);
+    stream_name("region", r.name);
     if (r.size == 0 || r.size > (1ull << 46)) bad_stream("region '" + r.name + "' has an impossible size");
     for (auto& other : in.regions)
       if (other.name == r.name) bad_stream("region '" + r.name + "' is declared twice");
@@ -443,6 +453,7 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
   }
   in.base = p.str();
   Hash128 bfp = p.hash();
+  if (!in.base.empty()) stream_name("base snapshot", in.base);
   // What the stream may make this side allocate and hash, bounded before
   // anything is (docs/migration.md, "Security model"): the logical size the
   // caller allows; the snapshot's tables (about 64 bytes a chunk of this
@@ -464,7 +475,7 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
     throw Error(Errc::already_exists, "snapshot '" + in.session + "/" + in.name + "' exists already in store " + si.path +
                                           "; remove it first (`" + detail::dvr_for(si.path) + " rm " + shell_word(in.session + "/" + in.name) + "`) to receive it again — nothing was stored");
   if (!in.base.empty()) {
-    if (!detail::valid_name(in.base) || !detail::path_exists(si.manifest_path(in.session, in.base)))
+    if (!detail::path_exists(si.manifest_path(in.session, in.base)))
       throw Error(Errc::not_found, "the stream is relative to snapshot '" + in.session + "/" + in.base + "', which store " + si.path +
                                        " does not hold; send it without --base (or with a base both sides hold) — nothing was stored");
     in.b = si.load_manifest(in.session, in.base);
