@@ -1676,8 +1676,22 @@ int run(int argc, char** argv) {
     };
   });
 
+  // Everything after the first `--` is `dvr run`'s program and its
+  // arguments, taken as they are: left to CLI11, the `--` would go to an
+  // option with an optional value (`--heap [MAX] -- CMD -x`) and CMD's
+  // options would be read as dvr's.
+  int dvr_args = argc;
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--") {
+      dvr_args = i;
+      break;
+    }
   try {
-    app.parse(argc, argv);
+    app.parse(dvr_args, argv);
+    if (dvr_args < argc) {
+      if (!c_run->parsed()) throw CLI::ExtrasError("only `dvr run` takes a program after --", CLI::ExitCodes::ExtrasError);
+      ra.argv.insert(ra.argv.end(), argv + dvr_args + 1, argv + argc);
+    }
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

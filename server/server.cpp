@@ -1500,6 +1500,13 @@ int Server::run() {
   } else {
     http_ = std::make_unique<httplib::Server>();
   }
+  // SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT, with
+  // which a second server on the same port would start and share the
+  // connections instead of failing with "address in use".
+  http_->set_socket_options([](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   http_->set_payload_max_length(opt_.max_body);
   http_->set_read_timeout(10, 0);
   http_->set_write_timeout(10, 0);

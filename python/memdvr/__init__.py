@@ -766,7 +766,11 @@ class Store:
             return SnapshotInfo._from_dict(self._core.info(session, name))
 
     def remove(self, session: str, name: str) -> None:
-        """Deletes snapshot ``session/name`` (its space is reused; gc() returns it). Raises NotFound."""
+        """Deletes snapshot ``session/name`` (its space is reused; gc() returns it). Raises NotFound.
+
+        As ``dvr rm``: process snapshot ``proc/NAME`` goes with its heap
+        snapshots, and a heap snapshot ``SESSION/proc.NAME`` that a process
+        snapshot still needs is refused (InvalidArgument; remove ``proc/NAME``)."""
         with self._finding(session, name):
             self._core.remove(session, name)
 

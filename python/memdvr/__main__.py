@@ -32,10 +32,11 @@ import argparse
 import datetime as _dt
 import json
 import re
+import shlex
 import sys
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
-from . import DvrError, NotFound, Store, _printable, default_path
+from . import DvrError, InvalidArgument, NotFound, Store, _printable, default_path
 from ._core import split_ref
 
 #: The version of the JSON documents (the same as dvr's).
@@ -142,7 +143,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _open(args: argparse.Namespace, create: bool = False) -> Store:
+    if args.store == "":  # an unset variable, not a wish for the default store (as dvr: usage error)
+        raise InvalidArgument("--store was given an empty path; name the store directory, or leave --store out "
+                              f"for the default store ({default_path()})")
     return Store(args.store or default_path(), create=create)
+
+
+def _here(store: Store) -> str:
+    """This command for `store`, to suggest a next command that can be pasted."""
+    return f"python -m memdvr --store {shlex.quote(str(store.path))}"
 
 
 def _require_session(store: Store, session: str) -> None:
@@ -154,7 +163,7 @@ def _require_session(store: Store, session: str) -> None:
     known = ", ".join(sessions[:8]) + (", ..." if len(sessions) > 8 else "")
     raise NotFound(f"no session '{_printable(session)}' in store {store.path} "
                    + (f"(sessions: {known})" if sessions else "(it has no snapshots)")
-                   + "; `python -m memdvr ls` lists the snapshots")
+                   + f"; `{_here(store)} ls` lists the snapshots")
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -240,6 +249,7 @@ def _rm(args: argparse.Namespace) -> int:
         except DvrError as e:
             if type(e).__name__ != "Corrupt":  # a damaged snapshot can still be removed
                 raise
+        store._core.check_removable(session, name)  # a heap snapshot a process snapshot needs: refused
     removed = []
     for session, name in refs:
         store.remove(session, name)
@@ -249,7 +259,7 @@ def _rm(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(_doc(removed=[_utf8(r) for r in removed]))
     else:
-        print("run `python -m memdvr gc` to reclaim the space")
+        print(f"run `{_here(store)} gc` to reclaim the space")
     return 0
 
 
@@ -336,7 +346,7 @@ def _recover(args: argparse.Namespace) -> int:
             if latest is not None and s.name == latest.name:
                 break
             skipped.append({"snapshot": _utf8(f"{s.session}/{s.name}"),
-                            "why": _utf8(s.damage if s.damaged else "its data is damaged; run `python -m memdvr verify`")})
+                            "why": _utf8(s.damage if s.damaged else f"its data is damaged; run `{_here(store)} verify`")})
     if args.json:
         _print_json(_doc(session=_utf8(args.session), latest=_snapshot(latest) if latest else None, skipped=skipped))
     if not known:
@@ -412,7 +422,7 @@ def _prune(args: argparse.Namespace) -> int:
               "nothing was changed")
     else:
         print(f"removed {r.removed} snapshot(s) of '{_printable(args.session)}', kept {kept}"
-              + ("; run `python -m memdvr gc` to reclaim the space" if r.removed else ""))
+              + (f"; run `{_here(store)} gc` to reclaim the space" if r.removed else ""))
     return 0
 
 

@@ -20,6 +20,7 @@
 #include <pybind11/stl.h>
 
 #include <dvr/dvr.hpp>
+#include <dvr/proc.hpp>
 #include <dvr/transfer.hpp>
 
 #include "regions.hpp"
@@ -581,7 +582,16 @@ PYBIND11_MODULE(_core, m) {
           "remove",
           [](dvr::Store& s, const std::string& session, const std::string& name) {
             py::gil_scoped_release nogil;
-            s.remove(session, name);
+            // As `dvr rm`: proc/NAME goes with its heap snapshots, and a heap
+            // snapshot a process snapshot still needs is refused.
+            dvr::proc::remove_snapshot(s, session, name);
+          },
+          py::arg("session"), py::arg("name"))
+      .def(
+          "check_removable",
+          [](const dvr::Store& s, const std::string& session, const std::string& name) {
+            py::gil_scoped_release nogil;
+            dvr::proc::check_removable(s, session, name);
           },
           py::arg("session"), py::arg("name"))
       .def(

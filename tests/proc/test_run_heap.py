@@ -1042,6 +1042,23 @@ def test_a_heap_job_that_does_not_start_leaves_no_heap_and_default_sessions_diff
     assert len(sessions) == 2, sessions
 
 
+@pytest.mark.parametrize("heap", [["--heap", "64M"], ["--heap"]])
+def test_heap_right_before_the_program_takes_its_options_as_the_programs(work, heap):
+    """`dvr run --heap [MAX] -- CMD -opt` (the example of `dvr run --help`):
+    the optional MAX does not swallow the `--`, and CMD's options are not
+    read as dvr's."""
+    out = work.path("echo.out")
+    proc = work.dvr("run", *heap, "--heap-session", "opts", "--output", out, "--", "/bin/sh", "-c", 'printf "%s" "$0"', "-n")
+    pid = int(proc.stdout.strip())
+    work.pids.add(pid)
+    deadline = time.monotonic() + 30
+    while out.read_text() != "-n" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert out.read_text() == "-n", describe(proc)
+    proc = work.dvr("ls", "--", "x", expect=2)
+    assert "only `dvr run` takes a program after --" in proc.stderr, describe(proc)
+
+
 def test_rm_keeps_a_process_snapshot_and_its_heap_snapshot_together(work, probe_bin):
     """`dvr rm SESSION/proc.NAME` alone would leave proc/NAME unrestorable: it
     is refused; `dvr rm proc/NAME` removes the heap snapshot with it, as
@@ -1055,11 +1072,16 @@ def test_rm_keeps_a_process_snapshot_and_its_heap_snapshot_together(work, probe_
     assert "is the heap of process snapshot proc/a" in proc.stderr and " proc rm a`" in proc.stderr, describe(proc)
     work.dvr("rm", "proc/a")
     assert work.dvr_json("ls")["snapshots"] == []
-    # `dvr proc rm` says what it removed: not a heap snapshot that was gone already
-    # (the library's Store::remove, which has no process snapshots to consult, can remove it alone).
+    # Python refuses it as dvr does: Store.remove and `python -m memdvr rm`.
     work.dump(p.pid, "b", leave_running=True)
     python_dir = Path(work.dvr_bin).resolve().parent / "python"  # the build's memdvr, beside dvr
-    run([PYTHON_BIN, "-c", f"import memdvr; memdvr.Store({str(work.store)!r}).remove('pair', 'proc.b')"], expect=0,
-        env={"PYTHONPATH": str(python_dir)})
+    proc = run([PYTHON_BIN, "-c", f"import memdvr; memdvr.Store({str(work.store)!r}).remove('pair', 'proc.b')"], expect=1,
+               env={"PYTHONPATH": str(python_dir)})
+    assert "InvalidArgument" in proc.stderr and "is the heap of process snapshot proc/b" in proc.stderr, describe(proc)
+    proc = run([PYTHON_BIN, "-m", "memdvr", "--store", work.store, "rm", "pair/proc.b"], expect=2, env={"PYTHONPATH": str(python_dir)})
+    assert "is the heap of process snapshot proc/b" in proc.stderr, describe(proc)
+    # `dvr proc rm` says what it removed: not a heap snapshot that was gone already
+    # (its manifest deleted behind dvr's back).
+    (work.store / "sessions" / "pair" / "proc.b.snap").unlink()
     out = work.dvr("proc", "rm", "b").stdout
     assert "removed proc/b (its heap snapshot pair/proc.b was gone already)" in out, out

@@ -100,3 +100,16 @@ def test_verify_exits_1_and_names_damage(store):
     proc = run(store, "verify", expect=1)
     assert "DAMAGED s/" in proc.stdout and "damaged snapshot(s)" in proc.stdout
     assert json.loads(run(store, "verify", "--json", expect=1).stdout)["ok"] is False
+
+
+def test_an_empty_store_is_a_usage_error_and_hints_name_the_store(store, tmp_path):
+    """`--store ""` (an unset variable) is refused like dvr refuses it, never
+    the default store; the commands it suggests name the store, so they can be
+    pasted."""
+    proc = subprocess.run([sys.executable, "-m", "memdvr", "--store", "", "ls"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DVR_STORE": str(tmp_path / "default-store")})
+    assert proc.returncode == 2 and "--store was given an empty path" in proc.stderr, proc
+    assert not (tmp_path / "default-store").exists()
+    here = f"python -m memdvr --store {store}"
+    assert f"`{here} ls`" in run(store, "ls", "nosuch", expect=1).stderr
+    assert f"`{here} gc`" in run(store, "rm", "s/one").stdout

@@ -806,3 +806,15 @@ def test_a_session_autosave_is_a_job_its_failure_and_lateness_are_alerts_and_an_
             worker.kill()
             worker.wait()
         s.stop()
+
+
+def test_a_second_server_on_a_port_in_use_fails_instead_of_sharing_it(server, stores):
+    """Two servers never share a port (cpp-httplib's default SO_REUSEPORT would
+    let the second start and take half the connections): the second exits 1
+    naming the address, and the first keeps answering alone."""
+    proc = subprocess.run([dvr_bin(), "serve", "--listen", f"127.0.0.1:{server.port}", "--store", stores[1]],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and f"cannot listen on 127.0.0.1:{server.port}" in proc.stderr, proc
+    assert '"listening"' not in proc.stdout, proc
+    for _ in range(4):
+        assert server.get("/api/v1/health")["stores"] == 2
