@@ -157,9 +157,14 @@ class PyProgress {
     callback_ = py::object();
   }
 
-  // The dvr::Progress to hand to libdvr (empty for a callback of None).
+  // The dvr::Progress to hand to libdvr. Without a callback it still looks
+  // for signals (at most every 50 ms): Ctrl-C (KeyboardInterrupt) or any
+  // signal handler that raises stops the operation as a raising callback
+  // does, and nothing is published, instead of being seen only once the
+  // call has returned (a script without a progress bar, run by cron or a
+  // batch system, would otherwise get KeyboardInterrupt after its snapshot
+  // replaced the old one).
   dvr::Progress fn() {
-    if (callback_.is_none()) return {};
     return [this](std::uint64_t done, std::uint64_t total) { call(done, total); };
   }
 
@@ -177,7 +182,11 @@ class PyProgress {
     reported_ = done;
     py::gil_scoped_acquire gil;
     try {
-      callback_(done, total);
+      if (callback_.is_none()) {
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // a handler raised (main thread only)
+      } else {
+        callback_(done, total);
+      }
     } catch (py::error_already_set& e) {
       error_.emplace(std::move(e));
       failed_ = true;
@@ -188,7 +197,7 @@ class PyProgress {
   // After a successful operation (GIL held): one last call at the total when
   // the last ones were dropped, so a bar ends full; then rethrow().
   void finish() {
-    if (!failed_ && called_ && reported_ < total_) {
+    if (!failed_ && called_ && reported_ < total_ && !callback_.is_none()) {
       try {
         callback_(total_, total_);
       } catch (py::error_already_set& e) {

@@ -9,6 +9,7 @@ logging: test_prune_progress.py."""
 
 import io
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -182,3 +183,38 @@ def test_progress_true_without_tqdm_says_what_to_install(store, filled, monkeypa
 def test_progress_of_the_wrong_type(store, filled):
     with pytest.raises(TypeError, match="progress"):
         store.verify(progress="yes")
+
+
+def test_ctrl_c_without_a_progress_callback_stops_the_snapshot_and_publishes_nothing(store):
+    """A script with no progress bar (not on a terminal: cron, a batch job)
+    that gets SIGINT while a snapshot is written: KeyboardInterrupt comes out
+    of snapshot() and nothing was published — the snapshot it would replace
+    stays — instead of the interrupt arriving after the replacement."""
+    import os
+    import signal
+    import threading
+    s = memdvr.Session(store, "s")
+    a = s.array("a", (512 << 20,), np.uint8)
+    a[:] = 1
+    s.snapshot("keep", progress=False)
+    a[:] = 2
+    packs = Path(store.path) / "packs"
+
+    def written():
+        return sum(p.stat().st_blocks for p in packs.iterdir())
+
+    before = written()
+
+    def interrupt_once_writing():  # SIGINT as soon as the new snapshot's data reaches the store
+        while written() == before:
+            pass
+        os.kill(os.getpid(), signal.SIGINT)
+
+    t = threading.Thread(target=interrupt_once_writing)
+    t.start()
+    with pytest.raises(KeyboardInterrupt):
+        s.snapshot("keep", replace=True)  # progress=None: no callback of the caller's
+    t.join()
+    assert [i.name for i in s.list()] == ["keep"]
+    s.restore("keep")
+    assert (a == 1).all(), "the snapshot it would have replaced changed"
