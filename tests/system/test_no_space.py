@@ -106,6 +106,21 @@ def test_rm_and_gc_work_on_a_completely_full_file_system(tmpfs, make_store):
     assert_clean_and_intact(store, committed[1:])
 
 
+def test_gc_frees_space_when_the_file_system_filled_after_the_rm(tmpfs, make_store):
+    """Snapshots removed first, then another program takes the last free
+    byte: gc (which must announce a new epoch before it frees anything) still
+    frees the space instead of failing with no_space itself."""
+    store = make_store(parent=tmpfs)
+    committed, _, _ = fill(store)
+    store.dvr("rm", f"s/{committed[0]}", f"s/{committed[1]}")
+    fill_up(tmpfs / "filler")
+    assert os.statvfs(tmpfs).f_bavail == 0
+    proc = store.dvr("gc", expect=None)
+    assert proc.returncode == 0, "gc cannot free space on a full file system:\n" + describe(proc)
+    assert os.statvfs(tmpfs).f_bavail > 0, "gc freed nothing"
+    assert_clean_and_intact(store, committed[2:])
+
+
 def limit_file_size(limit):
     def preexec():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
@@ -190,3 +205,24 @@ def test_a_fresh_snapshot_into_nearly_full_space_fails_cleanly_or_fits(tmpfs, ma
             lo = mid
     for free_kib in range(hi - 64, hi, 4):
         attempt(free_kib)
+
+
+def test_a_store_on_a_read_only_mount_can_be_read_and_refuses_writes(tmpfs, make_store, tmp_path):
+    """A store on a read-only mount (a backup, a file-system snapshot): listing,
+    verify, info, restore and export work (its lock file is opened for
+    reading); what would write fails with the file system's reason."""
+    store = make_store(parent=tmpfs)
+    store.snap("s", "a", "b")
+    run(["mount", "-o", "remount,ro", tmpfs], expect=0)
+    try:
+        assert [s["name"] for s in store.ls("s")] == ["a", "b"]
+        assert store.verify()["snapshots"] == 2
+        assert store.info("s/a")["name"] == "a"
+        store.check("s", "a", "b")
+        store.dvr("export", "s/b", "-o", tmp_path / "b.dvr")
+        assert (tmp_path / "b.dvr").stat().st_size > 0
+        proc = store.dvr("rm", "s/a", expect=1)
+        assert "Read-only file system" in proc.stderr, describe(proc)
+        assert [s["name"] for s in store.ls("s")] == ["a", "b"]
+    finally:
+        run(["mount", "-o", "remount,rw", tmpfs], expect=0)

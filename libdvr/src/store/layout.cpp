@@ -34,8 +34,11 @@ namespace {
 // The store's medium: PMem when libpmem2 reports byte or cache-line
 // granularity for `probe_file`, else DRAM on tmpfs/ramfs, else disk.
 Medium probe_medium(const std::string& probe_file) {
-  Fd fd = open_or_throw(probe_file, O_RDWR);
-  if (byte_persistent(fd.get(), probe_file)) return Medium::pmem;
+  Fd fd(env().open(probe_file.c_str(), O_RDWR | O_CLOEXEC, 0));
+  const bool read_only = !fd && errno == EROFS;  // a store on a read-only mount: nothing is written to it anyway
+  if (read_only) fd = open_or_throw(probe_file, O_RDONLY);
+  if (!fd) fd = open_or_throw(probe_file, O_RDWR);
+  if (!read_only && byte_persistent(fd.get(), probe_file)) return Medium::pmem;
   struct statfs fs {};
   if (::fstatfs(fd.get(), &fs) == 0 && (static_cast<unsigned long>(fs.f_type) == TMPFS_MAGIC || static_cast<unsigned long>(fs.f_type) == RAMFS_MAGIC))
     return Medium::dram;
@@ -206,7 +209,12 @@ StoreImpl::StoreImpl(const std::string& dir, const StoreOptions& options) {
     make_private_dir(sub);
     require_real_dir(sub);
   }
-  if (made) fsync_dir(path);  // a power cut must not take the new directories (and what they will hold) away
+  if (made) {
+    // A new store gets its epoch token now, while there is room: gc rewrites
+    // it in place when the file system is full (bump_epoch).
+    if (!path_exists(path + "/epoch")) write_file_atomic(tmp_dir(), path + "/epoch", random_hex());
+    fsync_dir(path);  // a power cut must not take the new directories (and what they will hold) away
+  }
   medium = probe_medium(path + "/" + kSuperblockName);
   packs = std::make_unique<Packs>(path + "/packs", uuid);
 }
@@ -257,6 +265,10 @@ void StoreImpl::create_or_check(const StoreOptions& options) {
   // its superblock never changes.
   std::string lock_path = path + "/lock";
   lock_fd_ = Fd(env().open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  // A store on a read-only mount (a backup, a file-system snapshot): its lock
+  // file opened for reading still takes locks, so listing, verifying,
+  // restoring and exporting work; whatever would write fails with EROFS.
+  if (!lock_fd_ && errno == EROFS) lock_fd_ = Fd(env().open(lock_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0));
   if (!lock_fd_) {
     if (errno == EACCES || errno == EPERM) throw_errno(errno, "cannot open store " + path);
     throw_errno(errno, "cannot create lock file " + lock_path + " (is " + path + " a writable directory?)");
@@ -405,7 +417,24 @@ std::string StoreImpl::read_epoch() const {
   }
 }
 
-void StoreImpl::bump_epoch() { write_file_atomic(tmp_dir(), path + "/epoch", random_hex()); }
+void StoreImpl::bump_epoch() {
+  const std::string token = random_hex();
+  const std::string file = path + "/epoch";
+  try {
+    write_file_atomic(tmp_dir(), file, token);
+  } catch (const Error& e) {
+    if (e.code() != Errc::no_space) throw;
+    // A full file system, and gc is how space comes back: the token is
+    // written over the old one in place, which needs no new block. Every
+    // process compares it under the exclusive lock gc holds, so nobody reads
+    // it half-written (and after a power cut no index survives to compare).
+    Fd fd(env().open(file.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0));
+    if (!fd || file_size(fd.get(), file) != token.size() ||
+        env().pwrite(fd.get(), token.data(), token.size(), 0) != static_cast<ssize_t>(token.size()) || env().fsync(fd.get()) != 0)
+      throw;
+    DVR_LOG(info, "store " + path + " is full: gc rewrote " + file + " in place");
+  }
+}
 
 namespace {
 
