@@ -52,6 +52,7 @@ using namespace dvr::cli;
 struct Globals {
   std::string store_path;
   std::string progress = "auto";
+  std::string lock_timeout;  // "" waits for the store's lock as long as it takes
 };
 Globals g;
 
@@ -60,6 +61,7 @@ ProgressMode progress_mode() { return parse_progress_mode(g.progress); }
 Store open_store(bool create) {
   StoreOptions o;
   o.create = create;
+  if (!g.lock_timeout.empty()) o.lock_timeout = std::chrono::milliseconds(static_cast<long long>(parse_duration(g.lock_timeout) * 1000));
   return g.store_path.empty() ? Store::open_default(o) : Store::open(g.store_path, o);
 }
 
@@ -1336,6 +1338,17 @@ int run(int argc, char** argv) {
       ->type_name("DIR")
       // An empty --store "$S" (an unset variable) must not mean the default store.
       ->check([](const std::string& v) { return v.empty() ? std::string("the store directory is empty (an unset variable?)") : std::string(); });
+  app.add_option("--lock-timeout", g.lock_timeout,
+                 "give up (exit 1, nothing changed) when the store stays locked by another process this long (default: wait)")
+      ->type_name("DURATION")
+      ->check([](const std::string& v) {
+        try {
+          (void)parse_duration(v);
+          return std::string();
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      });
   app.add_option("--progress", g.progress, "progress of long operations on stderr: auto (a bar on a terminal), bar, json (lines), none")
       ->check(one_of({"auto", "bar", "json", "none"}));
   app.footer(

@@ -678,17 +678,22 @@ class _DeferredProgress:
 class Store:
     """A store: a directory holding every snapshot, shared by sessions and processes.
 
-    ``Store(path=None, chunk_size=None, create=True)`` opens (and creates) the
-    store in ``path``, or the default store (:func:`default_path`) when ``path``
-    is None. ``chunk_size`` applies only when a new store is created.
+    ``Store(path=None, chunk_size=None, create=True, lock_timeout=None)``
+    opens (and creates) the store in ``path``, or the default store
+    (:func:`default_path`) when ``path`` is None. ``chunk_size`` applies only
+    when a new store is created. ``lock_timeout``: seconds a call waits for
+    the store's lock while another process holds it (a send whose reader is
+    slow, a gc, a process frozen inside a snapshot), then raises DvrIOError
+    and changes nothing; None waits as long as it takes (with a warning on
+    the library's log after a second).
     """
 
     _core: _CoreStore
 
     def __init__(self, path: Optional[_PathArg] = None, *,
-                 chunk_size: Optional[int] = None, create: bool = True):
+                 chunk_size: Optional[int] = None, create: bool = True, lock_timeout: Optional[float] = None):
         path = default_path() if path is None else os.fspath(path)
-        self._core = _core.Store.open(path, chunk_size, create)
+        self._core = _core.Store.open(path, chunk_size, create, lock_timeout)
 
     @classmethod
     def _wrap(cls, core: _CoreStore) -> "Store":

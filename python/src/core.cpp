@@ -543,14 +543,20 @@ PYBIND11_MODULE(_core, m) {
   py::class_<dvr::Store>(m, "Store", "A handle to an open store (a directory of snapshots).")
       .def_static(
           "open",
-          [](const std::string& path, std::optional<std::uint32_t> chunk_size, bool create) {
+          [](const std::string& path, std::optional<std::uint32_t> chunk_size, bool create, std::optional<double> lock_timeout) {
             dvr::StoreOptions o;
             if (chunk_size) o.chunk_size = *chunk_size;
             o.create = create;
+            if (lock_timeout) {
+              if (!(*lock_timeout >= 0) || *lock_timeout > 1e9)
+                invalid("Store: lock_timeout must be a number of seconds from 0 to 1e9 (or None to wait), not " + std::to_string(*lock_timeout));
+              o.lock_timeout = std::chrono::milliseconds(static_cast<long long>(*lock_timeout * 1000));
+            }
             py::gil_scoped_release nogil;
             return dvr::Store::open(path, o);
           },
-          py::arg("path"), py::arg("chunk_size") = py::none(), py::arg("create") = true, "Opens (and with create=True creates) the store in `path`.")
+          py::arg("path"), py::arg("chunk_size") = py::none(), py::arg("create") = true, py::arg("lock_timeout") = py::none(),
+          "Opens (and with create=True creates) the store in `path`; lock_timeout: seconds to wait for another process's lock (None: as long as it takes).")
       .def_static("default_path", &dvr::Store::default_path, "$DVR_STORE if set, else /dev/shm/dvr-<uid>, else $HOME/.local/share/dvr.")
       .def_property_readonly("path", &dvr::Store::path)
       .def_property_readonly("medium", [](const dvr::Store& s) { return dvr::medium_name(s.medium()); })

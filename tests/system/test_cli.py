@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 import os
 import stat
+import subprocess
+import sys
 import time
 
 import pytest
@@ -403,3 +405,33 @@ def test_suggested_commands_name_the_store_as_one_shell_word(dvr_bin, tmp_path):
     assert f"`dvr --store {quoted} ls demo`" in proc.stderr, describe(proc)
     proc = run([dvr_bin, "--store", path, "rm", "demo/loaded"], expect=0)
     assert f"run `dvr --store {quoted} gc`" in proc.stdout, describe(proc)
+
+
+def test_a_held_lock_is_announced_and_lock_timeout_gives_up(store):
+    """A send whose reader stalls holds the store's lock (shared): `dvr rm`
+    says after a second what it waits for instead of looking hung, and
+    `--lock-timeout` (Python: Store(lock_timeout=)) gives up with exit 1 and
+    nothing removed."""
+    env = {"PYTHONPATH": str(Path(store.dvr_bin).resolve().parent / "python")}  # the build's memdvr, beside dvr
+    make = (f"import memdvr, numpy as np\ns = memdvr.Session(memdvr.Store({str(store.path)!r}), 's')\n"
+            "a = s.array('a', (8 << 20,), np.uint64)\na[:] = np.random.default_rng(1).integers(0, 2**63, a.size, dtype=np.uint64)\n"
+            "s.snapshot('a')\ns.snapshot('b')\ns.close()\n")
+    run([sys.executable, "-c", make], expect=0, timeout=120, env=env)
+    sender = subprocess.Popen(store.argv("send", "s/a", "--compress=none"), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1)  # the pipe is full: the sender holds the lock while it sends 64 MiB
+        proc = run([store.dvr_bin, "--store", store.path, "--lock-timeout", "1s", "rm", "s/b"], expect=1, timeout=60)
+        assert "stayed locked by another process" in proc.stderr, describe(proc)
+        waiting = subprocess.Popen(store.argv("rm", "s/b"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        waiting.kill()
+        _, err = waiting.communicate(timeout=60)
+        assert "waiting for its lock, which another process holds" in err and "--lock-timeout" in err, err
+        code = (f"import memdvr\ntry:\n    memdvr.Store({str(store.path)!r}, lock_timeout=0.5).remove('s', 'b')\n"
+                "except memdvr.DvrIOError as e:\n    print('gave up:', e)\n")
+        proc = run([sys.executable, "-c", code], expect=0, timeout=60, env=env)
+        assert "gave up:" in proc.stdout and "stayed locked" in proc.stdout, describe(proc)
+    finally:
+        sender.kill()
+        sender.wait()
+    assert store.names("s") == {"a", "b"}

@@ -32,6 +32,7 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : fd_(-1) {
     // "exclusively". Give the child locks of its own, and make it re-read the
     // store before trusting anything cached.
     Fd fresh(::open((s.path + "/lock").c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+    if (!fresh && errno == EROFS) fresh = Fd(::open((s.path + "/lock").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));  // a read-only store
     if (!fresh) throw_errno(errno, "cannot reopen the lock of store " + s.path + " after fork");
     s.lock_fd_ = std::move(fresh);
     s.writers_fd_ = Fd();
@@ -72,8 +73,23 @@ StoreImpl::Lock::Lock(const StoreImpl& s, bool exclusive, Kind kind) : fd_(-1) {
     DVR_LOG(info, std::string("store ") + s.path + ": got its " + which + " after " + waited());
     return;
   }
-  while (::flock(fd_, mode) != 0) {
-    if (errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
+  // Unbounded: a second of polling, then one warning that says who may hold
+  // it and how not to wait (a command that printed nothing while it waits
+  // looks hung), then the blocking wait.
+  const auto warn_at = t0 + std::chrono::seconds(1);
+  while (::flock(fd_, mode | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
+    if (std::chrono::steady_clock::now() >= warn_at) {
+      DVR_LOG(warn, std::string("store ") + s.path + ": waiting for its " + which +
+                        ", which another process holds (a send or push whose reader is slow, a snapshot, restore or gc, or a "
+                        "process frozen inside one, being dumped or debugged); this waits until it is free — "
+                        "`dvr --lock-timeout 10s ...` or Store(..., lock_timeout=10) gives up instead");
+      while (::flock(fd_, mode) != 0) {
+        if (errno != EINTR) throw_errno(errno, "cannot lock store " + s.path);
+      }
+      break;
+    }
+    ::usleep(5000);
   }
   DVR_LOG(info, std::string("store ") + s.path + ": got its " + which + " after " + waited());
 }
