@@ -435,3 +435,23 @@ def test_a_held_lock_is_announced_and_lock_timeout_gives_up(store):
         sender.kill()
         sender.wait()
     assert store.names("s") == {"a", "b"}
+
+
+def test_out_of_address_space_is_this_runs_fault_not_damage(store):
+    """Under a `ulimit -v` too small to map the store's packs (a batch
+    system's memory limit), verify and recover stop with an error that says
+    so, instead of calling every snapshot damaged and suggesting `dvr rm`."""
+    import resource
+    env = {"PYTHONPATH": str(Path(store.dvr_bin).resolve().parent / "python")}  # the build's memdvr, beside dvr
+    make = (f"import memdvr, numpy as np\ns = memdvr.Session(memdvr.Store({str(store.path)!r}), 's')\n"
+            "a = s.array('a', (32 << 20,), np.uint64)\na[:] = np.arange(a.size, dtype=np.uint64)\ns.snapshot('a')\ns.close()\n")
+    run([sys.executable, "-c", make], expect=0, timeout=120, env=env)
+
+    def small_address_space():
+        resource.setrlimit(resource.RLIMIT_AS, (300 << 20, 300 << 20))
+
+    for verb in (["verify"], ["recover", "s"]):
+        proc = run(store.argv(*verb), expect=1, timeout=120, preexec_fn=small_address_space)
+        assert "ran out of address space" in proc.stderr and "nothing is known to be wrong with the store" in proc.stderr, describe(proc)
+        assert "DAMAGED" not in proc.stdout and "rm" not in proc.stdout, describe(proc)
+    assert store.verify()["ok"]

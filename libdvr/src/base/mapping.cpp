@@ -11,7 +11,10 @@ namespace dvr::detail {
 
 Mapping Mapping::file(int fd, std::size_t len, int prot, int flags, const std::string& what, off_t offset) {
   void* p = env().mmap(nullptr, len, prot, flags, fd, offset);
-  if (p == MAP_FAILED) throw_errno(errno, "cannot map " + what);
+  if (p == MAP_FAILED) {
+    if (errno == ENOMEM) throw OutOfAddressSpace("cannot map " + what);
+    throw_errno(errno, "cannot map " + what);
+  }
   return Mapping(p, len);
 }
 

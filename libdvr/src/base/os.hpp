@@ -20,6 +20,17 @@ namespace dvr::detail {
 [[noreturn]] void throw_errno(int err, const std::string& what);
 
 /// An owned file descriptor.
+/// A file could not be mapped because this process is out of address space
+/// or memory (ENOMEM: a `ulimit -v`, a batch system's limit): a fault of this
+/// run, not of the store, so a verify stops with it instead of reporting
+/// every snapshot whose chunks it could not map as unreadable.
+struct OutOfAddressSpace : Error {
+  explicit OutOfAddressSpace(const std::string& what)
+      : Error(Errc::io, what + ": Cannot allocate memory (ENOMEM)" +
+                            " — this process ran out of address space or memory (a `ulimit -v` or a batch system's memory limit?); "
+                            "nothing is known to be wrong with the store: raise the limit and try again") {}
+};
+
 class Fd {
  public:
   Fd() = default;

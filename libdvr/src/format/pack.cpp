@@ -37,12 +37,15 @@ std::string pmem2_error(const std::string& what) { return what + ": libpmem2: " 
 class Pmem2Map {
  public:
   Pmem2Map(int fd, std::uint64_t offset, std::uint64_t length, const std::string& path) {
+    int rc = 0;
     bool ok = pmem2_config_new(&cfg_) == 0 && pmem2_source_from_fd(&src_, fd) == 0 &&
               pmem2_config_set_required_store_granularity(cfg_, PMEM2_GRANULARITY_PAGE) == 0 && pmem2_config_set_offset(cfg_, offset) == 0 &&
-              pmem2_config_set_length(cfg_, length) == 0 && pmem2_map_new(&map_, cfg_, src_) == 0;
+              pmem2_config_set_length(cfg_, length) == 0 && (rc = pmem2_map_new(&map_, cfg_, src_)) == 0;
     if (!ok) {
+      const int err = errno;
       std::string msg = pmem2_error("cannot map " + path);
       release();
+      if (rc == -ENOMEM || (rc != 0 && err == ENOMEM)) throw OutOfAddressSpace("cannot map " + path);
       throw Error(Errc::io, msg);
     }
   }

@@ -83,6 +83,8 @@ VerifyReport Store::verify(const Progress& progress) const {
       map_chunk(*impl_->packs, loc.chunk->view());
       loc.readable = true;
       total += loc.chunk->ref.length;
+    } catch (const OutOfAddressSpace&) {
+      throw;  // this run's limit, not the store's damage: nothing is reported about the snapshots
     } catch (const Error& e) {
       loc.error = e.what();
       loc.damage = e.code() == Errc::corrupt;
@@ -229,6 +231,8 @@ std::optional<SnapshotInfo> Store::latest(const std::string& session, std::vecto
       if (first_damaged(impl_->threads, *impl_->packs, m, all, &why) != SIZE_MAX)
         throw Error(Errc::corrupt, "snapshot '" + ref + "' is damaged: " + why + "; run `dvr verify`");
       return info_from_manifest(m);
+    } catch (const OutOfAddressSpace&) {
+      throw;  // this run's limit: no snapshot is known to be damaged
     } catch (const Error& e) {
       if (e.code() == Errc::not_found) continue;
       if (skipped) skipped->push_back(ref + ": " + e.what());
