@@ -581,7 +581,9 @@ int cmd_export(const TransferArgs& a) {
     print_transfer(st, true, a.json, std::cout);
     return 0;
   }
-  // Written beside FILE, renamed over it when complete: no half files.
+  // Written beside FILE, renamed over it when complete: no half files (and
+  // none left by an export to FILE that was killed).
+  transfer::remove_stale_export_parts(a.file);
   std::string tmp = a.file + ".part-" + std::to_string(::getpid());
   if (tmp.size() >= sizeof g_export_part) throw Error(Errc::invalid_argument, "export: the file name is too long: " + a.file);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);

@@ -286,6 +286,7 @@ dvr::transfer::Stats export_to(const dvr::Store& store, const std::string& ref, 
     } closer{fd};
     return dvr::transfer::send(store, ref, fd, o);
   }
+  dvr::transfer::remove_stale_export_parts(file);  // left by an export to FILE that was killed
   std::string tmp = file + ".part-" + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw_file_errno(errno, "cannot create " + tmp);

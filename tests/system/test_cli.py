@@ -455,3 +455,20 @@ def test_out_of_address_space_is_this_runs_fault_not_damage(store):
         assert "ran out of address space" in proc.stderr and "nothing is known to be wrong with the store" in proc.stderr, describe(proc)
         assert "DAMAGED" not in proc.stdout and "rm" not in proc.stdout, describe(proc)
     assert store.verify()["ok"]
+
+
+def test_export_removes_part_files_of_killed_exports_and_keeps_live_ones(populated, tmp_path):
+    """An export killed with SIGKILL leaves FILE.part-PID (no handler runs);
+    the next export to FILE removes those whose process is gone, and keeps
+    one whose export may still be running."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    out = tmp_path / "a.dvr"
+    dead = tmp_path / f"a.dvr.part-{gone.pid}"
+    live = tmp_path / f"a.dvr.part-{os.getpid()}"
+    other = tmp_path / f"b.dvr.part-{gone.pid}"
+    for f in (dead, live, other):
+        f.write_bytes(b"half a stream")
+    populated.dvr("export", "s/a", "-o", out)
+    assert out.stat().st_size > 0
+    assert not dead.exists() and live.exists() and other.exists()

@@ -226,3 +226,30 @@ def test_a_store_on_a_read_only_mount_can_be_read_and_refuses_writes(tmpfs, make
         assert [s["name"] for s in store.ls("s")] == ["a", "b"]
     finally:
         run(["mount", "-o", "remount,rw", tmpfs], expect=0)
+
+
+def test_a_full_destination_of_an_export_is_named_and_not_blamed_on_the_store(tmpfs, make_store, tmp_path):
+    """`dvr export` and `dvr send` onto a full file system that is not the
+    store's: the message names the file the stream went to and says the
+    store is not affected (no advice to remove snapshots), and no part file
+    is left."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    store = make_store()
+    env = {"PYTHONPATH": str(Path(store.dvr_bin).resolve().parent / "python")}  # the build's memdvr, beside dvr
+    make = (f"import memdvr, numpy as np\ns = memdvr.Session(memdvr.Store({str(store.path)!r}), 's')\n"
+            "a = s.array('a', (4 << 20,), np.uint64)\na[:] = np.random.default_rng(1).integers(0, 2**63, a.size, dtype=np.uint64)\n"
+            "s.snapshot('big')\ns.close()\n")
+    run([sys.executable, "-c", make], expect=0, timeout=120, env=env)
+    out = tmpfs / "big.dvr"
+    proc = store.dvr("export", "s/big", "-o", out, "--compress=none", expect=1)
+    assert f"cannot write the stream to {out}.part-" in proc.stderr and "the store is not affected" in proc.stderr, describe(proc)
+    assert "dvr gc" not in proc.stderr and "remove snapshots" not in proc.stderr, describe(proc)
+    assert os.listdir(tmpfs) == [], os.listdir(tmpfs)
+    with open(tmpfs / "big.stream", "wb") as f:
+        proc = subprocess.run([str(a) for a in store.argv("send", "s/big", "--compress=none")], stdout=f, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    assert proc.returncode == 1, proc
+    assert f"cannot write the stream to {tmpfs / 'big.stream'}" in proc.stderr and "the store is not affected" in proc.stderr, describe(proc)
+    store.verify()

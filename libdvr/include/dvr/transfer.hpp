@@ -107,6 +107,12 @@ DVR_EXPORT const char* to_string(Compress c);
 /// and the allowed values.
 DVR_EXPORT Compress parse_compress(const std::string& text, const std::string& option = "--compress");
 
+/// Removes the part files `FILE.part-PID` that exports to `file` killed
+/// with SIGKILL (or a crash) left beside it: those whose process is gone.
+/// An export to FILE (`dvr export`, memdvr's Store.export) calls it before
+/// it starts its own; returns how many it removed. Never throws.
+DVR_EXPORT std::size_t remove_stale_export_parts(const std::string& file) noexcept;
+
 struct Options {
   /// Send only what differs from this snapshot of the same session, which the
   /// receiver must hold with the same content ("" = everything): its NAME or

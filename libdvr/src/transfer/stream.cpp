@@ -112,13 +112,31 @@ bool Compressor::worth_trying(const char* data, std::size_t n) {
   throw Error(Errc::corrupt, "the stream is damaged: " + why + "; nothing was stored (send it again)");
 }
 
+namespace {
+
+// A write of the stream failed: where it went (a file, a pipe) named, and a
+// full file system there not mistaken for the store's.
+[[noreturn]] void write_failed(int fd, int err) {
+  if (err == EPIPE) throw Error(Errc::io, "the receiving end closed the connection (see its error message)");
+  char link[4096];
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t len = ::readlink(proc.c_str(), link, sizeof link - 1);
+  const std::string where = len > 0 ? std::string(link, static_cast<std::size_t>(len)) : "file descriptor " + std::to_string(fd);
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG)
+    throw Error(Errc::no_space, "cannot write the stream to " + where + ": " + std::strerror(err) +
+                                    " — the file system it goes to is full (or a file-size limit was reached); the store is not affected: "
+                                    "free space there, or write the stream elsewhere");
+  detail::throw_errno(err, "cannot write the stream to " + where);
+}
+
+}  // namespace
+
 void write_fd(int fd, const char* p, std::size_t n) {
   while (n > 0) {
     ssize_t w = ::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      if (errno == EPIPE) throw Error(Errc::io, "the receiving end closed the connection (see its error message)");
-      detail::throw_errno(errno, "cannot write the stream");
+      write_failed(fd, errno);
     }
     p += w;
     n -= static_cast<std::size_t>(w);
@@ -153,8 +171,7 @@ void write_fdv(int fd, iovec* iov, std::size_t count) {
     ssize_t w = ::writev(fd, iov, static_cast<int>(std::min<std::size_t>(count, IOV_MAX)));
     if (w < 0) {
       if (errno == EINTR) continue;
-      if (errno == EPIPE) throw Error(Errc::io, "the receiving end closed the connection (see its error message)");
-      detail::throw_errno(errno, "cannot write the stream");
+      write_failed(fd, errno);
     }
     advance(iov, count, static_cast<std::size_t>(w));
   }
