@@ -230,7 +230,11 @@ int cmd_rm(const RmArgs& a) {
   Store store = open_store(false);
   for (auto& [session, name] : refs) {
     try {
-      store.info(session, name);
+      // proc/NAME is looked up as a process snapshot (its message points at `dvr proc ls`).
+      if (session == proc::kImageSession)
+        proc::info(store, name);
+      else
+        store.info(session, name);
     } catch (const Error& e) {
       if (e.code() != Errc::corrupt) throw;  // a damaged snapshot can still be removed
     }

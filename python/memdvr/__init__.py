@@ -728,7 +728,8 @@ class Store:
         return list(self._core.sessions())
 
     def list(self, session: Optional[str] = None) -> List[SnapshotInfo]:
-        """Snapshots of ``session`` (or of every session), oldest first; damaged ones are marked.
+        """Snapshots of ``session`` oldest first, or of every session (session by session, sessions by name,
+        each oldest first); damaged ones are marked.
 
         An unknown session gives an empty list."""
         return _infos(self._core.list(session))

@@ -472,3 +472,9 @@ def test_export_removes_part_files_of_killed_exports_and_keeps_live_ones(populat
     populated.dvr("export", "s/a", "-o", out)
     assert out.stat().st_size > 0
     assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_rm_of_an_unknown_process_snapshot_points_at_proc_ls(populated):
+    proc = populated.dvr("rm", "s/a", "proc/nosuch", expect=1)
+    assert "no process snapshot 'nosuch'" in proc.stderr and f"`dvr --store {populated.path} proc ls`" in proc.stderr, describe(proc)
+    assert populated.names("s") == {"a", "b"}
