@@ -350,7 +350,10 @@ class Server {
 
   json operation_json(const Operation& op);
   std::shared_ptr<Operation> start_action(StoreEntry& e, const std::string& action, const json& body);
-  json run_action(StoreEntry& e, Operation& op, const std::string& action, const json& body);
+  // With op == nullptr only checks the body (fields, names, sessions and
+  // snapshots that must exist): what start_action answers with 400/404 at
+  // once, before an operation exists.
+  json run_action(StoreEntry& e, Operation* op, const std::string& action, const json& body);
   json push(StoreEntry& e, Operation& op, const std::string& ref, const std::string& to);
   Progress progress_of(Operation& op);
 };
@@ -1184,6 +1187,9 @@ Progress Server::progress_of(Operation& op) {
 }
 
 std::shared_ptr<Operation> Server::start_action(StoreEntry& e, const std::string& action, const json& body) {
+  // A body that cannot work is answered now (400, 404), without an
+  // operation and without spending the action's rate-limit token.
+  (void)run_action(e, nullptr, action, body);
   auto op = std::make_shared<Operation>();
   {
     std::lock_guard lk(mu_);
@@ -1234,7 +1240,7 @@ std::shared_ptr<Operation> Server::start_action(StoreEntry& e, const std::string
   workers_.emplace_back(op, [this, op, &e, action, body] {
     json result, error;
     try {
-      result = run_action(e, *op, action, body);
+      result = run_action(e, op.get(), action, body);
     } catch (const ApiError& x) {
       error = error_body(x.code, x.what(), x.hint);
     } catch (const Error& x) {
@@ -1278,11 +1284,12 @@ void only_fields(const json& body, const std::set<std::string>& allowed, const s
     if (!allowed.count(k)) throw ApiError(400, "invalid_argument", "unknown field \"" + k + "\" for " + action, "see docs/openapi.json for the action's body");
 }
 
-json Server::run_action(StoreEntry& e, Operation& op, const std::string& action, const json& body) {
+json Server::run_action(StoreEntry& e, Operation* op, const std::string& action, const json& body) {
   Store s = open(e);
   if (action == "verify") {
     only_fields(body, {}, action);
-    VerifyReport r = s.verify(progress_of(op));
+    if (!op) return {};
+    VerifyReport r = s.verify(progress_of(*op));
     std::map<std::string, std::string> damage;
     for (auto& p : r.problems)
       if (!p.snapshot.empty()) damage[p.session + "/" + p.snapshot] = p.what;
@@ -1295,7 +1302,8 @@ json Server::run_action(StoreEntry& e, Operation& op, const std::string& action,
   }
   if (action == "gc") {
     only_fields(body, {}, action);
-    return cli::to_json(s.gc(progress_of(op)));
+    if (!op) return {};
+    return cli::to_json(s.gc(progress_of(*op)));
   }
   if (action == "prune") {
     only_fields(body, {"session", "keep_last", "keep_within_s", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "dry_run"}, action);
@@ -1315,7 +1323,12 @@ json Server::run_action(StoreEntry& e, Operation& op, const std::string& action,
     p.keep_daily = static_cast<unsigned>(count("keep_daily", kCounts));
     p.keep_weekly = static_cast<unsigned>(count("keep_weekly", kCounts));
     p.keep_monthly = static_cast<unsigned>(count("keep_monthly", kCounts));
-    return cli::prune_document(session, s.prune(session, p, field<bool>(body, "dry_run", false)));
+    const bool dry_run = field<bool>(body, "dry_run", false);
+    if (!op) {
+      (void)s.prune(session, p, true);  // a policy the library refuses (no rule at all): refused now too
+      return {};
+    }
+    return cli::prune_document(session, s.prune(session, p, dry_run));
   }
   if (action == "rm") {
     only_fields(body, {"session", "names"}, action);
@@ -1336,12 +1349,13 @@ json Server::run_action(StoreEntry& e, Operation& op, const std::string& action,
       }
       proc::check_removable(s, session, n);  // a process snapshot's heap goes with it, not alone
     }
+    if (!op) return {};
     std::vector<std::string> removed;
-    op.total = unique.size();
+    op->total = unique.size();
     for (auto& n : unique) {
       proc::remove_snapshot(s, session, n);  // proc/NAME: with its heap snapshots
       removed.push_back(session + "/" + n);
-      op.done = removed.size();
+      op->done = removed.size();
     }
     return cli::removed_document(removed);
   }
@@ -1354,7 +1368,8 @@ json Server::run_action(StoreEntry& e, Operation& op, const std::string& action,
     proc::DumpOptions o;
     o.leave_running = field<bool>(body, "leave_running", true);
     o.tcp_established = field<bool>(body, "tcp_established", false);
-    o.progress = progress_of(op);
+    if (!op) return {};
+    o.progress = progress_of(*op);
     json doc = cli::document();
     doc.update(cli::to_json(proc::dump(s, static_cast<pid_t>(pid), name, o)));
     return doc;
@@ -1376,13 +1391,19 @@ json Server::run_action(StoreEntry& e, Operation& op, const std::string& action,
       o.ip = field<std::string>(body, "ip", std::string());
       o.host_ip = field<std::string>(body, "host_ip", std::string());
     }
-    o.progress = progress_of(op);
+    if (!op) return {};
+    o.progress = progress_of(*op);
     proc::RestoreResult r = proc::restore(s, name, o);
     return cli::restore_document(name, r);
   }
   if (action == "push") {
     only_fields(body, {"ref", "to"}, action);
-    return push(e, op, field<std::string>(body, "ref"), field<std::string>(body, "to"));
+    const std::string ref = field<std::string>(body, "ref"), to = field<std::string>(body, "to");
+    auto [session, name] = split_ref(ref);
+    check_name("session", session);
+    check_name("snapshot", name);
+    if (!op) return {};
+    return push(e, *op, ref, to);
   }
   throw ApiError(404, "not_found", "no action '" + action + "'");
 }
