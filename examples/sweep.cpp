@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <string>
 #include <vector>
 
 static std::vector<float> load_big_dataset() {
@@ -17,6 +18,10 @@ static std::vector<float> load_big_dataset() {
 }
 
 int main(int argc, char** argv) try {
+  if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {  // --help, or a typo: never a store called "--help"
+    std::fprintf(stderr, "usage: %s [STORE_DIR]   (default: the default store, $DVR_STORE or /dev/shm/dvr-$UID)\n", argv[0]);
+    return argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") ? 0 : 2;
+  }
   auto store = argc > 1 ? dvr::Store::open(argv[1]) : dvr::Store::open_default();
   dvr::Session s(store, "sweep");
 

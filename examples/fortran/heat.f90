@@ -106,7 +106,7 @@ contains
     nargs = command_argument_count()
     if (nargs < 2) then
       write(error_unit, '(a)') "usage: dvr-example-fortran STORE_DIR STEPS [--every K] [--crash-at STEP]"
-      error stop 2
+      stop 2  ! a usage error: no backtrace
     end if
     call get_command_argument(1, store_dir)
     call get_command_argument(2, arg)
@@ -126,7 +126,7 @@ contains
         k = k + 2
       else
         write(error_unit, '(a, a, a)') "dvr-example-fortran: unknown argument '", trim(arg), "'"
-        error stop 2
+        stop 2
       end if
     end do
     if (every == 0) every = 1
@@ -139,7 +139,7 @@ contains
     if (ios /= 0 .or. parse_count < 0 .or. len_trim(text) == 0) then
       write(error_unit, '(a, a, a, a, a)') "dvr-example-fortran: ", what, " must be a non-negative integer, not '", &
         trim(text), "'"
-      error stop 2
+      stop 2
     end if
   end function parse_count
 

@@ -15,9 +15,11 @@
 // {"name","value","unit","peer","peer_value","ratio" (peer/value)}).
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -287,12 +289,23 @@ int main(int argc, char** argv) {
   int rounds = 3;
   bool json = false;
   std::string store_dir;
+  // A whole number from 1 to `most`, or the usage line (exit 2).
+  auto number = [&](const char* option, const char* text, long most) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || v < 1 || v > most) {
+      std::fprintf(stderr, "%s: %s '%s' is not a whole number from 1 to %ld\n", argv[0], option, text, most);
+      std::exit(2);
+    }
+    return v;
+  };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--mib" && i + 1 < argc)
-      mib = std::stoul(argv[++i]);
+      mib = static_cast<std::size_t>(number("--mib", argv[++i], 1 << 20));
     else if (a == "--rounds" && i + 1 < argc)
-      rounds = std::max(1, std::stoi(argv[++i]));
+      rounds = static_cast<int>(number("--rounds", argv[++i], 1000000));
     else if (a == "--store" && i + 1 < argc)
       store_dir = argv[++i];
     else if (a == "--json")
