@@ -17,6 +17,7 @@
 #include "base/memops.hpp"
 #include "base/os.hpp"
 #include "base/env.hpp"
+#include "base/log.hpp"
 #include "base/sigbus.hpp"
 
 #ifndef MADV_POPULATE_WRITE
@@ -580,7 +581,9 @@ void Packs::persist() {
     sync(w.get());
   write_hashes();
   for (auto& [id, h] : hash_maps_)
-    if (h.dirty.exchange(false)) (void)env().fdatasync(h.fd.get());
+    if (h.dirty.exchange(false) && env().fdatasync(h.fd.get()) != 0)
+      DVR_LOG(warn, "cannot persist the page hashes of pack " + std::to_string(id) + ": " + std::strerror(errno) +
+                        " (a cache, checked at every use: a lost hash is recomputed; check the device)");
 }
 
 void Packs::write_hashes() {
@@ -639,7 +642,9 @@ void Packs::discard_writes() {
     sync_hashes(*h, *it);
   }
   for (auto& [id, h] : hash_maps_)
-    if (h.dirty.exchange(false)) (void)env().fdatasync(h.fd.get());
+    if (h.dirty.exchange(false) && env().fdatasync(h.fd.get()) != 0)
+      DVR_LOG(warn, "cannot persist the page hashes of pack " + std::to_string(id) + ": " + std::strerror(errno) +
+                        " (a cache, checked at every use: a lost hash is recomputed; check the device)");
 }
 
 void Packs::refresh_mappings() {
