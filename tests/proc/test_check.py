@@ -7,6 +7,7 @@ import re
 import time
 
 from dvrtest import criu_dumps_inet_sockets, describe, kernel_version
+from schema_check import check as check_schema
 
 REQUIRED = ["root", "criu", "kernel", "plugin", "inet sockets", "tcp listen"]
 OPTIONAL = ["tcp established", "page stream", "page fill", "write tracking"]
@@ -68,6 +69,7 @@ def test_check_reports_every_capability_and_probes_tcp(work, tmp_path):
     assert took < 90, f"dvr proc check took {took:.1f} s"
 
     report = work.dvr_json("proc", "check", env=env)
+    check_schema(report, "proc_check")  # docs/cli-schema.json
     assert report["ok"] is True and report["problems"] == [], report
     caps = {c["name"]: c for c in report["capabilities"]}
     assert set(caps) == set(REQUIRED + OPTIONAL), report
@@ -102,4 +104,5 @@ def test_check_with_criu_4_1_names_the_tcp_problem_and_what_to_do(work, tmp_path
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("dvr-check-")]
     assert kept and all(f.suffix == ".log" for d in kept for f in d.iterdir()), kept
     report = work.dvr_json("proc", "check", expect=1, env=env)
+    check_schema(report, "proc_check")
     assert report["ok"] is False and any("1:16" in p for p in report["problems"]), report

@@ -264,3 +264,9 @@ def test_prune_keeps_by_rule_says_why_and_a_dry_run_changes_nothing(dvr_bin, sto
     del a, b
     s.close()
     assert json.loads(dvr(dvr_bin, store, "verify", "--json").stdout)["ok"] is True
+
+
+def test_demo_document_fits_the_schema(dvr_bin, tmp_path):
+    doc = json.loads(run([dvr_bin, "--store", tmp_path / "demo", "demo", "--size", "16M", "--trials", "1", "--json"]).stdout)
+    check(doc, "demo", load_schema())
+    assert doc["checksums_ok"] is True and doc["data_bytes"] == 16 << 20, doc
