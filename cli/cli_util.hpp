@@ -23,7 +23,8 @@ inline std::uint64_t parse_size(const std::string& text) {
   // Decimal digits only: no "inf", "nan", hex or leading blanks, which stod takes.
   const bool decimal = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.') &&
                        text.substr(0, used).find_first_of("xX") == std::string::npos;
-  if (used == 0 || !decimal || !std::isfinite(v) || v <= 0) throw std::invalid_argument("size '" + text + "' is not a size like 512M or 1G");
+  if (used == 0 || !decimal || !std::isfinite(v)) throw std::invalid_argument("size '" + text + "' is not a size like 512M or 1G");
+  if (v <= 0) throw std::invalid_argument("size '" + text + "' is not more than 0 (give a size like 512M or 1G)");
   std::string unit = text.substr(used);
   if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
   if (unit.size() > 1 && (unit.back() == 'i')) unit.pop_back();

@@ -1518,21 +1518,25 @@ int run(int argc, char** argv) {
   bool pls_json = false;
   auto* p_ls = c_proc->add_subcommand("ls", "process snapshots of the store, oldest first");
   add_json(p_ls, pls_json);
+  p_ls->footer("Examples:\n  dvr proc ls\n  dvr proc ls --json");
   p_ls->callback([&] { action = [&] { return cmd_proc_ls(pls_json); }; });
 
   auto* p_info = c_proc->add_subcommand("info", "one process snapshot: time, sizes, heaps, kernel, CRIU version");
   p_info->add_option("name", pa.target, "the process snapshot")->required()->type_name("NAME")->transform(proc_ref);
   add_json(p_info, pa.json);
+  p_info->footer("Examples:\n  dvr proc info job\n  dvr proc info proc/job --json");
   p_info->callback([&] { action = [&] { return cmd_proc_info(pa); }; });
 
   auto* p_rm = c_proc->add_subcommand("rm", "remove process snapshots and their heap snapshots (every name checked first)");
   p_rm->add_option("names", pa.names, "the process snapshots")->required()->type_name("NAME...")->transform(proc_ref);
   add_json(p_rm, pa.json);
+  p_rm->footer("Examples:\n  dvr proc rm job-20261202T003107Z\n  dvr proc rm old1 old2 && dvr gc");
   p_rm->callback([&] { action = [&] { return cmd_proc_rm(pa); }; });
 
   bool check_json = false;
   auto* p_check = c_proc->add_subcommand("check", "every capability dvr proc depends on, one line each, with what to do about what is missing");
   add_json(p_check, check_json);
+  p_check->footer("Examples:\n  dvr proc check\n  dvr proc check --json");
   p_check->callback([&] { action = [&] { return cmd_proc_check(check_json); }; });
 
   RunArgs ra;
