@@ -212,7 +212,17 @@ StoreImpl::StoreImpl(const std::string& dir, const StoreOptions& options) {
   if (made) {
     // A new store gets its epoch token now, while there is room: gc rewrites
     // it in place when the file system is full (bump_epoch).
-    if (!path_exists(path + "/epoch")) write_file_atomic(tmp_dir(), path + "/epoch", random_hex());
+    // Written in place (no one compares it yet; a torn token only makes a
+    // reader rebuild its index), synced with the directories below.
+    const std::string epoch = path + "/epoch";
+    Fd fd(env().open(epoch.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (fd) {
+      const std::string token = random_hex();
+      write_all(fd.get(), token.data(), token.size(), epoch);
+      fsync_or_throw(fd.get(), epoch);
+    } else if (errno != EEXIST) {
+      throw_errno(errno, "cannot create " + epoch);
+    }
     fsync_dir(path);  // a power cut must not take the new directories (and what they will hold) away
   }
   medium = probe_medium(path + "/" + kSuperblockName);
