@@ -207,5 +207,7 @@ TEST_CASE("heap packs: a chunk below an ordinary pack's header is refused when r
     FAIL("a chunk at offset 0 of an ordinary pack was read");
   } catch (const dvr::Error& e) {
     CHECK(e.code() == dvr::Errc::corrupt);
+    // Said as it is (not "it ends at byte N but a chunk needs bytes [0, ...)").
+    CHECK_THAT(e.what(), Catch::Contains("points into its header") && !Catch::Contains("ends at byte"));
   }
 }

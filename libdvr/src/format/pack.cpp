@@ -694,7 +694,11 @@ const char* Packs::read(std::uint32_t pack, std::uint64_t offset, std::uint64_t 
                heap ? 0 : kPackHeaderSize, std::move(owner)};
     it = reads_.emplace(pack, std::move(rm)).first;
   }
-  if (offset < it->second.start || offset > it->second.size() || length > it->second.size() - offset)
+  if (offset < it->second.start)
+    throw Error(Errc::corrupt, "pack file " + path_of(pack) + ": a reference to bytes [" + std::to_string(offset) + ", " +
+                                   std::to_string(offset + length) + ") points into its header (chunk data starts at byte " +
+                                   std::to_string(it->second.start) + "): the manifest that holds it is bad");
+  if (offset > it->second.size() || length > it->second.size() - offset)
     throw Error(Errc::corrupt, "pack file " + path_of(pack) + " is truncated or the reference is bad: it ends at byte " +
                                    std::to_string(it->second.size()) + " but a chunk needs bytes [" + std::to_string(offset) + ", " +
                                    std::to_string(offset + length) + ")");

@@ -243,7 +243,9 @@ void receive_pages(Incoming& in, RecordContext& cx, detail::Reader& p) {
   std::vector<std::uint32_t> list(n);
   for (std::uint32_t x = 0; x < n; ++x) {
     list[x] = p.u32();
-    if (list[x] >= pages || (x > 0 && list[x] <= list[x - 1])) bad_stream("a page list is out of order");
+    if (list[x] >= pages)
+      bad_stream("a page list names page " + std::to_string(list[x]) + " of a chunk of " + std::to_string(pages) + " pages");
+    if (x > 0 && list[x] <= list[x - 1]) bad_stream("a page list is out of order");
   }
   std::string_view d = take_data(p, cx.scratch, cx.dctx.get());
   const detail::ManifestRegion* br = in.base_region(r.name);
