@@ -1781,7 +1781,7 @@ void tune_heap() {
 // went wrong as well as the exit status).
 int failed(int argc, char** argv, const char* code, const char* message, int status) {
   std::cerr << "dvr: " << printable_lines(message) << "\n";
-  if (json_requested(argc, argv)) {
+  if (json_requested(argc, argv) && !document_printed()) {
     try {
       print_json(error_document(code, message, status));
     } catch (const std::exception&) {

@@ -239,7 +239,16 @@ json removed_document(const std::vector<std::string>& removed) {
   return doc;
 }
 
-void print_json(const json& doc) { std::cout << doc.dump() << "\n"; }
+namespace {
+bool g_document_printed = false;  // a command's own document (not an event line) went out
+}  // namespace
+
+void print_json(const json& doc) {
+  std::cout << doc.dump() << "\n";
+  if (!doc.contains("event")) g_document_printed = true;
+}
+
+bool document_printed() { return g_document_printed; }
 
 json error_document(const std::string& code, const std::string& message, int exit_status) {
   json doc = document();

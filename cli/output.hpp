@@ -78,6 +78,11 @@ void print_json(const json& doc);
 /// ("not_found", ...), or "invalid_argument" for bad usage.
 json error_document(const std::string& code, const std::string& message, int exit_status);
 
+/// Whether a command's own document has been printed (print_json of one
+/// without an "event" key): a command that reports and then fails (`recover`
+/// of an unknown session) prints no `error` document after it.
+bool document_printed();
+
 /// Whether the command line asks for JSON: `--json` before any `--` (what
 /// follows `--` is a program's own arguments).
 bool json_requested(int argc, char** argv);

@@ -107,9 +107,14 @@ def _snapshot(s: Any) -> Dict[str, Any]:
     }
 
 
+_printed = False  # a verb's own document went out: no `error` document after it (recover of an unknown session)
+
+
 def _print_json(value: Any) -> None:
+    global _printed
     json.dump(value, sys.stdout, ensure_ascii=False)
     sys.stdout.write("\n")
+    _printed = True
 
 
 def _json_requested(argv: List[str]) -> bool:
@@ -126,7 +131,7 @@ def _fail(argv: List[str], code: str, message: str, status: int) -> int:
     """A failed verb: "memdvr: MESSAGE" on stderr and, when JSON was asked
     for, dvr's `error` document on stdout. Returns the exit status."""
     print(f"memdvr: {message}", file=sys.stderr)
-    if _json_requested(argv):
+    if _json_requested(argv) and not _printed:
         _print_json(_doc(error={"code": code, "message": _utf8(message), "exit_status": status}))
     return status
 

@@ -192,6 +192,12 @@ def test_failures_print_the_error_document_in_both(dvr_bin, store):
             if status == 1:  # the library's message, on both channels
                 assert doc["error"]["message"] in proc.stderr, (front, args, doc, proc.stderr)
         assert dvr(dvr_bin, store, *args, expect=status).stdout == "", args
+    # recover of an unknown session prints its own document (latest null), and only that.
+    for front, proc in (("dvr", dvr(dvr_bin, store, "recover", "nosuch", "--json", expect=1)),
+                        ("memdvr", py(store, "recover", "nosuch", "--json", expect=1))):
+        lines = proc.stdout.splitlines()
+        assert len(lines) == 1 and json.loads(lines[0])["latest"] is None, (front, proc.stdout)
+        check(json.loads(lines[0]), "recover", schema)
     # rm checked every name first: nothing was removed by the failed rm.
     assert [s["name"] for s in both(dvr_bin, store, "ls", "s")[0]["snapshots"]] == ["one", "two", "three"]
 
