@@ -1163,10 +1163,9 @@ int cmd_proc_rm(const ProcArgs& a) {
     std::vector<std::string> lines;
     // A received snapshot's heap snapshots are removed in this store only,
     // whatever store its metadata names (proc::remove, docs/migration.md).
-    const bool received = p.origin_time_ns != p.time_ns;
     for (auto& h : p.heaps) {
       const std::string ref = printable(h.session + "/" + proc::kHeapPrefix + p.name);
-      if (!h.store.empty() && h.store != store.path() && !received) {
+      if (!h.store.empty() && h.store != store.path() && !p.received()) {
         lines.push_back(" and its heap snapshot " + ref + " in store " + printable(h.store));
         continue;
       }

@@ -66,6 +66,11 @@ struct ProcInfo {
   std::vector<MappedFile> files;  // programs and libraries the processes mapped
   std::string kernel;             // `uname -r` of the dumping host
   double seconds = 0;             // dump: time taken (0 when listed)
+
+  /// Received or imported from elsewhere (dumped at another time than it was
+  /// committed here): the heap stores its metadata names are the sender's,
+  /// so its heap snapshots are counted and removed in this store only.
+  bool received() const { return origin_time_ns != time_ns; }
 };
 
 struct DumpOptions {

@@ -580,10 +580,7 @@ void Packs::persist() {
   for (auto& w : retired_)
     sync(w.get());
   write_hashes();
-  for (auto& [id, h] : hash_maps_)
-    if (h.dirty.exchange(false) && env().fdatasync(h.fd.get()) != 0)
-      DVR_LOG(warn, "cannot persist the page hashes of pack " + std::to_string(id) + ": " + std::strerror(errno) +
-                        " (a cache, checked at every use: a lost hash is recomputed; check the device)");
+  sync_hash_files();
 }
 
 void Packs::write_hashes() {
@@ -609,6 +606,13 @@ void Packs::write_hashes() {
     std::memcpy(at, run.values.data(), run.values.size() * 8);
     sync_hashes(*h, run);
   }
+}
+
+void Packs::sync_hash_files() {
+  for (auto& [id, h] : hash_maps_)
+    if (h.dirty.exchange(false) && env().fdatasync(h.fd.get()) != 0)
+      DVR_LOG(warn, "cannot persist the page hashes of pack " + std::to_string(id) + ": " + std::strerror(errno) +
+                        " (a cache, checked at every use: a lost hash is recomputed; check the device)");
 }
 
 void Packs::sync_hashes(HashMap& h, const PendingHash& run) {
@@ -641,10 +645,7 @@ void Packs::discard_writes() {
     std::memcpy(h->addr() + it->first, it->values.data(), it->values.size() * 8);
     sync_hashes(*h, *it);
   }
-  for (auto& [id, h] : hash_maps_)
-    if (h.dirty.exchange(false) && env().fdatasync(h.fd.get()) != 0)
-      DVR_LOG(warn, "cannot persist the page hashes of pack " + std::to_string(id) + ": " + std::strerror(errno) +
-                        " (a cache, checked at every use: a lost hash is recomputed; check the device)");
+  sync_hash_files();
 }
 
 void Packs::refresh_mappings() {

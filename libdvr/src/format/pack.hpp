@@ -209,6 +209,9 @@ class Packs {
   std::vector<PendingHash> undo_hashes_;
   void write_hashes();
   void sync_hashes(HashMap& h, const PendingHash& run);
+  // One fdatasync per page hash file written through its fd (a disk store);
+  // a failure is a warning: the files are a checked cache.
+  void sync_hash_files();
 };
 
 /// Writes chunk data into one extent of a pack, from one thread; finish()

@@ -39,9 +39,8 @@ heaps::HeapImage heap_image_in(const Store& store, const ProcInfo& p) {
   // with it) in this store only, as its restore reads them from nowhere else
   // (docs/migration.md, "Security model"). One dumped here may have its heap
   // in the store the heap lives in.
-  const bool received = p.origin_time_ns != p.time_ns;
   for (auto& h : img.heaps)
-    h.store = received ? store.path() : heaps::heap_store(h, img.snapshot, store.path());
+    h.store = p.received() ? store.path() : heaps::heap_store(h, img.snapshot, store.path());
   return img;
 }
 
