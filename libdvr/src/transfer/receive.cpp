@@ -435,8 +435,10 @@ void begin_item(Incoming& in, const std::string& payload, detail::WriteBatch& ba
       bad_stream(e.what());
     }
   };
-  if (session_override.empty()) stream_name("session", in.session);
-  detail::check_name("session", in.session);  // the caller's --session
+  if (session_override.empty())
+    stream_name("session", in.session);
+  else
+    detail::check_name("session", in.session);  // the caller's --session: a usage error
   stream_name("snapshot", in.name);
   if (in.chunk_size < 4096 || in.chunk_size > (16u << 20) || (in.chunk_size & (in.chunk_size - 1))) bad_stream("bad chunk size");
   if (n == 0 || n > 65536) bad_stream("bad region count");

@@ -5,7 +5,6 @@
 #include <optional>
 #include <unordered_map>
 
-#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -229,10 +228,7 @@ std::size_t remove_stale_export_parts(const std::string& file) noexcept {
     const std::size_t slash = file.find_last_of('/');
     const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : file.substr(0, slash);
     const std::string prefix = (slash == std::string::npos ? file : file.substr(slash + 1)) + ".part-";
-    DIR* d = ::opendir(dir.c_str());
-    if (!d) return 0;
-    while (dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
+    for (const std::string& name : detail::list_dir(dir)) {
       if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
       const std::string digits = name.substr(prefix.size());
       if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
@@ -242,8 +238,7 @@ std::size_t remove_stale_export_parts(const std::string& file) noexcept {
       const std::string path = dir + "/" + name;
       if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && ::unlink(path.c_str()) == 0) ++removed;
     }
-    ::closedir(d);
-  } catch (...) {
+  } catch (...) {  // an unreadable directory: nothing to remove
   }
   return removed;
 }
